@@ -1,0 +1,1 @@
+"""The ``mlxi`` command line (installed as ``mlx_integrations.cli``)."""

@@ -1,0 +1,13 @@
+"""Local MLX models as first-class LangChain and LlamaIndex chat models.
+
+Importing this package is cheap: it loads no MLX weights, no framework, and no torch.
+On Linux it preloads a system OpenBLAS (when one is installed) before MLX is first
+imported, since the CPU wheel of MLX otherwise uses a slow reference BLAS.
+"""
+
+from mlx_integrations.runtime import preload_cpu_blas
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]
+
+preload_cpu_blas()

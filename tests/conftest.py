@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random models (built in seconds) and the real SmolLM2-135M."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mlx_integrations  # noqa: F401  (preloads the CPU BLAS before mlx.core is imported)
+from tests.support.tiny_models import PLAIN_TEMPLATE, build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama-shaped model (hidden 64) with a tool-aware ChatML template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Qwen2-shaped model (hidden 64) with a tool-aware ChatML template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama-shaped model whose template knows nothing of tools."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-plain"), arch="llama", chat_template=PLAIN_TEMPLATE
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF by the project's own importer.
+
+    Converted once and cached outside the repository (``MLXI_TEST_CACHE``, default
+    ``~/.cache/mlx-integrations-tests``).
+    """
+    from tests.support.smollm import ensure_smollm2
+
+    return ensure_smollm2()

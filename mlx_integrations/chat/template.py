@@ -1,0 +1,131 @@
+"""Rendering neutral messages through a model's own chat template.
+
+The template decides what a model sees. We probe once what it can render (tools,
+assistant tool calls, the tool role) and adapt: native tool messages when it takes
+them, text otherwise; tools described in the system message when it ignores them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_integrations.chat.messages import tool_messages_as_text
+
+_PROBE_TOOL = "zq_probe_tool"
+_PROBE_RESULT = "zq_probe_result_4417"
+
+
+@dataclass(frozen=True)
+class TemplateCapabilities:
+    """What a chat template renders, found by rendering probes."""
+
+    has_template: bool
+    renders_tools: bool
+    """The ``tools`` argument shows up in the prompt."""
+    renders_tool_messages: bool
+    """Assistant ``tool_calls`` and ``role="tool"`` messages render natively."""
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+
+
+def probe_template(tokenizer: Any) -> TemplateCapabilities:
+    """Render probe conversations to learn what the template supports."""
+    if not getattr(tokenizer, "chat_template", None) and not getattr(
+        tokenizer, "has_chat_template", False
+    ):
+        return TemplateCapabilities(False, False, False)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": _PROBE_TOOL,
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+    }
+    try:
+        renders_tools = _PROBE_TOOL in _render(
+            tokenizer, [{"role": "user", "content": "hi"}], tools=[tool]
+        )
+    except Exception:
+        renders_tools = False
+    convo = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_probe",
+                    "type": "function",
+                    "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_probe", "name": _PROBE_TOOL, "content": _PROBE_RESULT},
+    ]
+    try:
+        text = _render(tokenizer, convo, tools=[tool])
+        renders_tool_messages = _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
+    except Exception:
+        renders_tool_messages = False
+    return TemplateCapabilities(True, renders_tools, renders_tool_messages)
+
+
+def describe_tools(tools: list[dict[str, Any]]) -> str:
+    """A system-prompt description of tools for templates that cannot render them."""
+    lines = [
+        "You can call these tools. To call one, answer only with",
+        '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>',
+        "Tools:",
+    ]
+    lines += [json.dumps(t.get("function", t)) for t in tools]
+    return "\n".join(lines)
+
+
+def render_chat_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None,
+    native_tool_format: bool,
+    capabilities: TemplateCapabilities,
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> str:
+    """Render normalized messages to the prompt string the model continues.
+
+    Args:
+        tokenizer: The model's tokenizer (mlx-lm ``TokenizerWrapper`` or HF tokenizer).
+        messages: Output of :func:`~mlx_integrations.chat.messages.normalize_messages`.
+        tools: OpenAI-style tool definitions, or None.
+        native_tool_format: Keep tool calls and tool results as structured messages.
+        capabilities: Result of :func:`probe_template` for this tokenizer.
+        add_generation_prompt: Open an assistant turn at the end.
+        **template_kwargs: Extra variables for the template (``enable_thinking``...).
+    """
+    if not native_tool_format:
+        messages = tool_messages_as_text(messages)
+    if tools and not capabilities.renders_tools:
+        description = describe_tools(tools)
+        if messages and messages[0]["role"] == "system":
+            first = dict(messages[0])
+            first["content"] = f"{first['content']}\n\n{description}"
+            messages = [first, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": description}, *messages]
+        tools = None
+    if not capabilities.has_template:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
+    kwargs = dict(template_kwargs)
+    if tools:
+        kwargs["tools"] = tools
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )

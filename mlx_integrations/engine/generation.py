@@ -1,0 +1,112 @@
+"""Turning sampled tokens into ``GenerationOutput`` chunks.
+
+Shared by the engines: a streaming detokenizer (multi-byte UTF-8 is never split),
+stop sequences held back until they are decided, EOS handling, and the counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.stopping import StopMatcher
+
+
+@dataclass
+class MLXGenerationOutput(GenerationOutput):
+    """A :class:`GenerationOutput` with the figures adapters report as metadata.
+
+    Extra fields have defaults, so code written for the plain contract type works.
+    """
+
+    request_id: str = ""
+    cached_tokens: int = 0
+    """Prompt tokens served from the KV cache instead of prefilled."""
+    ttft_s: float = 0.0
+    """Seconds from the request's arrival to its first token."""
+    generation_tps: float = 0.0
+    """Decode tokens per second, first token excluded."""
+
+
+class OutputBuilder:
+    """Accumulates one request's tokens and text; emits chunks."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        request_id: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        stop: list[str],
+        max_tokens: int,
+        arrival: float,
+    ):
+        self._detok = tokenizer.detokenizer
+        self._eos = set(tokenizer.eos_token_ids)
+        self._stop = StopMatcher(stop)
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._first_token_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, token: int) -> MLXGenerationOutput | None:
+        """Take one sampled token; return a chunk when there is new text or an end."""
+        now = time.perf_counter()
+        if self._first_token_at is None:
+            self._first_token_at = now
+        self.tokens.append(token)
+        if token in self._eos:
+            return self.finish("stop")
+        self._detok.add_token(token)
+        new_text = self._stop.feed(self._detok.last_segment)
+        if self._stop.stopped:
+            return self.finish("stop", new_text)
+        if len(self.tokens) >= self.max_tokens:
+            return self.finish("length", new_text)
+        if not new_text:
+            return None
+        self.text += new_text
+        return self._chunk(new_text)
+
+    def finish(self, reason: str, pending: str = "") -> MLXGenerationOutput:
+        """Close the request: flush the detokenizer and any held-back text."""
+        if self.finish_reason is not None:
+            return self._chunk("")
+        new_text = pending
+        if not self._stop.stopped:
+            self._detok.finalize()
+            new_text += self._stop.feed(self._detok.last_segment)
+            new_text += self._stop.flush()
+        self.finish_reason = reason
+        self.text += new_text
+        return self._chunk(new_text)
+
+    def _chunk(self, new_text: str) -> MLXGenerationOutput:
+        ttft = (self._first_token_at or self.arrival) - self.arrival
+        decode_time = time.perf_counter() - (self._first_token_at or time.perf_counter())
+        n = len(self.tokens)
+        return MLXGenerationOutput(
+            text=self.text,
+            tokens=list(self.tokens),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=n,
+            finish_reason=self.finish_reason,
+            new_text=new_text,
+            finished=self.finish_reason is not None,
+            request_id=self.request_id,
+            cached_tokens=self.cached_tokens,
+            ttft_s=ttft,
+            generation_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+        )

@@ -1,0 +1,155 @@
+"""A prefix cache of prompt KV states with a memory budget.
+
+Each entry is the KV cache of a token sequence. A new prompt takes the entry with
+the longest common prefix, trimmed to that prefix, and prefills only the rest.
+Entries are owned by one request at a time: ``take`` removes the entry (or copies
+a pinned one), ``put`` returns the grown cache after the request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_integrations.engine.stats import PrefixCacheStats
+
+MiB = 1024 * 1024
+
+
+def cache_nbytes(cache: list[Any]) -> int:
+    """Bytes held by a list of per-layer caches."""
+    return int(sum(getattr(c, "nbytes", 0) for c in cache))
+
+
+def cache_offset(cache: list[Any]) -> int:
+    """Tokens held by a per-layer cache list (all layers agree)."""
+    return int(getattr(cache[0], "offset", 0)) if cache else 0
+
+
+def copy_cache(cache: list[Any]) -> list[Any]:
+    """An independent copy (MLX arrays are immutable; slicing gives new ones)."""
+    copies = []
+    for layer in cache:
+        fresh = type(layer).from_state(layer.state) if hasattr(type(layer), "from_state") else None
+        if fresh is None:
+            raise TypeError(f"cannot copy cache layer of type {type(layer).__name__}")
+        if hasattr(layer, "meta_state"):
+            fresh.meta_state = layer.meta_state
+        copies.append(fresh)
+    return copies
+
+
+def common_prefix_len(a: tuple[int, ...] | list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    cache: list[Any]
+    nbytes: int
+    pinned: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class PrefixCache:
+    """Longest-prefix KV reuse across requests, bounded in bytes and entries.
+
+    Not thread-safe by design: only the model's owner thread touches it.
+    """
+
+    def __init__(self, max_bytes: int = 1024 * MiB, max_entries: int = 8):
+        if max_bytes < 0 or max_entries < 0:
+            raise ValueError("max_bytes and max_entries must be >= 0")
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: list[_Entry] = []
+        self.hits = 0
+        self.misses = 0
+        self.tokens_saved = 0
+        self.evictions = 0
+
+    def take(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
+        """Find the best cache for ``tokens``.
+
+        Returns:
+            (cache, reused) where ``cache`` holds exactly the first ``reused`` tokens
+            of the prompt (at least one prompt token is always left to prefill), or
+            (None, 0) on a miss.
+        """
+        best: _Entry | None = None
+        best_len = 0
+        for entry in self._entries:
+            n = common_prefix_len(entry.tokens, tokens)
+            n = min(n, len(tokens) - 1)
+            if n < len(entry.tokens) and not all(c.is_trimmable() for c in entry.cache):
+                continue  # a cache that cannot be trimmed is usable only as a whole
+            if n > best_len:
+                best, best_len = entry, n
+        if best is None or best_len == 0:
+            self.misses += 1
+            return None, 0
+        if best.pinned:
+            cache = copy_cache(best.cache)
+        else:
+            self._entries.remove(best)
+            cache = best.cache
+        excess = cache_offset(cache) - best_len
+        if excess > 0:
+            for layer in cache:
+                layer.trim(excess)
+        best.last_used = time.monotonic()
+        self.hits += 1
+        self.tokens_saved += best_len
+        return cache, best_len
+
+    def put(self, tokens: list[int], cache: list[Any], *, pinned: bool = False) -> None:
+        """Store the cache of ``tokens`` (it must hold exactly those tokens)."""
+        if not tokens or cache_offset(cache) != len(tokens):
+            return  # an inconsistent cache is worth nothing; drop it
+        key = tuple(tokens)
+        self._entries = [e for e in self._entries if e.tokens != key or e.pinned]
+        entry = _Entry(key, cache, cache_nbytes(cache), pinned)
+        if not pinned and entry.nbytes > self.max_bytes:
+            return
+        self._entries.append(entry)
+        self._evict()
+
+    def _evict(self) -> None:
+        unpinned = sorted((e for e in self._entries if not e.pinned), key=lambda e: e.last_used)
+        while unpinned and (
+            self.nbytes > self.max_bytes or len(self._entries) > self.max_entries
+        ):
+            victim = unpinned.pop(0)
+            self._entries.remove(victim)
+            self.evictions += 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries)
+
+    def clear(self, *, keep_pinned: bool = True) -> tuple[int, int]:
+        """Drop entries; return (entries dropped, bytes they held)."""
+        dropped = [e for e in self._entries if not (keep_pinned and e.pinned)]
+        self._entries = [e for e in self._entries if keep_pinned and e.pinned]
+        return len(dropped), sum(e.nbytes for e in dropped)
+
+    def stats(self) -> PrefixCacheStats:
+        lookups = self.hits + self.misses
+        return PrefixCacheStats(
+            hits=self.hits,
+            misses=self.misses,
+            hit_rate=self.hits / lookups if lookups else 0.0,
+            tokens_saved=self.tokens_saved,
+            entry_count=len(self._entries),
+            pinned_entries=sum(e.pinned for e in self._entries),
+            current_memory_mb=self.nbytes / MiB,
+            max_memory_mb=self.max_bytes / MiB,
+            evictions=self.evictions,
+        )

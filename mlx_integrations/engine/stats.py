@@ -1,0 +1,89 @@
+"""Typed shapes of what engines report: ``get_stats``, ``get_cache_stats``, clears.
+
+Both engines return the same keys where the meaning is the same; ``engine_type``
+tells them apart.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class PrefixCacheStats(TypedDict):
+    """State of an engine's prefix (prompt KV) cache."""
+
+    hits: int
+    """Requests that reused a cached prefix."""
+    misses: int
+    """Requests that found nothing to reuse."""
+    hit_rate: float
+    """hits / (hits + misses), 0.0 before any request."""
+    tokens_saved: int
+    """Prompt tokens served from the cache instead of prefilled."""
+    entry_count: int
+    """Cached prefixes held now."""
+    pinned_entries: int
+    """Entries loaded from warm caches; never evicted, only copied."""
+    current_memory_mb: float
+    """Bytes held by cached KV, in MiB."""
+    max_memory_mb: float
+    """Budget; the least recently used entries are evicted beyond it."""
+    evictions: int
+    """Entries dropped to stay within the budget."""
+
+
+class MemoryStats(TypedDict):
+    """MLX allocator figures, in MiB."""
+
+    active_mb: float
+    peak_mb: float
+    cache_mb: float
+    """MLX's buffer pool: freed buffers kept for reuse, returned by ``mx.clear_cache()``."""
+
+
+class RequestStats(TypedDict):
+    """Figures of one finished request."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    generation_tps: float
+    finish_reason: str | None
+
+
+class EngineStats(TypedDict):
+    """What ``get_stats()`` returns."""
+
+    engine_type: str
+    """"simple" or "batched"."""
+    model_name: str
+    uptime_seconds: float
+    loaded: bool
+    running: bool
+    num_running: int
+    num_waiting: int
+    num_requests_processed: int
+    num_requests_aborted: int
+    num_requests_failed: int
+    total_prompt_tokens: int
+    total_completion_tokens: int
+    total_cached_tokens: int
+    admission: str
+    """"wait" (queue) or "fail_fast" (raise EngineBusy)."""
+    busy_rejections: int
+    last_request: RequestStats | None
+    prefix_cache: PrefixCacheStats
+    memory: MemoryStats
+
+
+class ClearStats(TypedDict):
+    """What ``clear_runtime_caches()`` freed."""
+
+    dropped_entries: int
+    """Prefix-cache entries dropped (warm entries are kept)."""
+    freed_cache_mb: float
+    """KV bytes those entries held."""
+    freed_buffer_pool_mb: float
+    """MLX buffer-pool bytes returned to the system by ``mx.clear_cache()``."""

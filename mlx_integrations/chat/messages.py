@@ -11,7 +11,15 @@ import json
 from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MEDIA_PART_TYPES = {"image", "image_url", "input_image", "video", "video_url", "audio", "input_audio"}
+MEDIA_PART_TYPES = {
+    "image",
+    "image_url",
+    "input_image",
+    "video",
+    "video_url",
+    "audio",
+    "input_audio",
+}
 
 
 def _text_of(content: Any, index: int, model_name: str) -> str:
@@ -93,7 +101,10 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
             raise ValueError(
                 f"messages[{i}] has unknown role {role!r}; use one of {', '.join(ROLES)}"
             )
-        item: dict[str, Any] = {"role": role, "content": _text_of(msg.get("content"), i, model_name)}
+        item: dict[str, Any] = {
+            "role": role,
+            "content": _text_of(msg.get("content"), i, model_name),
+        }
         if role == "assistant":
             calls = msg.get("tool_calls")
             if calls:
@@ -117,7 +128,9 @@ def tool_messages_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             calls = "\n".join(
                 "<tool_call>"
-                + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                )
                 + "</tool_call>"
                 for c in msg["tool_calls"]
             )

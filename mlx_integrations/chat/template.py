@@ -67,7 +67,12 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
                 }
             ],
         },
-        {"role": "tool", "tool_call_id": "call_probe", "name": _PROBE_TOOL, "content": _PROBE_RESULT},
+        {
+            "role": "tool",
+            "tool_call_id": "call_probe",
+            "name": _PROBE_TOOL,
+            "content": _PROBE_RESULT,
+        },
     ]
     try:
         text = _render(tokenizer, convo, tools=[tool])

@@ -123,9 +123,7 @@ class PrefixCache:
 
     def _evict(self) -> None:
         unpinned = sorted((e for e in self._entries if not e.pinned), key=lambda e: e.last_used)
-        while unpinned and (
-            self.nbytes > self.max_bytes or len(self._entries) > self.max_entries
-        ):
+        while unpinned and (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries):
             victim = unpinned.pop(0)
             self._entries.remove(victim)
             self.evictions += 1

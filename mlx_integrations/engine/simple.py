@@ -277,7 +277,10 @@ class SimpleEngine(BaseEngine):
     ) -> AsyncIterator[GenerationOutput]:
         reject_media(images, videos, self._name)
         normalized = normalize_messages(messages, self._name)
-        template_kwargs = {**self._chat_template_kwargs, **(kwargs.get("chat_template_kwargs") or {})}
+        template_kwargs = {
+            **self._chat_template_kwargs,
+            **(kwargs.get("chat_template_kwargs") or {}),
+        }
         if kwargs.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
@@ -349,8 +352,9 @@ class SimpleEngine(BaseEngine):
         """
         if self._executor is None:
             dropped, freed = self._prefix.clear()
-            return ClearStats(dropped_entries=dropped, freed_cache_mb=freed / MiB,
-                              freed_buffer_pool_mb=0.0)
+            return ClearStats(
+                dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
+            )
         return self._executor.submit(self._clear).result()
 
     # ------------------------------------------------------------ internals
@@ -562,6 +566,7 @@ class SimpleEngine(BaseEngine):
                 finish_reason=final.finish_reason,
             )
         return final
+
 
 def _aborted_output(job: _Job, cached: int) -> MLXGenerationOutput:
     return MLXGenerationOutput(

@@ -124,16 +124,35 @@ class _Minimal(BaseEngine):
     async def generate(self, prompt, max_tokens=256, temperature=0.7, top_p=0.9, stop=None, **kw):
         return GenerationOutput(text=prompt)
 
-    async def stream_generate(self, prompt, max_tokens=256, temperature=0.7, top_p=0.9, stop=None,
-                              **kw):
+    async def stream_generate(
+        self, prompt, max_tokens=256, temperature=0.7, top_p=0.9, stop=None, **kw
+    ):
         yield GenerationOutput(text=prompt)
 
-    async def chat(self, messages, max_tokens=256, temperature=0.7, top_p=0.9, tools=None,
-                   images=None, videos=None, **kw):
+    async def chat(
+        self,
+        messages,
+        max_tokens=256,
+        temperature=0.7,
+        top_p=0.9,
+        tools=None,
+        images=None,
+        videos=None,
+        **kw,
+    ):
         return GenerationOutput(text="")
 
-    async def stream_chat(self, messages, max_tokens=256, temperature=0.7, top_p=0.9, tools=None,
-                          images=None, videos=None, **kw):
+    async def stream_chat(
+        self,
+        messages,
+        max_tokens=256,
+        temperature=0.7,
+        top_p=0.9,
+        tools=None,
+        images=None,
+        videos=None,
+        **kw,
+    ):
         yield GenerationOutput(text="")
 
 

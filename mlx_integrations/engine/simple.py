@@ -217,10 +217,10 @@ class SimpleEngine(BaseEngine):
         **kwargs: Any,
     ) -> GenerationOutput:
         last: GenerationOutput | None = None
-        async for last in self.stream_generate(
+        async for out in self.stream_generate(
             prompt, max_tokens, temperature, top_p, stop, **kwargs
         ):
-            pass
+            last = out
         assert last is not None
         return last
 
@@ -257,10 +257,10 @@ class SimpleEngine(BaseEngine):
         **kwargs: Any,
     ) -> GenerationOutput:
         last: GenerationOutput | None = None
-        async for last in self.stream_chat(
+        async for out in self.stream_chat(
             messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
         ):
-            pass
+            last = out
         assert last is not None
         return last
 

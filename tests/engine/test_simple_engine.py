@@ -329,7 +329,7 @@ async def test_bad_input_is_rejected_and_engine_keeps_serving(engine, overrides,
 def test_path_that_is_not_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         SimpleEngine(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         SimpleEngine(tmp_path)
 
 

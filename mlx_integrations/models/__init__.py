@@ -1,1 +1,79 @@
-"""models"""
+"""The model store: pull, quantize, import, list, show, remove, verify and warm models.
+
+Everything the ``mlxi`` command does is a call to this package. Importing it is cheap:
+MLX, mlx-lm and huggingface_hub are imported by the functions that need them.
+
+Example:
+    >>> from mlx_integrations.models import pull, quantize_model, resolve_model  # doctest: +SKIP
+    >>> pull("mlx-community/SmolLM2-135M-Instruct")  # doctest: +SKIP
+    >>> quantize_model("mlx-community/SmolLM2-135M-Instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
+    >>> resolve_model("smollm2-q4")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ModelStore": "store",
+    "StoredModel": "store",
+    "RemoveResult": "store",
+    "PruneReport": "store",
+    "PruneItem": "store",
+    "default_store": "store",
+    "store_home": "store",
+    "list_models": "store",
+    "get_model": "store",
+    "remove_model": "store",
+    "tag_model": "store",
+    "verify_model": "store",
+    "prune": "store",
+    "Manifest": "manifest",
+    "ModelSource": "manifest",
+    "FileEntry": "manifest",
+    "QuantizationInfo": "manifest",
+    "VerifyReport": "manifest",
+    "FileCheck": "manifest",
+    "validate_name": "names",
+    "resolve_model": "resolve",
+    "pull": "hub",
+    "PullResult": "hub",
+    "MODEL_FILE_PATTERNS": "hub",
+    "quantize_model": "quantize",
+    "import_model": "importer",
+    "show_model": "info",
+    "ModelInfo": "info",
+    "warm_model": "warm",
+    "WarmResult": "warm",
+    "load_warm_caches": "warm",
+    "warm_weights": "warm",
+    "ProgressUpdate": "progress",
+    "StoreError": "errors",
+    "InvalidNameError": "errors",
+    "ModelNotFoundError": "errors",
+    "ModelExistsError": "errors",
+    "HubError": "errors",
+    "RepoNotFoundError": "errors",
+    "GatedRepoError": "errors",
+    "RevisionNotFoundError": "errors",
+    "RemoteFileMissingError": "errors",
+    "OfflineError": "errors",
+    "IntegrityError": "errors",
+    "StoreIOError": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

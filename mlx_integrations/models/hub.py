@@ -1,0 +1,368 @@
+"""Pull models from the Hugging Face Hub into the store.
+
+Files are downloaded by ``huggingface_hub.snapshot_download`` into the Hugging Face cache
+(shared with every other tool); the store's model folder links to them and pins the
+resolved commit, so pulling a model again makes no request and works offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx_integrations.models.errors import (
+    GatedRepoError,
+    HubError,
+    IntegrityError,
+    InvalidNameError,
+    ModelExistsError,
+    ModelNotFoundError,
+    OfflineError,
+    RemoteFileMissingError,
+    RepoNotFoundError,
+    RevisionNotFoundError,
+    StoreError,
+)
+from mlx_integrations.models.manifest import (
+    Manifest,
+    ModelSource,
+    QuantizationInfo,
+    hash_files,
+    model_files,
+)
+from mlx_integrations.models.names import is_commit_sha, is_repo_id, validate_name
+from mlx_integrations.models.progress import ProgressCallback, report, tqdm_bridge
+from mlx_integrations.models.store import ModelStore, StoredModel, default_store
+
+# What mlx-lm loads (its DEFAULT_ALLOW_PATTERNS), less "*.py": remote code is opt-in.
+MODEL_FILE_PATTERNS: tuple[str, ...] = (
+    "*.json",
+    "model*.safetensors",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What :func:`pull` did.
+
+    Attributes:
+        model: The stored model.
+        downloaded: False when the pinned model was already complete (no request made).
+    """
+
+    model: StoredModel
+    downloaded: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data for ``mlxi pull --json``."""
+        return {**self.model.summary(), "downloaded": self.downloaded}
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set (read at call time, not at import)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_endpoint(endpoint: str | None = None) -> str | None:
+    """The Hub endpoint: the argument, else ``HF_ENDPOINT`` read now, else the default."""
+    return endpoint or os.environ.get("HF_ENDPOINT") or None
+
+
+def hub_cache_dir(cache_dir: str | Path | None = None) -> str | None:
+    """The Hugging Face cache folder: the argument, else ``HF_HUB_CACHE``/``HF_HOME`` now."""
+    if cache_dir:
+        return str(cache_dir)
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
+def pull(
+    repo_id: str,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    store: ModelStore | None = None,
+    endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | bool | None = None,
+    update: bool = False,
+    force: bool = False,
+    trust_remote_code: bool = False,
+    include: list[str] | None = None,
+    max_workers: int = 8,
+    progress: ProgressCallback | None = None,
+) -> PullResult:
+    """Download a model from the Hub into the store (or find it there already).
+
+    Args:
+        repo_id: ``namespace/name`` on the Hub.
+        name: Store name (default: ``repo_id``).
+        revision: Branch, tag or commit sha (default: ``main``).
+        store: The store (default: ``$MLXI_HOME``).
+        endpoint: Hub URL (default: ``HF_ENDPOINT`` or huggingface.co).
+        cache_dir: Hugging Face cache (default: huggingface_hub's).
+        token: Hub token; never printed or written to the manifest.
+        update: Ask the Hub whether the branch moved even when the model is pinned.
+        force: Replace a model of the same name that came from elsewhere.
+        trust_remote_code: Also fetch the repository's ``*.py`` files.
+        include: Extra glob patterns of files to fetch.
+        max_workers: Parallel file downloads.
+        progress: Receives ``"bytes"`` and ``"files"`` updates.
+
+    Returns:
+        The stored model and whether anything was downloaded.
+
+    Example:
+        >>> from mlx_integrations.models import pull  # doctest: +SKIP
+        >>> pull("mlx-community/SmolLM2-135M-Instruct-8bit").model.path  # doctest: +SKIP
+    """
+    if not is_repo_id(repo_id):
+        raise InvalidNameError(
+            f"{repo_id!r} is not a Hub repo id.",
+            hint="A repo id looks like 'namespace/name', e.g. mlx-community/Qwen3-4B-4bit.",
+        )
+    store = store or default_store()
+    name = validate_name(name or repo_id)
+    existing = _existing(store, name)
+    if existing is not None:
+        src = existing.manifest.source
+        if src.kind != "hub" or src.repo_id != repo_id:
+            if not force:
+                raise ModelExistsError(
+                    f"Model {name!r} is already in the store, from {src.repo_id or src.path}.",
+                    hint=f"Choose another --name, or replace it with: mlxi pull {repo_id} --force",
+                )
+        elif not update and revision in (None, src.revision, src.commit) and _complete(existing):
+            return PullResult(existing, downloaded=False)
+        elif not update and revision in (None, src.revision, src.commit):
+            # Same pin, files gone from the HF cache: fetch that exact commit again.
+            revision = src.commit
+
+    requested = revision or "main"
+    patterns = (
+        list(MODEL_FILE_PATTERNS) + (["*.py"] if trust_remote_code else []) + list(include or [])
+    )
+    endpoint = hub_endpoint(endpoint)
+    snapshot = _snapshot(
+        repo_id,
+        revision=requested,
+        endpoint=endpoint,
+        cache_dir=hub_cache_dir(cache_dir),
+        token=token,
+        patterns=patterns,
+        max_workers=max_workers,
+        progress=progress,
+    )
+    commit = snapshot.name
+    if not is_commit_sha(commit):
+        raise HubError(f"The Hub cache returned an unexpected snapshot folder: {snapshot}.")
+    files = model_files(snapshot)
+    if not any(f.endswith(".safetensors") for f in files) or "config.json" not in files:
+        raise RemoteFileMissingError(
+            f"{repo_id}@{commit[:12]} has no MLX/safetensors model files "
+            f"(found: {', '.join(files) or 'nothing'}).",
+            hint="For a GGUF repository, download the .gguf file and run: mlxi import FILE NAME",
+        )
+
+    with store.building(name, overwrite=existing is not None) as build:
+        for rel in files:
+            dst = build.path / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(snapshot / rel, dst)
+        total = float(sum((snapshot / f).stat().st_size for f in files))
+        done = [0.0]
+
+        def hashed(_path: str, size: int) -> None:
+            done[0] += size
+            report(progress, "hash", "Verifying sha256", done[0], total, "B")
+
+        entries = hash_files(build.path, files, on_file=hashed)
+        report(progress, "hash", "Verifying sha256", total, total, "B", done=True)
+        _check_lfs_hashes(snapshot, entries)
+        config = _read_json(snapshot / "config.json")
+        manifest = Manifest(
+            name=name,
+            source=ModelSource(
+                kind="hub",
+                repo_id=repo_id,
+                revision=requested,
+                commit=commit,
+                endpoint=endpoint,
+            ),
+            files=entries,
+            quantization=quantization_of(config),
+            dtype=dtype_of(config),
+        )
+        model = build.commit(manifest)
+    return PullResult(model, downloaded=True)
+
+
+def _existing(store: ModelStore, name: str) -> StoredModel | None:
+    try:
+        return store.get(name)
+    except ModelNotFoundError:
+        return None
+
+
+def _complete(model: StoredModel) -> bool:
+    """Every file of the manifest is present with its size (a stat, no hashing)."""
+    for f in model.manifest.files:
+        try:
+            if (model.path / f.path).stat().st_size != f.size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _snapshot(
+    repo_id: str,
+    *,
+    revision: str,
+    endpoint: str | None,
+    cache_dir: str | None,
+    token: str | bool | None,
+    patterns: list[str],
+    max_workers: int,
+    progress: ProgressCallback | None,
+) -> Path:
+    """Call ``snapshot_download`` and turn its exceptions into store errors."""
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import snapshot_download
+
+    offline = hub_offline()
+    where = endpoint or "the Hub"
+    try:
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            endpoint=endpoint,
+            cache_dir=cache_dir,
+            token=token,
+            allow_patterns=patterns,
+            local_files_only=offline,
+            max_workers=max_workers,
+            tqdm_class=tqdm_bridge(progress),  # type: ignore[arg-type]
+        )
+    except hf_errors.GatedRepoError as exc:
+        raise GatedRepoError(
+            f"{repo_id} is a gated repository: its terms must be accepted first.",
+            hint=f"Accept them on {where}/{repo_id}, then log in (hf auth login) or set HF_TOKEN.",
+        ) from _scrub(exc, token)
+    except hf_errors.RepositoryNotFoundError as exc:
+        raise RepoNotFoundError(
+            f"Repository {repo_id} was not found on {where}.",
+            hint="Check the spelling; a private repository needs a token (HF_TOKEN).",
+        ) from _scrub(exc, token)
+    except hf_errors.RevisionNotFoundError as exc:
+        raise RevisionNotFoundError(
+            f"Revision {revision!r} does not exist in {repo_id}.",
+            hint="Use a branch, tag or full commit sha of that repository.",
+        ) from _scrub(exc, token)
+    except hf_errors.RemoteEntryNotFoundError as exc:
+        raise RemoteFileMissingError(
+            f"A file of {repo_id}@{revision} is listed but missing on {where}: {_url_file(exc)}.",
+            hint="The repository is inconsistent; try another revision or report it to its owner.",
+        ) from _scrub(exc, token)
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled) as exc:
+        if offline:
+            raise OfflineError(
+                f"{repo_id}@{revision} is not in the Hugging Face cache and HF_HUB_OFFLINE is set.",
+                hint=f"Unset HF_HUB_OFFLINE and run: mlxi pull {repo_id}",
+            ) from _scrub(exc, token)
+        raise OfflineError(
+            f"Could not reach {where} to download {repo_id}, and it is not cached.",
+            hint="Check the network connection (or HF_ENDPOINT) and run the command again.",
+        ) from _scrub(exc, token)
+    except hf_errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        raise HubError(
+            f"{where} answered HTTP {status} for {repo_id}.",
+            hint="Run the command again; files already downloaded are kept in the cache.",
+        ) from _scrub(exc, token)
+    except StoreError:
+        raise
+    except Exception as exc:
+        # httpx/httpx2 transport errors after the library's own retries.
+        if type(exc).__module__.split(".")[0] in {"httpx", "httpx2", "httpcore", "requests"}:
+            raise HubError(
+                f"The download of {repo_id} failed: {type(exc).__name__}: {_scrub(exc, token)}.",
+                hint="Run the command again; files already downloaded are kept in the cache.",
+            ) from None
+        raise
+    return Path(path)
+
+
+def _scrub(exc: BaseException, token: str | bool | None) -> BaseException:
+    """Remove a token from an exception's message before it can be shown."""
+    if isinstance(token, str) and token and token in str(exc):
+        exc.args = tuple(str(a).replace(token, "***") for a in exc.args)
+    return exc
+
+
+def _url_file(exc: BaseException) -> str:
+    match = re.search(r"/resolve/[^/\s]+/(\S+)", str(exc))
+    return match.group(1).rstrip(".") if match else "unknown file"
+
+
+def _check_lfs_hashes(snapshot: Path, entries: tuple) -> None:
+    """Compare each file's sha256 with its Hub LFS object id (the blob's name)."""
+    for entry in entries:
+        blob = Path(os.path.realpath(snapshot / entry.path))
+        if _SHA256.fullmatch(blob.name) and blob.name != entry.sha256:
+            # Drop the bad blob so the next pull fetches it again.
+            blob.unlink(missing_ok=True)
+            (snapshot / entry.path).unlink(missing_ok=True)
+            raise IntegrityError(
+                f"{entry.path} does not match its sha256 on the Hub "
+                f"(expected {blob.name[:12]}, got {entry.sha256[:12]}).",
+                hint="The corrupted file was removed from the cache; run the pull again.",
+            )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def quantization_of(config: dict[str, Any]) -> QuantizationInfo | None:
+    """The quantization recorded in an mlx-lm ``config.json``, if any."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if not isinstance(q, dict) or "bits" not in q:
+        return None
+    return QuantizationInfo(
+        bits=int(q["bits"]),
+        group_size=int(q.get("group_size", 64)),
+        mode=str(q.get("mode", "affine")),
+        recipe=q.get("recipe"),
+    )
+
+
+def dtype_of(config: dict[str, Any]) -> str | None:
+    """The floating dtype a config declares (``torch_dtype`` or ``dtype``)."""
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    if dtype is None and isinstance(config.get("text_config"), dict):
+        dtype = config["text_config"].get("torch_dtype") or config["text_config"].get("dtype")
+    return str(dtype) if dtype else None

@@ -1,0 +1,124 @@
+"""Import a local Hugging Face/MLX model folder or a GGUF file into the store."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from pathlib import Path
+
+from mlx_integrations.models.errors import ModelNotFoundError
+from mlx_integrations.models.hub import MODEL_FILE_PATTERNS, dtype_of, quantization_of
+from mlx_integrations.models.manifest import Manifest, ModelSource, hash_files, model_files
+from mlx_integrations.models.names import validate_name
+from mlx_integrations.models.progress import ProgressCallback, report
+from mlx_integrations.models.store import ModelStore, StoredModel, default_store
+
+
+def import_model(
+    source: str | Path,
+    name: str,
+    *,
+    store: ModelStore | None = None,
+    overwrite: bool = False,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    progress: ProgressCallback | None = None,
+) -> StoredModel:
+    """Copy a model folder, or convert a GGUF file, into the store under ``name``.
+
+    Args:
+        source: A folder with ``config.json`` and ``*.safetensors``, or a ``.gguf`` file.
+        name: The store name.
+        store: The store (default: ``$MLXI_HOME``).
+        overwrite: Replace a model of that name.
+        dtype: Weight dtype of a GGUF conversion.
+        trust_remote_code: Also copy the folder's ``*.py`` files.
+        progress: Receives ``"import"`` updates (bytes copied).
+
+    Returns:
+        The stored model.
+
+    Example:
+        >>> import_model("~/models/SmolLM2-135M.gguf", "smollm2")  # doctest: +SKIP
+    """
+    store = store or default_store()
+    validate_name(name)
+    src = Path(source).expanduser().resolve()
+    if src.is_file() and src.suffix.lower() == ".gguf":
+        return _import_gguf(src, name, store, overwrite, dtype, progress)
+    if not src.is_dir():
+        raise ModelNotFoundError(
+            f"{str(source)!r} is neither a folder nor a .gguf file.",
+            hint="Pass a model folder (config.json + *.safetensors) or a .gguf file.",
+        )
+    patterns = [*MODEL_FILE_PATTERNS, *(["*.py"] if trust_remote_code else [])]
+    files = [
+        f for f in model_files(src) if "/" not in f and any(fnmatch.fnmatch(f, p) for p in patterns)
+    ]
+    if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
+        raise ModelNotFoundError(
+            f"{src} has no config.json and *.safetensors weights.",
+            hint="Convert PyTorch checkpoints first (mlx_lm.convert), or import a .gguf file.",
+        )
+    total = float(sum((src / f).stat().st_size for f in files))
+    with store.building(name, overwrite=overwrite) as build:
+        done = 0.0
+        for rel in files:
+            shutil.copyfile(src / rel, build.path / rel)
+            done += (build.path / rel).stat().st_size
+            report(progress, "import", "Copying", done, total, "B")
+        report(progress, "import", "Copying", total, total, "B", done=True)
+        config = _config(build.path)
+        manifest = Manifest(
+            name=name,
+            source=ModelSource(kind="local", path=str(src)),
+            files=hash_files(build.path, files),
+            quantization=quantization_of(config),
+            dtype=dtype_of(config),
+        )
+        return build.commit(manifest)
+
+
+def _import_gguf(
+    src: Path,
+    name: str,
+    store: ModelStore,
+    overwrite: bool,
+    dtype: str,
+    progress: ProgressCallback | None,
+) -> StoredModel:
+    from mlx_integrations.models.gguf import import_gguf
+
+    st = src.stat()
+    with store.building(name, overwrite=overwrite) as build:
+        report(progress, "import", "Converting GGUF", 0, None, "step")
+        out = Path(import_gguf(src, build.path / "converted", dtype=dtype))
+        # The converter writes a folder; its files become the model folder.
+        for item in out.iterdir():
+            os.rename(item, build.path / item.name)
+        out.rmdir()
+        report(progress, "import", "Converting GGUF", 1, 1, "step", done=True)
+        files = model_files(build.path)
+        config = _config(build.path)
+        manifest = Manifest(
+            name=name,
+            # revision records the file's size and mtime, so a changed file is re-imported.
+            source=ModelSource(
+                kind="gguf", path=str(src), revision=f"{st.st_size}:{st.st_mtime_ns}"
+            ),
+            files=hash_files(build.path, files),
+            quantization=quantization_of(config),
+            dtype=dtype_of(config) or dtype,
+        )
+        return build.commit(manifest)
+
+
+def _config(folder: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

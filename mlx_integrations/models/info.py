@@ -1,0 +1,205 @@
+"""What ``mlxi show`` reports about a model, read from its files without loading weights."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx_integrations.models.errors import ModelNotFoundError
+from mlx_integrations.models.hub import dtype_of, quantization_of
+from mlx_integrations.models.manifest import FileEntry, Manifest, ModelSource, QuantizationInfo
+from mlx_integrations.models.names import is_valid_name
+from mlx_integrations.models.resolve import resolve_model
+from mlx_integrations.models.store import ModelStore, default_store
+
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+    "max_seq_len",
+    "model_max_length",
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model's facts.
+
+    Attributes:
+        name: Store name (or the path given).
+        path: Its folder.
+        architecture: ``model_type`` of config.json.
+        parameters: Parameter count (quantized weights counted unpacked).
+        context_length: Longest context the config declares.
+        dtype: Dtype of the unquantized weights.
+        quantization: Bits, group size, mode, recipe; None when not quantized.
+        size_bytes: Bytes of the model files.
+        template_takes_tools: True when rendering the chat template with a tool shows it.
+        source: Where it came from (None outside the store).
+        files: Files with their sha256 (sha256 empty outside the store).
+        aliases: Other names of the model.
+        warm_caches: Names of stored prefix caches.
+    """
+
+    name: str
+    path: str
+    architecture: str | None
+    parameters: int | None
+    context_length: int | None
+    dtype: str | None
+    quantization: QuantizationInfo | None
+    size_bytes: int
+    template_takes_tools: bool | None
+    source: ModelSource | None
+    files: tuple[FileEntry, ...]
+    aliases: tuple[str, ...] = ()
+    warm_caches: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data for ``mlxi show --json``."""
+        return asdict(self)
+
+
+def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInfo:
+    """Describe a stored model, or any model folder.
+
+    Example:
+        >>> show_model("qwen3-4b-q4").context_length  # doctest: +SKIP
+        40960
+    """
+    store = store or default_store()
+    manifest: Manifest | None = None
+    aliases: tuple[str, ...] = ()
+    if isinstance(name, str) and is_valid_name(name) and store.contains(name):
+        stored = store.get(name)
+        path, manifest, aliases, shown = stored.path, stored.manifest, stored.aliases, stored.name
+    else:
+        path, shown = resolve_model(name, store=store), str(name)
+    config = _json(path / "config.json")
+    if not config:
+        raise ModelNotFoundError(
+            f"{path} has no readable config.json.", hint="Pull or import the model again."
+        )
+    if manifest is not None:
+        files = manifest.files
+    else:
+        files = tuple(
+            FileEntry(p.name, p.stat().st_size, "") for p in sorted(path.iterdir()) if p.is_file()
+        )
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    quant = manifest.quantization if manifest and manifest.quantization else quantization_of(config)
+    return ModelInfo(
+        name=shown,
+        path=str(path),
+        architecture=config.get("model_type"),
+        parameters=count_parameters(path, config),
+        context_length=_context_length(config, text_config),
+        dtype=(manifest.dtype if manifest else None) or dtype_of(config),
+        quantization=quant,
+        size_bytes=sum(f.size for f in files),
+        template_takes_tools=template_takes_tools(path),
+        source=manifest.source if manifest else None,
+        files=files,
+        aliases=aliases,
+        warm_caches=tuple(sorted(p.stem for p in (path / "warm").glob("*.safetensors"))),
+    )
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _context_length(config: dict[str, Any], text_config: dict[str, Any]) -> int | None:
+    for cfg in (config, text_config):
+        for key in _CONTEXT_KEYS:
+            if isinstance(cfg.get(key), int):
+                return int(cfg[key])
+    return None
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (names, dtypes and shapes)."""
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        return json.loads(fh.read(length))
+
+
+def count_parameters(path: Path, config: dict[str, Any]) -> int | None:
+    """Count parameters from safetensors headers; packed quantized weights are unpacked."""
+    quant = config.get("quantization") or {}
+    default_bits = int(quant.get("bits", 0)) if isinstance(quant, dict) else 0
+    total = 0
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        return None
+    for file in files:
+        try:
+            header = safetensors_header(file)
+        except (OSError, ValueError, struct.error):
+            return None
+        header.pop("__metadata__", None)
+        for key, meta in header.items():
+            if key.endswith((".scales", ".biases")) and key.rsplit(".", 1)[0] + ".weight" in header:
+                continue
+            n = math.prod(meta.get("shape", []))
+            module = key.rsplit(".", 1)[0]
+            if meta.get("dtype") == "U32" and f"{module}.scales" in header:
+                layer = quant.get(module) if isinstance(quant, dict) else None
+                bits = layer.get("bits", default_bits) if isinstance(layer, dict) else default_bits
+                n = n * 32 // bits if bits else n
+            total += n
+    return total
+
+
+def template_takes_tools(path: Path) -> bool | None:
+    """Render the chat template with one tool; True when the tool's name shows up.
+
+    Returns None when the model has no chat template.
+    """
+    tok_config = _json(path / "tokenizer_config.json")
+    template = tok_config.get("chat_template")
+    jinja_file = path / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text()
+    if isinstance(template, list):  # named templates: use "tool_use" or "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("tool_use") or named.get("default")
+    if not isinstance(template, str):
+        return None
+    probe = "mlxi_probe_tool_7f3a"
+    tool = {
+        "type": "function",
+        "function": {
+            "name": probe,
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent)
+        text = env.from_string(template).render(
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[tool],
+            add_generation_prompt=True,
+            bos_token="",
+            eos_token="",
+        )
+    except Exception:
+        return "tools" in template
+    return probe in text

@@ -1,0 +1,145 @@
+"""Quantize a model into the store with mlx-lm (``mlx_lm.convert``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from pathlib import Path
+
+from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
+from mlx_integrations.models.manifest import model_files as list_model_files
+from mlx_integrations.models.names import is_valid_name, validate_name
+from mlx_integrations.models.progress import ProgressCallback, report
+from mlx_integrations.models.resolve import resolve_model
+from mlx_integrations.models.store import ModelStore, StoredModel, default_store
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (16, 32, 64, 128)
+DTYPES = ("float16", "bfloat16", "float32")
+# mode -> (default group size, allowed bits, allowed group sizes), as in mlx-lm.
+MODES: dict[str, tuple[int, tuple[int, ...], tuple[int, ...]]] = {
+    "affine": (64, BITS, (32, 64, 128)),
+    "mxfp4": (32, (4,), (32,)),
+    "nvfp4": (16, (4,), (16,)),
+    "mxfp8": (32, (8,), (32,)),
+}
+RECIPES = ("mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6")
+
+
+def check_quantization(
+    bits: int, group_size: int | None, mode: str, recipe: str | None, dtype: str | None
+) -> int:
+    """Reject settings mlx-lm cannot use, before any weight is loaded.
+
+    Returns:
+        The group size to use (the mode's default when None).
+    """
+    if mode not in MODES:
+        raise ValueError(f"Unknown quantization mode {mode!r}; choose one of {', '.join(MODES)}.")
+    default_group, allowed_bits, allowed_groups = MODES[mode]
+    if bits not in allowed_bits:
+        raise ValueError(
+            f"bits={bits} is not possible with mode {mode!r}; "
+            f"choose one of {', '.join(map(str, allowed_bits))}."
+        )
+    group = default_group if group_size is None else group_size
+    if group not in allowed_groups:
+        raise ValueError(
+            f"group_size={group} is not possible with mode {mode!r}; "
+            f"choose one of {', '.join(map(str, allowed_groups))}."
+        )
+    if recipe is not None:
+        if recipe not in RECIPES:
+            raise ValueError(f"Unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}.")
+        if mode != "affine":
+            raise ValueError("Mixed recipes only work with mode 'affine'.")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
+    return group
+
+
+def default_quantized_name(
+    source: str, bits: int, mode: str = "affine", recipe: str | None = None
+) -> str:
+    """``org/model`` + 4 bits -> ``org/model-q4``; a path uses its folder's name."""
+    base = source if is_valid_name(source) else Path(source).expanduser().name
+    base = re.sub(r"[^A-Za-z0-9._/-]+", "-", base).strip("-./") or "model"
+    suffix = recipe.replace("_", "-") if recipe else (f"q{bits}" if mode == "affine" else mode)
+    return validate_name(f"{base}-{suffix}")
+
+
+def quantize_model(
+    source: str | Path,
+    name: str | None = None,
+    *,
+    bits: int = 4,
+    group_size: int | None = None,
+    mode: str = "affine",
+    recipe: str | None = None,
+    dtype: str | None = None,
+    store: ModelStore | None = None,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+) -> StoredModel:
+    """Quantize a model (store name, repo id, folder or GGUF file) into the store.
+
+    Args:
+        source: The model to quantize (resolved like :func:`resolve_model`).
+        name: Store name of the result (default: ``<source>-q<bits>``).
+        bits: 2, 3, 4, 5, 6 or 8.
+        group_size: Weights per scale (default: 64 for affine, the mode's size otherwise).
+        mode: ``affine``, ``mxfp4``, ``nvfp4`` or ``mxfp8``.
+        recipe: A mixed-precision recipe of mlx-lm (``mixed_3_6`` etc.).
+        dtype: Dtype of the weights left unquantized (default: the model's).
+        store: The store (default: ``$MLXI_HOME``).
+        overwrite: Replace a model of that name.
+        progress: Receives ``"quantize"`` updates.
+
+    Returns:
+        The quantized model in the store.
+
+    Example:
+        >>> quantize_model("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
+    """
+    group = check_quantization(bits, group_size, mode, recipe, dtype)
+    store = store or default_store()
+    name = validate_name(name or default_quantized_name(str(source), bits, mode, recipe))
+    src_path = resolve_model(source, store=store)
+    from mlx_lm.convert import convert
+
+    with store.building(name, overwrite=overwrite) as build:
+        out = build.path / "converted"
+        report(progress, "quantize", f"Quantizing to {bits} bits", 0, 1, "step")
+        # mlx-lm reports on stdout; keep stdout for results.
+        with contextlib.redirect_stdout(sys.stderr):
+            convert(
+                hf_path=str(src_path),
+                mlx_path=str(out),
+                quantize=True,
+                q_bits=bits,
+                q_group_size=group,
+                q_mode=mode,
+                dtype=dtype,
+                quant_predicate=recipe,
+            )
+        for item in out.iterdir():
+            os.rename(item, build.path / item.name)
+        out.rmdir()
+        report(progress, "quantize", f"Quantizing to {bits} bits", 1, 1, "step", done=True)
+        files = list_model_files(build.path)
+        manifest = Manifest(
+            name=name,
+            source=ModelSource(kind="quantize", base=str(source), path=str(src_path)),
+            files=hash_files(build.path, files),
+            quantization=QuantizationInfo(bits=bits, group_size=group, mode=mode, recipe=recipe),
+            dtype=dtype or _dtype(build.path),
+        )
+        return build.commit(manifest)
+
+
+def _dtype(folder: Path) -> str | None:
+    from mlx_integrations.models.hub import _read_json, dtype_of
+
+    return dtype_of(_read_json(folder / "config.json"))

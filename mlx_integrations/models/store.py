@@ -1,0 +1,599 @@
+"""The model store: ``$MLXI_HOME`` (default ``~/.cache/mlxi``), its models and aliases.
+
+Layout::
+
+    $MLXI_HOME/
+      models/<namespace>--<name>/     one folder per model, loadable by mlx_lm.load
+        mlxi-manifest.json            written last; no manifest, no model
+        config.json, model.safetensors, ...  (pulled files link into the HF cache)
+        warm/<prefix>.safetensors     stored prefix KV caches
+      models/.tmp-<folder>-<pid>-<x>/ a model being built (pull, quantize, import)
+      aliases.json                    alias -> store name
+      .lock                           serializes changes to names
+
+A model is built in a temporary folder next to its target and renamed into place once
+complete, so an interrupted pull, quantize or import never looks like a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from mlx_integrations.models.errors import (
+    InvalidNameError,
+    ModelExistsError,
+    ModelNotFoundError,
+    StoreError,
+    StoreIOError,
+)
+from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest, VerifyReport, verify_files
+from mlx_integrations.models.names import folder_name, validate_name
+
+DEFAULT_HOME = "~/.cache/mlxi"
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+
+
+def store_home() -> Path:
+    """The store folder: ``$MLXI_HOME`` or ``~/.cache/mlxi``."""
+    return Path(os.environ.get("MLXI_HOME") or DEFAULT_HOME).expanduser()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file by writing a sibling temporary file and renaming it over."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks are not followed or counted)."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        return 0 if path.is_symlink() else path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                with contextlib.suppress(OSError):
+                    total += os.stat(p).st_size
+    return total
+
+
+def io_error(exc: OSError, action: str) -> StoreIOError:
+    """Turn an OSError into a StoreIOError with a hint for the usual causes."""
+    hints = {
+        errno.ENOSPC: "Free some disk space (mlxi prune, mlxi rm) or set MLXI_HOME to a larger disk.",
+        errno.EACCES: "Check the permissions of the store folder, or set MLXI_HOME to a writable folder.",
+        errno.EROFS: "The store is on a read-only file system; set MLXI_HOME to a writable folder.",
+        errno.EDQUOT: "Your disk quota is exhausted; free space or set MLXI_HOME elsewhere.",
+    }
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    err = StoreIOError(
+        f"Could not {action}: {reason} ({exc.filename or ''}). The store was left as it was.",
+        hint=hints.get(exc.errno or 0),
+    )
+    err.errno = exc.errno
+    return err
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """A model of the store.
+
+    Attributes:
+        name: Its store name.
+        path: Its folder (what ``mlx_lm.load`` opens).
+        manifest: Its manifest.
+        aliases: Other names that point to it.
+    """
+
+    name: str
+    path: Path
+    manifest: Manifest
+    aliases: tuple[str, ...] = ()
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready line for ``mlxi list``."""
+        m = self.manifest
+        return {
+            "name": self.name,
+            "id": m.digest[:12],
+            "size": m.size_bytes,
+            "modified": m.created_at,
+            "source": m.source.kind,
+            "repo_id": m.source.repo_id,
+            "commit": m.source.commit,
+            "quantization": None
+            if m.quantization is None
+            else {
+                "bits": m.quantization.bits,
+                "group_size": m.quantization.group_size,
+                "mode": m.quantization.mode,
+                "recipe": m.quantization.recipe,
+            },
+            "aliases": list(self.aliases),
+            "path": str(self.path),
+        }
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    """What :meth:`ModelStore.remove` removed."""
+
+    name: str
+    kind: Literal["model", "alias"]
+    path: str | None
+    freed_bytes: int
+    aliases_removed: tuple[str, ...] = ()
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class PruneItem:
+    """One thing :meth:`ModelStore.prune` removes (or would remove)."""
+
+    kind: Literal[
+        "incomplete_build",
+        "trash",
+        "dangling_alias",
+        "orphan_folder",
+        "broken_model",
+        "incomplete_download",
+    ]
+    path: str
+    bytes: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """The result of :meth:`ModelStore.prune`."""
+
+    items: tuple[PruneItem, ...]
+    dry_run: bool
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes freed (or that would be freed)."""
+        return sum(i.bytes for i in self.items)
+
+
+class ModelBuild:
+    """A model folder under construction; see :meth:`ModelStore.building`."""
+
+    def __init__(self, store: ModelStore, name: str, path: Path, overwrite: bool) -> None:
+        self.store = store
+        self.name = name
+        self.path = path
+        self.overwrite = overwrite
+        self.committed: StoredModel | None = None
+
+    def commit(self, manifest: Manifest) -> StoredModel:
+        """Write the manifest, then move the folder into place in one rename."""
+        atomic_write_text(self.path / MANIFEST_FILE, manifest.to_json())
+        target = self.store.model_dir(self.name)
+        with self.store.lock():
+            if self.name in self.store.aliases():
+                raise ModelExistsError(
+                    f"{self.name!r} is an alias; a model cannot take its name.",
+                    hint=f"Remove the alias first: mlxi rm {self.name}",
+                )
+            trash = None
+            if target.exists():
+                if not self.overwrite:
+                    raise ModelExistsError(
+                        f"Model {self.name!r} is already in the store.",
+                        hint="Pass --force (overwrite=True) to replace it.",
+                    )
+                trash = (
+                    self.store.models_dir / f"{_TRASH_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
+                )
+                os.rename(target, trash)
+            os.rename(self.path, target)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        self.committed = self.store.get(self.name)
+        return self.committed
+
+
+class ModelStore:
+    """The folder where ``mlxi`` keeps models, manifests and aliases.
+
+    Example:
+        >>> store = ModelStore("/tmp/mlxi-doc")
+        >>> [m.name for m in store.list()]
+        []
+    """
+
+    def __init__(self, home: str | Path | None = None) -> None:
+        """Open (lazily create) a store.
+
+        Args:
+            home: The store folder; default ``$MLXI_HOME`` or ``~/.cache/mlxi``.
+        """
+        self.home = Path(home).expanduser() if home is not None else store_home()
+        self.models_dir = self.home / "models"
+        self.aliases_file = self.home / "aliases.json"
+
+    def __repr__(self) -> str:
+        return f"ModelStore({str(self.home)!r})"
+
+    def ensure(self) -> None:
+        """Create the store folders if needed."""
+        try:
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise io_error(exc, f"create the store folder {self.home}") from exc
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the store's lock (an flock across processes) while changing names."""
+        self.ensure()
+        with open(self.home / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def model_dir(self, name: str) -> Path:
+        """The folder a store name lives in (whether or not it exists)."""
+        return self.models_dir / folder_name(name)
+
+    # Aliases
+
+    def aliases(self) -> dict[str, str]:
+        """All aliases, alias -> store name."""
+        try:
+            data = json.loads(self.aliases_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise StoreError(
+                f"The alias file {self.aliases_file} is unreadable: {exc}.",
+                hint="Fix or delete that file; models are not affected.",
+            ) from exc
+        return {str(k): str(v) for k, v in data.items()}
+
+    def _write_aliases(self, aliases: dict[str, str]) -> None:
+        atomic_write_text(self.aliases_file, json.dumps(dict(sorted(aliases.items())), indent=2))
+
+    def tag(self, source: str, alias: str) -> StoredModel:
+        """Give a stored model another name.
+
+        Args:
+            source: A store name or alias.
+            alias: The new name.
+
+        Returns:
+            The model the alias points to.
+        """
+        validate_name(alias, what="alias")
+        model = self.get(source)
+        with self.lock():
+            if self.model_dir(alias).joinpath(MANIFEST_FILE).exists():
+                raise ModelExistsError(
+                    f"{alias!r} is already the name of a model.",
+                    hint="Choose another alias, or remove that model first.",
+                )
+            aliases = self.aliases()
+            aliases[alias] = model.name
+            try:
+                self._write_aliases(aliases)
+            except OSError as exc:
+                raise io_error(exc, "write the alias file") from exc
+        return self.get(model.name)
+
+    # Lookup
+
+    def canonical_name(self, name: str) -> str:
+        """Follow an alias to its store name (a store name maps to itself)."""
+        validate_name(name)
+        return self.aliases().get(name, name)
+
+    def get(self, name: str) -> StoredModel:
+        """The stored model called ``name`` (a store name or an alias).
+
+        Raises:
+            ModelNotFoundError: When nothing in the store has that name.
+        """
+        canonical = self.canonical_name(name)
+        path = self.model_dir(canonical)
+        try:
+            manifest = Manifest.read(path)
+        except FileNotFoundError:
+            raise ModelNotFoundError(
+                f"Model {name!r} is not in the store ({self.home}).",
+                hint=f"Run: mlxi pull {name}" if "/" in name else "See what is there: mlxi list",
+            ) from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"The manifest of {name!r} is damaged: {exc}.",
+                hint=f"Pull or import the model again, or remove it: mlxi rm {name}",
+            ) from exc
+        aliases = tuple(sorted(a for a, t in self.aliases().items() if t == canonical))
+        return StoredModel(name=canonical, path=path, manifest=manifest, aliases=aliases)
+
+    def contains(self, name: str) -> bool:
+        """True when ``name`` is a store name or alias of a stored model."""
+        try:
+            self.get(name)
+        except (ModelNotFoundError, InvalidNameError):
+            return False
+        return True
+
+    def list(self, prefix: str | None = None) -> list[StoredModel]:
+        """All stored models, sorted by name; ``prefix`` keeps names that start with it."""
+        if not self.models_dir.is_dir():
+            return []
+        aliases = self.aliases()
+        out = []
+        for folder in sorted(self.models_dir.iterdir()):
+            if folder.name.startswith(".") or not (folder / MANIFEST_FILE).is_file():
+                continue
+            try:
+                manifest = Manifest.read(folder)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if prefix and not manifest.name.startswith(prefix):
+                continue
+            names = tuple(sorted(a for a, t in aliases.items() if t == manifest.name))
+            out.append(StoredModel(manifest.name, folder, manifest, names))
+        return sorted(out, key=lambda m: m.name)
+
+    # Changes
+
+    @contextlib.contextmanager
+    def building(self, name: str, *, overwrite: bool = False) -> Iterator[ModelBuild]:
+        """Build a model in a temporary folder beside its target.
+
+        Fill ``build.path`` and call ``build.commit(manifest)``; on an exception or
+        without a commit, the temporary folder is removed and the store is unchanged.
+
+        Args:
+            name: The store name the model will have.
+            overwrite: Replace a model of that name on commit.
+        """
+        validate_name(name)
+        if not overwrite and self.model_dir(name).exists():
+            raise ModelExistsError(
+                f"Model {name!r} is already in the store.",
+                hint="Pass --force (overwrite=True) to replace it, or choose another --name.",
+            )
+        self.ensure()
+        tmp = self.models_dir / (
+            f"{_TMP_PREFIX}{folder_name(name)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        try:
+            tmp.mkdir()
+        except OSError as exc:
+            raise io_error(exc, f"create a build folder in {self.models_dir}") from exc
+        build = ModelBuild(self, name, tmp, overwrite)
+        try:
+            yield build
+        except OSError as exc:
+            if isinstance(exc, StoreError) or exc.errno is None:
+                raise
+            raise io_error(exc, f"build model {name!r}") from exc
+        finally:
+            if build.committed is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def verify(self, name: str) -> VerifyReport:
+        """Check every file of a stored model against the sha256 in its manifest."""
+        model = self.get(name)
+        return verify_files(model.manifest, model.path)
+
+    def remove(self, name: str, *, dry_run: bool = False) -> RemoveResult:
+        """Remove a model (and its aliases), or only an alias when ``name`` is one.
+
+        Files that a pulled model links in the Hugging Face cache stay there: other tools
+        share that cache (``hf cache rm`` removes them).
+        """
+        validate_name(name)
+        with self.lock():
+            aliases = self.aliases()
+            if name in aliases:
+                if not dry_run:
+                    del aliases[name]
+                    self._write_aliases(aliases)
+                return RemoveResult(name, "alias", None, 0, dry_run=dry_run)
+            model = self.get(name)
+            freed = disk_usage(model.path)
+            if dry_run:
+                return RemoveResult(name, "model", str(model.path), freed, model.aliases, True)
+            trash = self.models_dir / f"{_TRASH_PREFIX}{model.path.name}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(model.path, trash)
+                if model.aliases:
+                    self._write_aliases({a: t for a, t in aliases.items() if t != model.name})
+            except OSError as exc:
+                raise io_error(exc, f"remove {name!r}") from exc
+        shutil.rmtree(trash, ignore_errors=True)
+        return RemoveResult(name, "model", str(model.path), freed, model.aliases)
+
+    def prune(
+        self,
+        *,
+        dry_run: bool = False,
+        hf_cache_dir: str | Path | None = None,
+        incomplete_age_s: float = 3600.0,
+    ) -> PruneReport:
+        """Remove what no model needs: unfinished builds, trash, dangling aliases,
+        folders without a manifest, models whose files are all gone, and partial Hub
+        downloads older than ``incomplete_age_s``.
+
+        Args:
+            dry_run: Report without removing.
+            hf_cache_dir: The Hugging Face cache to look for ``*.incomplete`` files in
+                (default: the one huggingface_hub uses). Pass ``""`` to skip it.
+            incomplete_age_s: Partial downloads younger than this may be in progress.
+        """
+        items: list[PruneItem] = []
+        with self.lock():
+            folders = sorted(self.models_dir.iterdir()) if self.models_dir.is_dir() else []
+            for folder in folders:
+                if folder.name.startswith(_TMP_PREFIX):
+                    if _build_owner_alive(folder.name):
+                        continue
+                    items.append(PruneItem("incomplete_build", str(folder), disk_usage(folder)))
+                elif folder.name.startswith(_TRASH_PREFIX):
+                    items.append(PruneItem("trash", str(folder), disk_usage(folder)))
+                elif folder.is_dir() and not (folder / MANIFEST_FILE).is_file():
+                    items.append(PruneItem("orphan_folder", str(folder), disk_usage(folder)))
+                elif folder.is_dir():
+                    try:
+                        manifest = Manifest.read(folder)
+                    except (OSError, ValueError, KeyError, TypeError):
+                        continue
+                    if manifest.files and not any(
+                        (folder / f.path).exists() for f in manifest.files
+                    ):
+                        items.append(
+                            PruneItem(
+                                "broken_model",
+                                str(folder),
+                                disk_usage(folder),
+                                f"{manifest.name}: none of its files exist any more",
+                            )
+                        )
+            aliases = self.aliases()
+            broken = {i.path for i in items if i.kind == "broken_model"}
+            kept = {}
+            for alias, target in aliases.items():
+                target_dir = self.models_dir / folder_name(target)
+                if not (target_dir / MANIFEST_FILE).is_file() or str(target_dir) in broken:
+                    items.append(PruneItem("dangling_alias", alias, 0, f"-> {target}"))
+                else:
+                    kept[alias] = target
+            if hf_cache_dir != "":
+                cache = Path(hf_cache_dir) if hf_cache_dir else _default_hf_cache()
+                now = time.time()
+                for part in sorted(cache.glob("models--*/blobs/*.incomplete")):
+                    with contextlib.suppress(OSError):
+                        st = part.stat()
+                        if now - st.st_mtime >= incomplete_age_s:
+                            items.append(PruneItem("incomplete_download", str(part), st.st_size))
+            if not dry_run:
+                for item in items:
+                    if item.kind == "dangling_alias":
+                        continue
+                    path = Path(item.path)
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+                if len(kept) != len(aliases):
+                    self._write_aliases(kept)
+        return PruneReport(tuple(items), dry_run)
+
+
+def _build_owner_alive(folder: str) -> bool:
+    """True when the process that named a ``.tmp-...-<pid>-<x>`` folder still runs."""
+    try:
+        pid = int(folder.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _default_hf_cache() -> Path:
+    """The Hugging Face Hub cache folder, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def default_store() -> ModelStore:
+    """The store at ``$MLXI_HOME`` (read each call, so tests and scripts can change it)."""
+    return ModelStore()
+
+
+def list_models(prefix: str | None = None, *, store: ModelStore | None = None) -> list[StoredModel]:
+    """The models of the store (see :meth:`ModelStore.list`)."""
+    return (store or default_store()).list(prefix)
+
+
+def get_model(name: str, *, store: ModelStore | None = None) -> StoredModel:
+    """One stored model by name or alias (see :meth:`ModelStore.get`)."""
+    return (store or default_store()).get(name)
+
+
+def remove_model(
+    name: str, *, dry_run: bool = False, store: ModelStore | None = None
+) -> RemoveResult:
+    """Remove a model or an alias (see :meth:`ModelStore.remove`)."""
+    return (store or default_store()).remove(name, dry_run=dry_run)
+
+
+def tag_model(source: str, alias: str, *, store: ModelStore | None = None) -> StoredModel:
+    """Give a stored model another name (see :meth:`ModelStore.tag`)."""
+    return (store or default_store()).tag(source, alias)
+
+
+def verify_model(name: str, *, store: ModelStore | None = None) -> VerifyReport:
+    """Check a model's files against its manifest (see :meth:`ModelStore.verify`)."""
+    return (store or default_store()).verify(name)
+
+
+def prune(
+    *,
+    dry_run: bool = False,
+    store: ModelStore | None = None,
+    hf_cache_dir: str | Path | None = None,
+) -> PruneReport:
+    """Remove unfinished builds and orphaned data (see :meth:`ModelStore.prune`)."""
+    return (store or default_store()).prune(dry_run=dry_run, hf_cache_dir=hf_cache_dir)
+
+
+__all__ = [
+    "DEFAULT_HOME",
+    "ModelBuild",
+    "ModelStore",
+    "PruneItem",
+    "PruneReport",
+    "RemoveResult",
+    "StoredModel",
+    "atomic_write_text",
+    "default_store",
+    "disk_usage",
+    "get_model",
+    "list_models",
+    "prune",
+    "remove_model",
+    "store_home",
+    "tag_model",
+    "verify_model",
+]

@@ -20,18 +20,26 @@ def resolve_model_path(model: str | Path) -> Path:
     if not isinstance(model, (str, Path)) or not str(model).strip():
         raise TypeError(f"model must be a folder path or a model name, got {model!r}")
     path = Path(model).expanduser()
-    if path.exists():
+    if path.exists() and path.is_dir():
         return path.resolve()
+    text = str(model)
+    path_like = path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1
+    if path_like and not path.is_file():
+        raise FileNotFoundError(
+            f"{text!r} is not a folder; pass the folder of an MLX model (with config.json "
+            "and *.safetensors), a .gguf file, or a model name from `mlxi list`"
+        )
     try:
         from mlx_integrations.models.resolve import resolve_model
-    except ImportError:
+    except ImportError:  # the model store is optional for engines
         resolve_model = None
-    if resolve_model is not None:
-        return Path(resolve_model(str(model)))
-    raise FileNotFoundError(
-        f"Model {str(model)!r} is not a folder on this machine; pass the path of an MLX "
-        "model folder (with config.json and *.safetensors)"
-    )
+    if resolve_model is None:
+        raise FileNotFoundError(f"Model {text!r} is not a folder on this machine")
+    try:
+        return Path(resolve_model(text))
+    except LookupError as exc:
+        hint = getattr(exc, "hint", None)
+        raise FileNotFoundError(f"{exc} {hint}" if hint else str(exc)) from exc
 
 
 def check_safetensors(path: Path) -> None:

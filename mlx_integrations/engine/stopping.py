@@ -41,7 +41,7 @@ class StopMatcher:
             self.matched = first[1]
             self._pending = ""
             return buf[: first[0]]
-        hold = self._held_suffix(buf)
+        hold = partial_suffix_len(buf, self._stops)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
 
@@ -50,12 +50,16 @@ class StopMatcher:
         out, self._pending = self._pending, ""
         return "" if self.stopped else out
 
-    def _held_suffix(self, buf: str) -> int:
-        # Longest suffix of buf that is a proper prefix of some stop sequence.
-        best = 0
-        for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(buf)), best, -1):
-                if buf.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+
+def partial_suffix_len(text: str, needles: list[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a needle.
+
+    That much text must be held back: the next piece may complete the needle.
+    """
+    best = 0
+    for needle in needles:
+        for n in range(min(len(needle) - 1, len(text)), best, -1):
+            if text.endswith(needle[:n]):
+                best = n
+                break
+    return best

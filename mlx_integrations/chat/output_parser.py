@@ -1,0 +1,221 @@
+"""Splitting a model's reply into text, reasoning and tool calls, while it streams.
+
+Markup never leaks into text: anything that may be the start of a marker is held
+back until the next piece decides. Text before a call comes out as text; each call
+comes out as soon as its closing marker arrives; calls keep their order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_integrations.chat.tool_parsers import (
+    InvalidToolCall,
+    ParsedToolCall,
+    ToolCallFormat,
+    parse_body,
+)
+from mlx_integrations.engine.stopping import partial_suffix_len
+
+THINK_MARKERS = ("<think>", "</think>")
+
+
+@dataclass
+class TextDelta:
+    """Answer text."""
+
+    text: str
+
+
+@dataclass
+class ReasoningDelta:
+    """Text the model wrote inside its thinking markers."""
+
+    text: str
+
+
+Event = TextDelta | ReasoningDelta | ParsedToolCall | InvalidToolCall
+
+
+@dataclass
+class ParsedOutput:
+    """A whole reply, split."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ParsedToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+
+
+class ChatOutputParser:
+    """Incremental parser of one reply.
+
+    Args:
+        tool_format: The model's tool-call format, or None to leave markup as text
+            (no tools bound, or ``tool_choice="none"``).
+        tools: Tool definitions, passed to parsers that coerce argument types.
+        think_markers: (start, end) of reasoning, or None when the model has none.
+        starts_in_reasoning: The prompt already opened the thinking block (templates
+            that end the generation prompt with ``<think>``).
+    """
+
+    def __init__(
+        self,
+        *,
+        tool_format: ToolCallFormat | None = None,
+        tools: Any = None,
+        think_markers: tuple[str, str] | None = THINK_MARKERS,
+        starts_in_reasoning: bool = False,
+    ):
+        self._fmt = tool_format
+        self._tools = tools
+        self._think = think_markers
+        self._buf = ""
+        self._state = "reasoning" if (starts_in_reasoning and think_markers) else "text"
+        self._at_start = True  # no answer text yet (bare-call formats only start a reply)
+
+    def feed(self, text: str) -> list[Event]:
+        """Add the next piece of the reply; return what it completes."""
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        """The reply ended: flush held text, close an open call."""
+        return self._drain(final=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _drain(self, final: bool) -> list[Event]:
+        events: list[Event] = []
+        while True:
+            if self._state == "reasoning":
+                if not self._step_reasoning(events, final):
+                    break
+            elif self._state == "text":
+                if not self._step_text(events, final):
+                    break
+            elif not self._step_call(events, final):
+                break
+        return _merge(events)
+
+    def _step_reasoning(self, events: list[Event], final: bool) -> bool:
+        assert self._think is not None
+        end = self._think[1]
+        idx = self._buf.find(end)
+        if idx >= 0:
+            self._emit_reasoning(events, self._buf[:idx])
+            self._buf = self._buf[idx + len(end) :].lstrip("\n")
+            self._state = "text"
+            return True
+        keep = 0 if final else partial_suffix_len(self._buf, [end])
+        self._emit_reasoning(events, self._buf[: len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _step_text(self, events: list[Event], final: bool) -> bool:
+        fmt = self._fmt
+        if fmt and fmt.bare_prefixes and self._at_start:
+            stripped = self._buf.lstrip()
+            if not stripped:
+                return False if not final else self._flush_text(events)
+            if any(stripped.startswith(p) for p in fmt.bare_prefixes):
+                self._buf = stripped
+                self._state = "call"
+                return True
+            if not final and any(p.startswith(stripped) for p in fmt.bare_prefixes):
+                return False  # too short to tell yet
+        markers: list[tuple[str, str]] = []
+        if self._think:
+            markers.append((self._think[0], "reasoning"))
+        if fmt and fmt.start:
+            markers.append((fmt.start, "call"))
+        first: tuple[int, str, str] | None = None
+        for marker, state in markers:
+            idx = self._buf.find(marker)
+            if idx >= 0 and (first is None or idx < first[0]):
+                first = (idx, marker, state)
+        if first is not None:
+            idx, marker, state = first
+            self._emit_text(events, self._buf[:idx])
+            self._buf = self._buf[idx + len(marker) :]
+            self._state = state
+            return True
+        if final:
+            return self._flush_text(events)
+        keep = partial_suffix_len(self._buf, [m for m, _ in markers])
+        self._emit_text(events, self._buf[: len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _flush_text(self, events: list[Event]) -> bool:
+        self._emit_text(events, self._buf)
+        self._buf = ""
+        return False
+
+    def _step_call(self, events: list[Event], final: bool) -> bool:
+        fmt = self._fmt
+        assert fmt is not None
+        closer = fmt.end or fmt.start  # end-less formats: a new start closes the last
+        idx = self._buf.find(closer) if closer else -1
+        if idx >= 0:
+            events.extend(parse_body(fmt, self._buf[:idx], self._tools))
+            self._buf = self._buf[idx + len(closer) :]
+            self._state = "call" if not fmt.end else "text"
+            self._at_start = False
+            return True
+        if final:
+            if self._buf.strip():
+                events.extend(parse_body(fmt, self._buf, self._tools))
+            self._buf = ""
+            return False
+        if not fmt.end and self._buf.rstrip().endswith(("}", "]", ")")):
+            parsed = parse_body(fmt, self._buf, self._tools)
+            if all(isinstance(p, ParsedToolCall) for p in parsed):
+                events.extend(parsed)  # complete already: no end marker will come
+                self._buf = ""
+                self._state = "text"
+                self._at_start = False
+        return False
+
+    def _emit_text(self, events: list[Event], text: str) -> None:
+        if text:
+            if text.strip():
+                self._at_start = False
+            events.append(TextDelta(text))
+
+    @staticmethod
+    def _emit_reasoning(events: list[Event], text: str) -> None:
+        if text:
+            events.append(ReasoningDelta(text))
+
+
+def _merge(events: list[Event]) -> list[Event]:
+    merged: list[Event] = []
+    for ev in events:
+        if merged and type(ev) in (TextDelta, ReasoningDelta) and type(merged[-1]) is type(ev):
+            merged[-1].text += ev.text  # type: ignore[union-attr]
+        else:
+            merged.append(ev)
+    return merged
+
+
+def collect(events: list[Event], into: ParsedOutput | None = None) -> ParsedOutput:
+    """Fold events into a :class:`ParsedOutput`."""
+    out = into or ParsedOutput()
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            out.content += ev.text
+        elif isinstance(ev, ReasoningDelta):
+            out.reasoning += ev.text
+        elif isinstance(ev, ParsedToolCall):
+            out.tool_calls.append(ev)
+        else:
+            out.invalid_tool_calls.append(ev)
+    return out
+
+
+def parse_output(text: str, **options: Any) -> ParsedOutput:
+    """Parse a whole reply at once (same rules as streaming)."""
+    parser = ChatOutputParser(**options)
+    return collect(parser.feed(text) + parser.finish())

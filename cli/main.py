@@ -1,17 +1,38 @@
-"""Entry point of the ``mlxi`` command."""
+"""Entry point of the ``mlxi`` command.
+
+Each command parses its arguments, calls :mod:`mlx_integrations.models` (or an engine)
+and renders the result: results on stdout, progress and errors on stderr. Heavy modules
+are imported inside the commands so that ``mlxi --help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
+from mlx_integrations.cli.errors import handle_errors
+from mlx_integrations.cli.output import (
+    human_age,
+    human_count,
+    human_size,
+    print_json,
+    print_table,
+    stdin_is_tty,
+)
 
 from mlx_integrations import __version__
 
 app = typer.Typer(
     name="mlxi",
-    help="Pull, quantize, warm and run local MLX models.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON.")
 
 
 def _version(value: bool) -> None:
@@ -26,26 +47,502 @@ def _root(
         False, "--version", "-V", callback=_version, is_eager=True, help="Show the version."
     ),
 ) -> None:
-    """Pull, quantize, warm and run local MLX models."""
+    """Pull, quantize, warm and run local MLX models.
+
+    Models live in $MLXI_HOME (default ~/.cache/mlxi); Hub downloads go through the
+    Hugging Face cache. Set MLXI_DEBUG=1 to see tracebacks.
+    """
+
+
+# Getting models
 
 
 @app.command()
-def doctor(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Report the MLX version, backend, device, mlx-lm version and the model store path."""
-    import json
-    import os
-    from pathlib import Path
+@handle_errors
+def pull(
+    repo_id: str = typer.Argument(..., help="Hub repository, e.g. mlx-community/Qwen3-4B-4bit."),
+    name: str | None = typer.Option(None, "--name", "-n", help="Store name (default: repo id)."),
+    revision: str | None = typer.Option(
+        None, "--revision", "-r", help="Branch, tag or commit sha."
+    ),
+    update: bool = typer.Option(
+        False,
+        "--update",
+        "-u",
+        help="Ask the Hub whether the branch moved (a pinned model "
+        "is otherwise reused without any request).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
+    include: list[str] = typer.Option(
+        [], "--include", help="Extra glob of files to fetch (repeatable)."
+    ),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Also fetch the repository's Python files."
+    ),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="HF_TOKEN",
+        show_envvar=False,
+        help="Hub token (default: HF_TOKEN or the saved login); never printed.",
+    ),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Download a model from the Hugging Face Hub into the store."""
+    from mlx_integrations.cli.progress import progress_bars
 
+    from mlx_integrations.models.hub import pull as pull_model
+
+    with progress_bars() as progress:
+        result = pull_model(
+            repo_id,
+            name=name,
+            revision=revision,
+            update=update,
+            force=force,
+            include=include or None,
+            trust_remote_code=trust_remote_code,
+            token=token,
+            progress=progress,
+        )
+    if json_output:
+        print_json(result.to_dict())
+        return
+    src = result.model.manifest.source
+    pin = f"{src.revision} @ {(src.commit or '')[:12]}"
+    if result.downloaded:
+        typer.echo(
+            f"pulled {result.model.name} ({pin}, {human_size(result.model.manifest.size_bytes)})"
+        )
+    else:
+        typer.echo(f"{result.model.name} is up to date ({pin})")
+
+
+@app.command("import")
+@handle_errors
+def import_(
+    source: Path = typer.Argument(..., help="A model folder or a .gguf file."),
+    name: str = typer.Argument(..., help="Store name."),
+    force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
+    dtype: str = typer.Option("float32", "--dtype", help="Weight dtype of a GGUF conversion."),
+    bits: int | None = typer.Option(None, "--q-bits", help="Quantize while importing."),
+    group_size: int | None = typer.Option(None, "--q-group-size", help="Quantization group."),
+    mode: str = typer.Option("affine", "--q-mode", help="affine, mxfp4, nvfp4 or mxfp8."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Import a local model folder or a GGUF file into the store."""
+    from mlx_integrations.cli.progress import progress_bars
+
+    with progress_bars() as progress:
+        if bits is not None:
+            from mlx_integrations.models.quantize import quantize_model
+
+            model = quantize_model(
+                str(source),
+                name,
+                bits=bits,
+                group_size=group_size,
+                mode=mode,
+                overwrite=force,
+                progress=progress,
+            )
+        else:
+            from mlx_integrations.models.importer import import_model
+
+            model = import_model(source, name, overwrite=force, dtype=dtype, progress=progress)
+    if json_output:
+        print_json(model.summary())
+        return
+    typer.echo(f"imported {model.name} ({human_size(model.manifest.size_bytes)})")
+
+
+@app.command()
+@handle_errors
+def quantize(
+    source: str = typer.Argument(..., help="Store name, repo id, folder or .gguf file."),
+    name: str | None = typer.Argument(None, help="Store name (default: SOURCE-q<bits>)."),
+    bits: int = typer.Option(4, "--bits", "-b", help="2, 3, 4, 5, 6 or 8."),
+    group_size: int | None = typer.Option(
+        None, "--group-size", "-g", help="Weights per scale (default 64; fixed for fp modes)."
+    ),
+    mode: str = typer.Option("affine", "--mode", help="affine, mxfp4, nvfp4 or mxfp8."),
+    recipe: str | None = typer.Option(
+        None, "--recipe", help="Mixed precision: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6."
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="float16, bfloat16 or float32 for unquantized weights."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Quantize a model with mlx-lm into a new store model."""
+    from mlx_integrations.cli.progress import progress_bars
+
+    from mlx_integrations.models.quantize import quantize_model
+
+    with progress_bars() as progress:
+        model = quantize_model(
+            source,
+            name,
+            bits=bits,
+            group_size=group_size,
+            mode=mode,
+            recipe=recipe,
+            dtype=dtype,
+            overwrite=force,
+            progress=progress,
+        )
+    if json_output:
+        print_json(model.summary())
+        return
+    q = model.manifest.quantization
+    how = f"{q.bits} bits, group {q.group_size}, {q.mode}" if q else "unquantized"
+    typer.echo(
+        f"quantized {source} -> {model.name} ({how}, {human_size(model.manifest.size_bytes)})"
+    )
+
+
+# Looking at the store
+
+
+@app.command("list")
+@handle_errors
+def list_(
+    prefix: str | None = typer.Argument(None, help="Only names that start with this."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print names only."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """List the models of the store."""
+    from mlx_integrations.models.store import list_models
+
+    models = list_models(prefix)
+    if json_output:
+        print_json([m.summary() for m in models])
+        return
+    if quiet:
+        for m in models:
+            typer.echo(m.name)
+        return
+    rows = []
+    for m in models:
+        s = m.summary()
+        q = m.manifest.quantization
+        rows.append(
+            [
+                m.name + (f" ({', '.join(m.aliases)})" if m.aliases else ""),
+                s["id"],
+                human_size(s["size"]),
+                f"{q.bits}-bit" if q else (m.manifest.dtype or "-"),
+                m.manifest.source.kind,
+                human_age(s["modified"]),
+            ]
+        )
+    print_table(["NAME", "ID", "SIZE", "WEIGHTS", "SOURCE", "MODIFIED"], rows)
+
+
+app.command("ls", help="List the models of the store (same as list).")(list_)
+
+
+@app.command()
+@handle_errors
+def show(
+    name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Show a model's architecture, size, quantization, source and files."""
+    from mlx_integrations.models.info import show_model
+
+    info = show_model(name)
+    if json_output:
+        print_json(info.to_dict())
+        return
+    q = info.quantization
+    src = info.source
+    lines = [
+        ("name", info.name + (f" (aliases: {', '.join(info.aliases)})" if info.aliases else "")),
+        ("path", info.path),
+        ("architecture", info.architecture or "-"),
+        ("parameters", human_count(info.parameters)),
+        ("context length", str(info.context_length or "-")),
+        ("dtype", info.dtype or "-"),
+        (
+            "quantization",
+            f"{q.bits} bits, group {q.group_size}, {q.mode}" + (f", {q.recipe}" if q.recipe else "")
+            if q
+            else "none",
+        ),
+        ("size", human_size(info.size_bytes)),
+        (
+            "tools in template",
+            {True: "yes", False: "no", None: "no template"}[info.template_takes_tools],
+        ),
+    ]
+    if src is not None:
+        origin = src.repo_id or src.base or src.path or "-"
+        lines.append(("source", f"{src.kind}: {origin}"))
+        if src.commit:
+            lines.append(("revision", f"{src.revision} @ {src.commit}"))
+    if info.warm_caches:
+        lines.append(("warm caches", ", ".join(info.warm_caches)))
+    for key, value in lines:
+        typer.echo(f"{key:18} {value}")
+    typer.echo("files")
+    for f in info.files:
+        typer.echo(f"  {f.path:32} {human_size(f.size):>10}  {f.sha256[:16] or '-'}")
+
+
+@app.command()
+@handle_errors
+def verify(
+    names: list[str] = typer.Argument(None, help="Models to check (default: all)."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Check model files against the sha256 in their manifests (exit 1 on a mismatch)."""
+    from mlx_integrations.models.store import default_store
+
+    store = default_store()
+    targets = names or [m.name for m in store.list()]
+    reports = [store.verify(n) for n in targets]
+    if json_output:
+        print_json([r.to_dict() for r in reports])
+    else:
+        for r in reports:
+            bad = [f for f in r.files if f.status != "ok"]
+            typer.echo(f"{r.name}: {'ok' if r.ok else 'FAILED'} ({len(r.files)} files)")
+            for f in bad:
+                typer.echo(f"  {f.path}: {f.status.replace('_', ' ')}")
+    if not all(r.ok for r in reports):
+        bad_names = ", ".join(r.name for r in reports if not r.ok)
+        typer.echo(f"Error: files of {bad_names} do not match their manifest.", err=True)
+        typer.echo(
+            f"Hint: pull or import the model again (mlxi pull/import --force), "
+            f"or remove it: mlxi rm {reports[0].name if len(reports) == 1 else 'NAME'}",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+# Changing the store
+
+
+def _confirm(question: str, yes: bool, dry_run: bool) -> bool:
+    """Ask only a person at a terminal; scripts (no TTY) and --yes go ahead."""
+    if yes or dry_run or not stdin_is_tty():
+        return True
+    return typer.confirm(question, default=False, err=True)
+
+
+@app.command()
+@handle_errors
+def rm(
+    names: list[str] = typer.Argument(..., help="Models or aliases to remove."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Remove models (and their aliases) or aliases from the store.
+
+    Files a pulled model links in the Hugging Face cache stay there (hf cache rm).
+    """
+    from mlx_integrations.models.store import default_store
+
+    store = default_store()
+    for n in names:
+        store.get(n)  # fail before removing anything when a name is unknown
+    if not _confirm(f"Remove {', '.join(names)}?", yes, dry_run):
+        typer.echo("Nothing removed.", err=True)
+        raise typer.Exit(1)
+    results = [store.remove(n, dry_run=dry_run) for n in names]
+    if json_output:
+        print_json([r.__dict__ for r in results])
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for r in results:
+        extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
+        what = "alias " if r.kind == "alias" else ""
+        typer.echo(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
+
+
+@app.command()
+@handle_errors
+def tag(
+    source: str = typer.Argument(..., help="A stored model."),
+    alias: str = typer.Argument(..., help="Another name for it."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Give a stored model another name (an alias)."""
+    from mlx_integrations.models.store import tag_model
+
+    model = tag_model(source, alias)
+    if json_output:
+        print_json(model.summary())
+        return
+    typer.echo(f"tagged {model.name} as {alias}")
+
+
+@app.command()
+@handle_errors
+def prune(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Remove unfinished builds, orphaned folders, dangling aliases and stale partial
+    downloads."""
+    from mlx_integrations.models.store import default_store
+
+    store = default_store()
+    preview = store.prune(dry_run=True)
+    if preview.items and not dry_run:
+        if not _confirm(
+            f"Remove {len(preview.items)} items ({human_size(preview.freed_bytes)})?", yes, dry_run
+        ):
+            typer.echo("Nothing removed.", err=True)
+            raise typer.Exit(1)
+        report = store.prune()
+    else:
+        report = preview if dry_run or not preview.items else store.prune()
+    if json_output:
+        print_json(
+            {
+                "dry_run": report.dry_run,
+                "freed_bytes": report.freed_bytes,
+                "items": [i.__dict__ for i in report.items],
+            }
+        )
+        return
+    for item in report.items:
+        typer.echo(f"{item.kind:20} {item.path} {item.detail}".rstrip())
+    verb = "would free" if report.dry_run else "freed"
+    typer.echo(f"{len(report.items)} items, {verb} {human_size(report.freed_bytes)}")
+
+
+# Using models
+
+
+@app.command()
+@handle_errors
+def warm(
+    model: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
+    cache_name: str = typer.Option("default", "--name", "-n", help="Name of the warm cache."),
+    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
+    system_file: Path | None = typer.Option(None, "--system-file", help="System prompt file."),
+    tools: Path | None = typer.Option(None, "--tools", help="JSON file of tool definitions."),
+    text_file: Path | None = typer.Option(
+        None,
+        "--file",
+        "-f",
+        help="Document appended to the system prompt (a raw prefix "
+        "when no system prompt or tools are given).",
+    ),
+    weights: bool = typer.Option(
+        True, "--weights/--no-weights", help="Also read the weights into the OS page cache."
+    ),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Precompute the KV cache of a prompt prefix and store it with the model.
+
+    Engines load these caches at start, so the first request that begins with the same
+    system prompt and tools skips their prefill. Without a prefix, only the weights
+    are read once (page cache).
+    """
+    from mlx_integrations.cli.progress import progress_bars
+
+    from mlx_integrations.models.warm import warm_model, warm_weights
+
+    if system is not None and system_file is not None:
+        raise typer.BadParameter("give --system or --system-file, not both")
+    if system_file is not None:
+        system = system_file.read_text()
+    tool_defs = _read_tools(tools) if tools is not None else None
+    text = text_file.read_text() if text_file is not None else None
+    out: dict[str, Any] = {}
+    with progress_bars() as progress:
+        if weights:
+            out["weights_bytes"] = warm_weights(model, progress=progress)
+        if system is not None or tool_defs or text:
+            result = warm_model(
+                model, cache_name, system=system, tools=tool_defs, text=text, progress=progress
+            )
+            out["cache"] = result.to_dict()
+    if json_output:
+        print_json(out)
+        return
+    if "weights_bytes" in out:
+        typer.echo(f"read {human_size(out['weights_bytes'])} of weights")
+    if "cache" in out:
+        c = out["cache"]
+        typer.echo(
+            f"warmed '{c['name']}': {c['tokens']} tokens ({c['source']}) "
+            f"in {c['seconds']:.2f} s -> {c['path']}"
+        )
+
+
+def _read_tools(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "tools" in data:
+        data = data["tools"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise ValueError(f"{path} must hold a JSON list of tool definitions.")
+    return [t if "function" in t else {"type": "function", "function": t} for t in data]
+
+
+@app.command()
+@handle_errors
+def run(
+    model: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
+    prompt: str | None = typer.Argument(
+        None, help="One-shot prompt ('-' reads stdin). Without it: interactive chat."
+    ),
+    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-m", help="Tokens per answer."),
+    temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print timings on stderr."),
+) -> None:
+    """Chat with a model: one answer to PROMPT, or an interactive session.
+
+    Type /bye (or Ctrl-D) to leave the session.
+    """
+    import sys
+
+    from mlx_integrations.cli.chat import chat_session, one_shot
+
+    if prompt == "-" or (prompt is None and not stdin_is_tty()):
+        prompt = sys.stdin.read()
+    if max_tokens < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
+    if prompt is not None:
+        one_shot(
+            model,
+            prompt,
+            system=system,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            verbose=verbose,
+        )
+    else:
+        chat_session(
+            model, system=system, max_tokens=max_tokens, temperature=temperature, verbose=verbose
+        )
+
+
+@app.command()
+def doctor(json_output: bool = JSON_OPTION) -> None:
+    """Report the MLX version, backend, device, mlx-lm version and the model store path."""
+    from mlx_integrations.models.store import store_home
     from mlx_integrations.runtime import backend_info
 
-    info = dict(backend_info())
-    info["store"] = str(Path(os.environ.get("MLXI_HOME", "~/.cache/mlxi")).expanduser())
+    info: dict[str, Any] = dict(backend_info())
+    info["store"] = str(store_home())
     if json_output:
-        typer.echo(json.dumps(info, indent=2))
+        print_json(info)
         return
     for key, value in info.items():
         typer.echo(f"{key:16} {value}")
 
 
 def main() -> None:
+    """Run the ``mlxi`` command."""
     app()

@@ -1,0 +1,80 @@
+"""One-line errors with a hint on stderr; a traceback only with ``MLXI_DEBUG=1``.
+
+Exit codes: 0 ok, 1 failure, 2 usage (bad names or values), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def debug_enabled() -> bool:
+    """True when ``MLXI_DEBUG`` asks for tracebacks."""
+    return os.environ.get("MLXI_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def explain(exc: BaseException) -> tuple[str, str | None, int]:
+    """The message, hint and exit code for an exception a command raised."""
+    from mlx_integrations.models.errors import InvalidNameError, StoreError
+
+    if isinstance(exc, InvalidNameError):
+        return str(exc), exc.hint, EXIT_USAGE
+    if isinstance(exc, StoreError):
+        return str(exc), exc.hint, EXIT_FAILURE
+    if isinstance(exc, ValueError | TypeError):
+        return str(exc), "Run the command with --help to see the accepted values.", EXIT_USAGE
+    if isinstance(exc, FileNotFoundError):
+        return f"No such file or folder: {exc.filename or exc}", None, EXIT_FAILURE
+    if isinstance(exc, PermissionError):
+        return f"Permission denied: {exc.filename or exc}", "Check the file's permissions.", 1
+    if isinstance(exc, ImportError):
+        return (
+            f"A component is missing: {exc}",
+            "Reinstall with: pip install 'mlx-integrations[cpu]' (or [cuda] / macOS wheels).",
+            EXIT_FAILURE,
+        )
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc}", None, EXIT_FAILURE
+    return f"{type(exc).__name__}: {exc}", "Set MLXI_DEBUG=1 to see the traceback.", 1
+
+
+def print_error(message: str, hint: str | None) -> None:
+    """Write ``Error:`` and ``Hint:`` lines to stderr."""
+    typer.echo(f"Error: {message}", err=True)
+    if hint:
+        typer.echo(f"Hint: {hint}", err=True)
+
+
+def handle_errors(func: F) -> F:
+    """Turn the exceptions of a command into an error line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            typer.echo("\nInterrupted.", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as exc:
+            if debug_enabled():
+                traceback.print_exc(file=sys.stderr)
+            message, hint, code = explain(exc)
+            print_error(message, hint)
+            raise typer.Exit(code) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,245 @@
+"""One chat turn against any engine, as a stream of typed events.
+
+Both adapters stand on this: it validates tools and tool choice, builds the
+constraints that enforce them, calls ``engine.stream_chat``, splits the reply into
+text, reasoning and tool calls, and ends with the usage and finish reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_integrations.chat.output_parser import (
+    ChatOutputParser,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+)
+from mlx_integrations.chat.tool_parsers import (
+    InvalidToolCall,
+    ParsedToolCall,
+    ToolCallFormat,
+    detect_format,
+)
+from mlx_integrations.engine.base import BaseEngine
+
+__all__ = [
+    "ChatRequest",
+    "Finished",
+    "InvalidToolCall",
+    "ParsedToolCall",
+    "ReasoningDelta",
+    "TextDelta",
+    "normalize_tool_choice",
+    "stream_chat_events",
+    "validate_tools",
+]
+
+
+@dataclass
+class ChatRequest:
+    """Everything one chat turn needs, framework-neutral."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    """None/"auto", "none", "required"/"any"/True, a tool name, or an OpenAI dict."""
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    """{"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}."""
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: list[str] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Further engine kwargs: top_k, min_p, repetition_penalty, seed, chat_template_kwargs..."""
+
+
+@dataclass
+class Finished:
+    """The last event of a turn."""
+
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    model_name: str
+    ttft_s: float
+    generation_tps: float
+    text: str
+    """The raw reply, markup included (for debugging and ``include_raw``)."""
+
+
+def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Check OpenAI-style tool definitions; return them normalized.
+
+    Raises:
+        TypeError / ValueError: naming the tool and what is wrong with it.
+    """
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)):
+        raise TypeError(f"tools must be a list of tool definitions, got {type(tools).__name__}")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise TypeError(f"tools[{i}] must be a dict, got {tool!r}")
+        fn = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict):
+            raise ValueError(f"tools[{i}] is not a function tool: {tool!r}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"tools[{i}] has no name: {tool!r}")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ValueError(
+                f"Tool {name!r} has parameters {params!r}; they must be a JSON schema object"
+            )
+        if params.get("type", "object") != "object":
+            raise ValueError(
+                f"Tool {name!r}: parameters must be a JSON schema of type 'object', "
+                f"got type {params.get('type')!r}"
+            )
+        entry = {"name": name, "parameters": params}
+        if fn.get("description"):
+            entry["description"] = str(fn["description"])
+        out.append({"type": "function", "function": entry})
+    names = [t["function"]["name"] for t in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"Tool names must be unique; repeated: {', '.join(dupes)}")
+    return out
+
+
+def normalize_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> str | None:
+    """Reduce the many spellings of tool choice to "auto", "none", "required" or a name.
+
+    Raises:
+        ValueError: A choice that names an unknown tool, or asks for a call without tools.
+    """
+    if tool_choice is None or tool_choice == "auto":
+        return "auto" if tools else None
+    if tool_choice is False or tool_choice == "none":
+        return "none"
+    if tool_choice is True or tool_choice in ("any", "required"):
+        choice = "required"
+    elif isinstance(tool_choice, dict):
+        fn = tool_choice.get("function", tool_choice)
+        choice = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(choice, str):
+            raise ValueError(f"tool_choice {tool_choice!r} does not name a function")
+    elif isinstance(tool_choice, str):
+        choice = tool_choice
+    else:
+        raise TypeError(f"tool_choice must be a string, bool or dict, got {tool_choice!r}")
+    if not tools:
+        raise ValueError(f"tool_choice={tool_choice!r} needs tools; bind some tools first")
+    names = [t["function"]["name"] for t in tools]
+    if choice != "required" and choice not in names:
+        raise ValueError(
+            f"tool_choice names the tool {choice!r}, which is not bound; bound tools: "
+            f"{', '.join(names)}"
+        )
+    return choice
+
+
+def think_markers(engine: BaseEngine) -> tuple[str, str] | None:
+    """The model's reasoning markers, from its tokenizer (mlx-lm knows several)."""
+    tokenizer = engine.tokenizer
+    start = getattr(tokenizer, "think_start", None)
+    end = getattr(tokenizer, "think_end", None)
+    if isinstance(start, str) and isinstance(end, str):
+        return start, end
+    return None
+
+
+def constraint_processors(
+    engine: BaseEngine,
+    fmt: ToolCallFormat,
+    tools: list[dict[str, Any]] | None,
+    choice: str | None,
+    parallel: bool,
+    response_format: dict[str, Any] | None,
+) -> list[Any]:
+    """Logits processors that enforce tool choice or a response format."""
+    if choice in (None, "auto") and response_format is None:
+        if not tools:
+            return []
+    from mlx_integrations.chat import constraints
+
+    return constraints.processors_for(
+        engine.tokenizer,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        response_format=response_format,
+        tool_format=fmt,
+    )
+
+
+async def stream_chat_events(
+    engine: BaseEngine, request: ChatRequest
+) -> AsyncIterator[Event | Finished]:
+    """Run one chat turn and yield its events, ending with :class:`Finished`."""
+    tools = validate_tools(request.tools)
+    choice = normalize_tool_choice(request.tool_choice, tools)
+    options = dict(request.options)
+    await engine.start()
+    fmt = detect_format(engine.tokenizer, options.pop("tool_parser", None))
+    markers = think_markers(engine)
+    starts_in_reasoning = False
+    render = getattr(engine, "render_prompt", None)
+    if markers and render is not None:
+        template_kwargs = dict(options.get("chat_template_kwargs") or {})
+        if options.get("enable_thinking") is not None:
+            template_kwargs["enable_thinking"] = options["enable_thinking"]
+        prompt = render(request.messages, tools=tools, **template_kwargs)
+        starts_in_reasoning = prompt.rstrip().endswith(markers[0])
+    processors = constraint_processors(
+        engine, fmt, tools, choice, request.parallel_tool_calls, request.response_format
+    )
+    if processors:
+        options["logits_processors"] = [*options.get("logits_processors", []), *processors]
+    parser = ChatOutputParser(
+        tool_format=fmt if tools and choice != "none" else None,
+        tools=tools,
+        think_markers=markers,
+        starts_in_reasoning=starts_in_reasoning,
+    )
+    started = time.perf_counter()
+    last = None
+    saw_call = False
+    async for out in engine.stream_chat(
+        request.messages,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        tools=tools,
+        stop=request.stop,
+        **options,
+    ):
+        last = out
+        if out.new_text:
+            for event in parser.feed(out.new_text):
+                saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
+                yield event
+    for event in parser.finish():
+        saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
+        yield event
+    assert last is not None, "the engine returned no output"
+    reason = last.finish_reason
+    if saw_call and reason == "stop":
+        reason = "tool_calls"
+    yield Finished(
+        finish_reason=reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
+        model_name=engine.model_name,
+        ttft_s=float(getattr(last, "ttft_s", 0.0) or (time.perf_counter() - started)),
+        generation_tps=float(getattr(last, "generation_tps", 0.0) or 0.0),
+        text=last.text,
+    )

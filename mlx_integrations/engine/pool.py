@@ -1,0 +1,113 @@
+"""Process-wide sharing of engines, so adapters share one copy of the weights.
+
+Engines are keyed by the resolved model folder and the engine options. Ten
+``ChatMLX(model=X)`` objects hold one engine; an engine whose last user released
+it stays loaded (building the next adapter for it costs nothing) until
+:func:`unload_idle` or :func:`shutdown` is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.loading import resolve_model_path
+
+
+@dataclass
+class _Slot:
+    engine: BaseEngine
+    refs: int = 0
+
+
+_lock = threading.Lock()
+_slots: dict[tuple[Any, ...], _Slot] = {}
+
+
+def _key(path: Path, engine_type: str, options: dict[str, Any]) -> tuple[Any, ...]:
+    return (str(path), engine_type, tuple(sorted((k, repr(v)) for k, v in options.items())))
+
+
+def acquire(model: str | Path, *, engine_type: str = "simple", **options: Any) -> BaseEngine:
+    """Return the shared engine for ``model`` (made on first use) and count a user.
+
+    Args:
+        model: A folder, store alias or pulled Hub id.
+        engine_type: ``"simple"`` (one request at a time) or ``"batched"``
+            (continuous batching, when available).
+        **options: Engine constructor options; different options, different engine.
+    """
+    path = resolve_model_path(model)
+    key = _key(path, engine_type, options)
+    with _lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _Slot(_make(path, engine_type, options))
+            _slots[key] = slot
+        slot.refs += 1
+        return slot.engine
+
+
+def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
+    if engine_type == "simple":
+        from mlx_integrations.engine.simple import SimpleEngine
+
+        return SimpleEngine(path, **options)
+    if engine_type == "batched":
+        try:
+            from mlx_integrations.engine.batched import BatchedEngine  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ValueError(
+                "engine_type='batched' is not available in this version; use 'simple'"
+            ) from exc
+        return BatchedEngine(path, **options)
+    raise ValueError(f"engine_type must be 'simple' or 'batched', got {engine_type!r}")
+
+
+def release(engine: BaseEngine) -> None:
+    """Count one user less. The engine stays loaded until :func:`unload_idle`."""
+    with _lock:
+        for slot in _slots.values():
+            if slot.engine is engine and slot.refs > 0:
+                slot.refs -= 1
+                return
+
+
+def shared_engines() -> list[tuple[BaseEngine, int]]:
+    """The pooled engines and how many users each has."""
+    with _lock:
+        return [(s.engine, s.refs) for s in _slots.values()]
+
+
+def unload_idle() -> int:
+    """Stop and forget engines nobody uses; return how many were unloaded."""
+    with _lock:
+        idle = [k for k, s in _slots.items() if s.refs == 0]
+        engines = [_slots.pop(k).engine for k in idle]
+    for engine in engines:
+        _stop(engine)
+    return len(engines)
+
+
+def shutdown() -> None:
+    """Stop every pooled engine (used or not)."""
+    with _lock:
+        engines = [s.engine for s in _slots.values()]
+        _slots.clear()
+    for engine in engines:
+        _stop(engine)
+
+
+def _stop(engine: BaseEngine) -> None:
+    from mlx_integrations.engine.sync import run_sync
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(engine.stop())
+    else:  # called from async code: stop on the shared background loop
+        run_sync(engine.stop())

@@ -1,0 +1,530 @@
+"""ChatMLX: local MLX models as a LangChain chat model."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from mlx_integrations.chat.completion import (
+    ChatRequest,
+    Finished,
+    InvalidToolCall,
+    ParsedToolCall,
+    ReasoningDelta,
+    TextDelta,
+    normalize_tool_choice,
+    stream_chat_events,
+    validate_tools,
+)
+from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.sync import iterate_sync
+from mlx_integrations.langchain.messages import (
+    to_lc_invalid_tool_call,
+    to_lc_tool_call,
+    to_neutral_messages,
+    tool_call_chunk,
+)
+
+_PROVIDER = "mlx"
+
+
+class ChatMLX(BaseChatModel):
+    """A LangChain chat model served by a local MLX engine, no server needed.
+
+    Setup:
+        ``pip install "mlx-integrations[cpu]"`` on Linux (Metal is built in on macOS).
+
+    Instantiate:
+        .. code-block:: python
+
+            from mlx_integrations.langchain import ChatMLX
+
+            llm = ChatMLX(model="mlx-community/Qwen2.5-0.5B-Instruct-4bit", max_tokens=256)
+            # or a folder, a store alias from `mlxi list`, or any BaseEngine:
+            # llm = ChatMLX(engine=my_engine)
+
+    Invoke:
+        .. code-block:: python
+
+            msg = llm.invoke("What is the capital of France?")
+            print(msg.content, msg.usage_metadata)
+
+    Stream:
+        .. code-block:: python
+
+            for chunk in llm.stream("Write a haiku about the sea"):
+                print(chunk.content, end="", flush=True)
+
+    Async:
+        .. code-block:: python
+
+            msg = await llm.ainvoke("Hello")
+            results = await llm.abatch(["Hi", "Bonjour"])
+
+    Tool calling:
+        .. code-block:: python
+
+            def get_weather(city: str) -> str:
+                \"\"\"Weather in a city.\"\"\"
+                return "sunny"
+
+            msg = llm.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?")
+            print(msg.tool_calls)  # [{'name': 'get_weather', 'args': {'city': 'Paris'}, ...}]
+
+    Structured output:
+        .. code-block:: python
+
+            from pydantic import BaseModel
+
+            class City(BaseModel):
+                name: str
+                country: str
+
+            city = llm.with_structured_output(City).invoke("Paris is in France.")
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    model: str | None = Field(default=None, alias="model_name")
+    """A model folder, a store alias (``mlxi list``) or a Hugging Face repo id pulled with
+    ``mlxi pull``. Ignored when ``engine`` is given."""
+    engine: BaseEngine | None = Field(default=None, exclude=True)
+    """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
+    engine_type: Literal["simple", "batched"] = "simple"
+    """Kind of engine made from ``model``: one request at a time, or continuous batching."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``...)."""
+    temperature: float = 0.7
+    """Sampling temperature; 0 is greedy."""
+    max_tokens: int = 512
+    """Most tokens to generate per call."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold in (0, 1]; 1.0 disables it."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens; None or 0 disables it."""
+    min_p: float | None = None
+    """Drop tokens less likely than min_p times the top one."""
+    repetition_penalty: float | None = None
+    """Penalty (> 1 discourages) for tokens seen recently."""
+    seed: int | None = None
+    """Random seed, for reproducible sampling."""
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    """Stop sequences; they are never part of the output."""
+    streaming: bool = False
+    """Make ``invoke`` stream internally (callbacks see tokens as they come)."""
+    reasoning: bool | None = None
+    """Turn the model's thinking on or off where its template takes ``enable_thinking``;
+    None leaves the template's default. Reasoning never mixes with the answer: it goes to
+    ``additional_kwargs["reasoning_content"]`` (and reasoning blocks with v1 output)."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables passed to the chat template."""
+    tool_parser: str | None = None
+    """Tool-call format (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``...) when the
+    model's tokenizer and template do not tell it."""
+    timeout: float | None = None
+    """Accepted for compatibility with LangChain's standard parameters; unused locally."""
+    max_retries: int | None = None
+    """Accepted for compatibility with LangChain's standard parameters; unused locally."""
+
+    _owns_engine: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _make_engine(self) -> ChatMLX:
+        if self.engine is None:
+            if not self.model:
+                raise ValueError(
+                    "ChatMLX needs model=... (a folder, store alias or pulled Hub id) or "
+                    "engine=... (any BaseEngine)"
+                )
+            from mlx_integrations.engine import pool
+
+            engine = pool.acquire(self.model, engine_type=self.engine_type, **self.engine_options)
+            object.__setattr__(self, "engine", engine)
+            self._owns_engine = True
+            weakref.finalize(self, pool.release, engine)
+        elif not isinstance(self.engine, BaseEngine):
+            raise TypeError(f"engine must be a BaseEngine, got {type(self.engine).__name__}")
+        if self.model is None:
+            object.__setattr__(self, "model", self.engine.model_name)
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    # -------------------------------------------------------------- identity
+
+    @property
+    def _llm_type(self) -> str:
+        return "mlx-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "engine_type": type(self.engine).__name__,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider=_PROVIDER,
+            ls_model_name=kwargs.get("model") or self.model or "",
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # --------------------------------------------------------------- runtime
+
+    def get_stats(self) -> dict[str, Any]:
+        """The engine's statistics (requests, tokens, prefix cache, memory)."""
+        assert self.engine is not None
+        return self.engine.get_stats()
+
+    def clear_runtime_caches(self) -> dict[str, Any] | None:
+        """Drop the engine's prompt caches and return MLX's buffer pool to the system.
+
+        Call it in long-lived pipelines when ``get_stats()["memory"]`` grows, between
+        unrelated batches of work, or before loading another model. The engine also
+        keeps its prefix cache within ``cache_memory_mb`` on its own.
+        """
+        assert self.engine is not None
+        return self.engine.clear_runtime_caches()
+
+    # ------------------------------------------------------------ generation
+
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> ChatRequest:
+        kwargs = dict(kwargs)
+        kwargs.pop("ls_structured_output_format", None)
+        kwargs.pop("model", None)
+        neutral = to_neutral_messages(messages)
+        options: dict[str, Any] = {}
+        for name in ("top_k", "min_p", "repetition_penalty", "seed"):
+            value = kwargs.pop(name, getattr(self, name))
+            if value is not None:
+                options[name] = value
+        template_kwargs = {**self.chat_template_kwargs, **kwargs.pop("chat_template_kwargs", {})}
+        reasoning = kwargs.pop("reasoning", self.reasoning)
+        if reasoning is not None:
+            options["enable_thinking"] = bool(reasoning)
+        if template_kwargs:
+            options["chat_template_kwargs"] = template_kwargs
+        tool_parser = kwargs.pop("tool_parser", self.tool_parser)
+        if tool_parser:
+            options["tool_parser"] = tool_parser
+        request = ChatRequest(
+            messages=neutral,
+            tools=kwargs.pop("tools", None),
+            tool_choice=kwargs.pop("tool_choice", None),
+            parallel_tool_calls=kwargs.pop("parallel_tool_calls", True) is not False,
+            response_format=kwargs.pop("response_format", None),
+            max_tokens=kwargs.pop("max_tokens", self.max_tokens),
+            temperature=kwargs.pop("temperature", self.temperature),
+            top_p=kwargs.pop("top_p", self.top_p),
+            stop=list(stop) if stop is not None else (list(self.stop) if self.stop else None),
+            options=options,
+        )
+        if kwargs:
+            raise TypeError(f"ChatMLX got unexpected call arguments: {sorted(kwargs)}")
+        return request
+
+    async def _aevents(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> AsyncIterator[Any]:
+        assert self.engine is not None
+        request = self._request(messages, stop, kwargs)
+        async for event in stream_chat_events(self.engine, request):
+            yield event
+
+    def _chunks_from(self, events: Iterator[Any]) -> Iterator[ChatGenerationChunk]:
+        index = 0
+        for event in events:
+            chunk = self._to_chunk(event, index)
+            if isinstance(event, (ParsedToolCall, InvalidToolCall)):
+                index += 1
+            yield chunk
+
+    def _to_chunk(self, event: Any, index: int) -> ChatGenerationChunk:
+        if isinstance(event, TextDelta):
+            return ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+        if isinstance(event, ReasoningDelta):
+            return ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content="", additional_kwargs={"reasoning_content": event.text}
+                )
+            )
+        if isinstance(event, (ParsedToolCall, InvalidToolCall)):
+            return ChatGenerationChunk(
+                message=AIMessageChunk(content="", tool_call_chunks=[tool_call_chunk(event, index)])
+            )
+        assert isinstance(event, Finished)
+        metadata = _response_metadata(event)
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=_usage(event),
+                response_metadata=metadata,
+                chunk_position="last",
+            ),
+            generation_info=metadata,
+        )
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        events = iterate_sync(self._aevents(messages, stop, kwargs))
+        for chunk in self._chunks_from(events):
+            if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
+                run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        index = 0
+        async for event in self._aevents(messages, stop, kwargs):
+            chunk = self._to_chunk(event, index)
+            if isinstance(event, (ParsedToolCall, InvalidToolCall)):
+                index += 1
+            if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
+                await run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+            yield chunk
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return _result_from_chunks(list(self._stream(messages, stop, run_manager, **kwargs)))
+        events = list(iterate_sync(self._aevents(messages, stop, kwargs)))
+        return _result_from_events(events)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
+            return _result_from_chunks(chunks)
+        events = [e async for e in self._aevents(messages, stop, kwargs)]
+        return _result_from_events(events)
+
+    # ----------------------------------------------------------------- tools
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools; ``tool_choice`` is enforced by constrained decoding.
+
+        Args:
+            tools: Dicts (OpenAI format), pydantic models, functions or ``BaseTool``.
+            tool_choice: ``"auto"`` (default), ``"none"``, ``"any"``/``"required"``/True
+                (must call one), or a tool name (must call that one).
+            parallel_tool_calls: Allow several calls in one turn (default True).
+            **kwargs: Further call arguments to bind.
+        """
+        formatted = validate_tools([convert_to_openai_tool(t) for t in tools])
+        normalize_tool_choice(tool_choice, formatted)  # fail now, not at the first call
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Outputs that match ``schema``, guaranteed by constrained decoding.
+
+        Args:
+            schema: A pydantic class, TypedDict, JSON schema or OpenAI tool dict (may be
+                None with ``method="json_mode"``).
+            method: ``"json_schema"`` (default; the reply is constrained to the schema),
+                ``"function_calling"`` (a forced call of a tool with that schema) or
+                ``"json_mode"`` (any JSON object).
+            include_raw: Return ``{"raw", "parsed", "parsing_error"}`` instead of raising.
+            strict: Accepted for API compatibility; outputs always follow the schema.
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        fmt = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        if method == "function_calling":
+            if schema is None:
+                raise ValueError("method='function_calling' needs a schema")
+            tool = convert_to_openai_tool(schema)
+            name = tool["function"]["name"]
+            llm = self.bind_tools(
+                [tool], tool_choice=name, parallel_tool_calls=False, ls_structured_output_format=fmt
+            )
+            parser: Runnable = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                if is_pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        elif method == "json_schema":
+            if schema is None:
+                raise ValueError("method='json_schema' needs a schema")
+            json_schema = convert_to_json_schema(schema)
+            llm = self.bind(
+                response_format={"type": "json_schema", "json_schema": {"schema": json_schema}},
+                ls_structured_output_format=fmt,
+            )
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        elif method == "json_mode":
+            llm = self.bind(
+                response_format={"type": "json_object"},
+                ls_structured_output_format={**fmt, "schema": schema} if schema else None,
+            )
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        else:
+            raise ValueError(
+                f"method must be 'json_schema', 'function_calling' or 'json_mode', got {method!r}"
+            )
+        parser = RunnableLambda(_reject_truncated) | parser
+        if include_raw:
+            with_parsed = RunnablePassthrough.assign(
+                parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+            )
+            fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+            return RunnableMap(raw=llm) | with_parsed.with_fallbacks(
+                [fallback], exception_key="parsing_error"
+            )
+        return llm | parser
+
+
+def _reject_truncated(message: AIMessage) -> AIMessage:
+    if message.response_metadata.get("finish_reason") == "length":
+        raise OutputParserException(
+            "The structured output was cut off at max_tokens before it was complete; "
+            "raise max_tokens",
+            llm_output=str(message.content),
+        )
+    return message
+
+
+def _usage(event: Finished) -> UsageMetadata:
+    return UsageMetadata(
+        input_tokens=event.prompt_tokens,
+        output_tokens=event.completion_tokens,
+        total_tokens=event.prompt_tokens + event.completion_tokens,
+        input_token_details=InputTokenDetails(cache_read=event.cached_tokens),
+    )
+
+
+def _response_metadata(event: Finished) -> dict[str, Any]:
+    return {
+        "model_name": event.model_name,
+        "model_provider": _PROVIDER,
+        "finish_reason": event.finish_reason,
+        "time_to_first_token_s": round(event.ttft_s, 6),
+        "tokens_per_second": round(event.generation_tps, 3),
+    }
+
+
+def _result_from_events(events: list[Any]) -> ChatResult:
+    content, reasoning = [], []
+    calls, invalid = [], []
+    finished: Finished | None = None
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            content.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            reasoning.append(ev.text)
+        elif isinstance(ev, ParsedToolCall):
+            calls.append(to_lc_tool_call(ev))
+        elif isinstance(ev, InvalidToolCall):
+            invalid.append(to_lc_invalid_tool_call(ev))
+        elif isinstance(ev, Finished):
+            finished = ev
+    assert finished is not None
+    additional = {"reasoning_content": "".join(reasoning)} if reasoning else {}
+    metadata = _response_metadata(finished)
+    message = AIMessage(
+        content="".join(content),
+        tool_calls=calls,
+        invalid_tool_calls=invalid,
+        additional_kwargs=additional,
+        usage_metadata=_usage(finished),
+        response_metadata=metadata,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message, generation_info=metadata)])
+
+
+def _result_from_chunks(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    from langchain_core.language_models.chat_models import generate_from_stream
+
+    return generate_from_stream(iter(chunks))
+
+
+def _tool_args_json(args: dict[str, Any]) -> str:
+    return json.dumps(args, ensure_ascii=False)

@@ -1,0 +1,214 @@
+"""The mlxi command through Typer's CliRunner, against a loopback Hub."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlx_integrations.cli.main import app
+from typer.testing import CliRunner
+
+from tests.support.fake_hub import FakeHub
+
+SUMMARY_KEYS = {
+    "name",
+    "id",
+    "size",
+    "modified",
+    "source",
+    "repo_id",
+    "commit",
+    "quantization",
+    "aliases",
+    "path",
+}
+
+
+@pytest.fixture
+def hub():
+    with FakeHub() as server:
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {
+        "MLXI_HOME": str(tmp_path / "mlxi"),
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    for key in ("HF_HUB_OFFLINE", "MLXI_DEBUG", "HF_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return values
+
+
+def mlxi(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok_json(*args: str):
+    result = mlxi(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_pull_list_show_verify_json(hub, env, tiny_llama):
+    sha = hub.add_repo("org/tiny", tiny_llama)
+    pulled = ok_json("pull", "org/tiny")
+    assert set(pulled) == SUMMARY_KEYS | {"downloaded"}
+    assert pulled["downloaded"] is True and pulled["commit"] == sha
+    assert pulled["source"] == "hub" and pulled["repo_id"] == "org/tiny"
+
+    before = len(hub.requests)
+    again = ok_json("pull", "org/tiny")
+    assert again["downloaded"] is False and hub.requests_since(before) == []
+
+    listed = ok_json("list")
+    assert [m["name"] for m in listed] == ["org/tiny"] and set(listed[0]) == SUMMARY_KEYS
+    assert ok_json("ls") == listed
+
+    shown = ok_json("show", "org/tiny")
+    assert shown["architecture"] == "llama" and shown["template_takes_tools"] is True
+    assert shown["source"]["commit"] == sha
+    assert {f["path"] for f in shown["files"]} >= {"config.json", "model.safetensors"}
+    assert all(len(f["sha256"]) == 64 for f in shown["files"])
+
+    [report] = ok_json("verify", "org/tiny")
+    assert report["ok"] is True and {f["status"] for f in report["files"]} == {"ok"}
+
+    text = mlxi("list")
+    assert text.exit_code == 0
+    assert text.stdout.splitlines()[0].split() == [
+        "NAME",
+        "ID",
+        "SIZE",
+        "WEIGHTS",
+        "SOURCE",
+        "MODIFIED",
+    ]
+
+
+def test_verify_fails_on_a_corrupted_file(env, tiny_llama):
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    weights = Path(env["MLXI_HOME"]) / "models" / "tiny" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01
+    weights.write_bytes(bytes(data))
+    result = mlxi("verify", "tiny", "--json")
+    assert result.exit_code == 1
+    [report] = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert {f["path"]: f["status"] for f in report["files"]}["model.safetensors"] == (
+        "sha256_mismatch"
+    )
+    assert result.stderr.startswith("Error:") and "Hint:" in result.stderr
+
+
+def test_tag_rm_dry_run_and_rm(env, tiny_llama):
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    tagged = ok_json("tag", "tiny", "fast")
+    assert tagged["aliases"] == ["fast"]
+
+    dry = ok_json("rm", "tiny", "--dry-run")
+    assert dry[0]["dry_run"] is True and dry[0]["freed_bytes"] > 0
+    assert ok_json("show", "fast")["name"] == "tiny"
+
+    # stdin is not a TTY under CliRunner: no prompt, removal goes ahead.
+    [removed] = ok_json("rm", "tiny")
+    assert removed["kind"] == "model" and removed["aliases_removed"] == ["fast"]
+    assert ok_json("list") == []
+    missing = mlxi("rm", "tiny")
+    assert missing.exit_code == 1 and "not in the store" in missing.stderr
+
+
+def test_errors_are_one_line_with_a_hint_and_traceback_only_in_debug(hub, env, monkeypatch):
+    result = mlxi("pull", "org/nope", "--token", "hf_SECRET_VALUE_42")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("Error: Repository org/nope was not found")
+    assert lines[1].startswith("Hint:")
+    assert "Traceback" not in result.stderr and "hf_SECRET_VALUE_42" not in result.stderr
+
+    monkeypatch.setenv("MLXI_DEBUG", "1")
+    debug = mlxi("pull", "org/nope")
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr
+
+
+def test_usage_errors_exit_2(env, tiny_llama):
+    assert mlxi("pull", "../../etc").exit_code == 2
+    assert mlxi("import", str(tiny_llama), "../evil").exit_code == 2
+    assert mlxi("quantize", str(tiny_llama), "q", "--bits", "7").exit_code == 2
+    assert mlxi("list", "--no-such-flag").exit_code == 2
+
+
+def test_quantize_warm_and_run(env, tiny_llama, tmp_path):
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    quantized = ok_json("quantize", "tiny", "--bits", "4", "--group-size", "32")
+    assert quantized["name"] == "tiny-q4"
+    assert quantized["quantization"] == {
+        "bits": 4,
+        "group_size": 32,
+        "mode": "affine",
+        "recipe": None,
+    }
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "get_weather",
+                    "description": "Weather",
+                    "parameters": {"type": "object", "properties": {}},
+                }
+            ]
+        )
+    )
+    warmed = ok_json("warm", "tiny-q4", "--system", "Be brief.", "--tools", str(tools))
+    assert warmed["weights_bytes"] > 0
+    assert warmed["cache"]["name"] == "default" and warmed["cache"]["tokens"] > 10
+    assert ok_json("show", "tiny-q4")["warm_caches"] == ["default"]
+
+    answer = mlxi("run", "tiny-q4", "Hello", "--max-tokens", "5", "--temperature", "0")
+    assert answer.exit_code == 0, answer.stderr
+    assert answer.stdout.endswith("\n") and len(answer.stdout) > 1
+
+
+def test_prune_dry_run_json(env, tiny_llama):
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    orphan = Path(env["MLXI_HOME"]) / "models" / "leftover"
+    orphan.mkdir()
+    dry = ok_json("prune", "--dry-run")
+    assert dry["dry_run"] is True
+    assert [i["kind"] for i in dry["items"]] == ["orphan_folder"]
+    assert orphan.exists()
+    done = ok_json("prune", "--yes")
+    assert done["dry_run"] is False and not orphan.exists()
+    assert [m["name"] for m in ok_json("list")] == ["tiny"]
+
+
+def test_help_imports_no_heavy_module():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from mlx_integrations.cli.main import app\n"
+        "r = CliRunner().invoke(app, ['--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "heavy = [m for m in ('mlx.core', 'mlx_lm', 'huggingface_hub', 'transformers', "
+        "'torch') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_version_and_doctor(env):
+    assert mlxi("--version").stdout.startswith("mlxi ")
+    doctor = ok_json("doctor")
+    assert doctor["store"] == env["MLXI_HOME"] and doctor["backend"] in {"cpu", "metal", "cuda"}

@@ -17,6 +17,7 @@ import json
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,7 +134,7 @@ def _read_pooling(config_file: Path) -> PoolingMode:
             f"Pooling {modes} in {config_file} is not supported; the MLX embedding engine "
             f"supports one of {', '.join(POOLING_MODES)}."
         )
-    return modes[0]  # type: ignore[return-value]
+    return modes[0]
 
 
 def _read_st_extras(folder: Path, transformer_dir: Path) -> dict[str, Any]:
@@ -210,11 +211,15 @@ class EmbeddingEngine:
         self._closed = False
         self._model: BertModel | None = None
         self._tokenizer: Any = None
+        # An engine dropped without close() still stops its thread and frees its streams.
+        self._finalizer = weakref.finalize(self, _stop_owner_thread, self._executor, False)
         try:
             self.info: EmbeddingModelInfo = self._executor.submit(self._load).result()
         except BaseException:
-            self._executor.shutdown(wait=False)
+            self.close()
             raise
+        _register_exit_hook()
+        _live_engines.add(self)
 
     @property
     def closed(self) -> bool:
@@ -274,8 +279,9 @@ class EmbeddingEngine:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         self._executor.submit(self._unload)
-        self._executor.shutdown(wait=True)
+        _stop_owner_thread(self._executor, True)
 
     # -- caller side -------------------------------------------------------------------
 
@@ -468,6 +474,49 @@ def normalize_vectors(vectors: mx.array, eps: float = 1e-12) -> mx.array:
     return vectors / mx.maximum(norms, eps)
 
 
+def _release_thread_streams() -> None:
+    import mlx.core as mx
+
+    # MLX needs a thread's streams destroyed before that thread ends, or the process
+    # may abort at exit ("terminate called without an active exception").
+    clear_streams = getattr(mx, "clear_streams", None)
+    if clear_streams is not None:
+        clear_streams()
+
+
+def _stop_owner_thread(executor: ThreadPoolExecutor, wait: bool) -> None:
+    try:
+        executor.submit(_release_thread_streams)
+    except RuntimeError:  # already shut down
+        return
+    executor.shutdown(wait=wait)
+
+
+_live_engines: weakref.WeakSet[EmbeddingEngine] = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _close_live_engines() -> None:
+    for engine in list(_live_engines):
+        engine.close()
+
+
+def _register_exit_hook() -> None:
+    # Owner threads must release their streams before the interpreter joins them, which
+    # happens before atexit handlers run; threading's own exit hooks run early enough.
+    global _exit_hook_registered
+    if _exit_hook_registered:
+        return
+    _exit_hook_registered = True
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_close_live_engines)
+    else:
+        import atexit
+
+        atexit.register(_close_live_engines)
+
+
 # -- the process-wide pool ---------------------------------------------------------------
 
 _pool: dict[tuple[Path, str], EmbeddingEngine] = {}
@@ -475,25 +524,22 @@ _pool_lock = threading.Lock()
 
 
 def resolve_embedding_model(name: str | os.PathLike[str]) -> Path:
-    """Turn a model name into a model folder.
+    """Turn a model name into a model folder, as the chat engines do.
 
     Args:
-        name: The path of a local model folder.
+        name: A model folder, a store name or alias, or a Hugging Face repo id already
+            pulled with ``mlxi pull`` (or present in the Hugging Face cache).
 
     Returns:
         The resolved folder.
 
     Raises:
-        ValueError: When ``name`` is not an existing folder.
+        FileNotFoundError: When nothing by that name exists locally; the message says
+            how to get it.
     """
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    raise ValueError(
-        f"Embedding model {str(name)!r} is not a local folder. Pass the path of a "
-        "sentence-transformers model folder (config.json, *.safetensors, tokenizer files, "
-        "modules.json)."
-    )
+    from mlx_integrations.engine.loading import resolve_model_path
+
+    return resolve_model_path(os.fspath(name) if isinstance(name, os.PathLike) else name)
 
 
 def get_embedding_engine(

@@ -1,1 +1,24 @@
-"""llama_index"""
+"""LlamaIndex integration: ``MLXLLM`` (function-calling LLM) and ``MLXEmbedding``.
+
+Names are imported lazily so ``import mlx_integrations.llama_index`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MLXLLM", "MLXEmbedding"]
+
+_LAZY = {
+    "MLXLLM": "mlx_integrations.llama_index.llm",
+    "MLXEmbedding": "mlx_integrations.llama_index.embedding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

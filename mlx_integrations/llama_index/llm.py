@@ -1,0 +1,597 @@
+"""MLXLLM: local MLX models as a LlamaIndex function-calling LLM."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.types import PydanticProgramMode
+
+from mlx_integrations.chat.completion import (
+    ChatRequest,
+    Finished,
+    InvalidToolCall,
+    ParsedToolCall,
+    ReasoningDelta,
+    TextDelta,
+    stream_chat_events,
+    validate_tools,
+)
+from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.sync import iterate_sync
+from mlx_integrations.llama_index.messages import to_neutral_messages
+
+if TYPE_CHECKING:
+    from llama_index.core.prompts import BasePromptTemplate
+    from llama_index.core.tools.types import BaseTool
+    from pydantic import BaseModel
+
+DEFAULT_CONTEXT_WINDOW = 4096
+
+
+class MLXLLM(FunctionCallingLLM):
+    """A LlamaIndex LLM served by a local MLX engine: chat, tools, structured output.
+
+    Every entry point is native (sync from any thread, async without blocking the
+    event loop); tool calls come back as ``ToolCallBlock`` with real call ids;
+    ``tool_required`` is enforced by constrained decoding.
+
+    Example:
+        .. code-block:: python
+
+            from llama_index.core import Settings
+            from llama_index.core.llms import ChatMessage
+            from mlx_integrations.llama_index import MLXLLM
+
+            llm = MLXLLM(model="mlx-community/Qwen2.5-0.5B-Instruct-4bit", max_tokens=256)
+            Settings.llm = llm
+            print(llm.chat([ChatMessage(role="user", content="Hello!")]))
+            for r in llm.stream_complete("The capital of France is"):
+                print(r.delta, end="")
+
+    Tool calling:
+        .. code-block:: python
+
+            from llama_index.core.tools import FunctionTool
+
+            def get_weather(city: str) -> str:
+                \"\"\"Weather in a city.\"\"\"
+                return "sunny"
+
+            tool = FunctionTool.from_defaults(get_weather)
+            response = llm.chat_with_tools([tool], user_msg="Weather in Paris?",
+                                           tool_required=True)
+            print(llm.get_tool_calls_from_response(response))
+    """
+
+    model: str | None = Field(default=None, description="Model folder, store alias or Hub id.")
+    engine: Any = Field(default=None, exclude=True, description="Any BaseEngine to use.")
+    engine_type: Literal["simple", "batched"] = Field(
+        default="simple", description="Engine made from `model`."
+    )
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the engine made from `model`."
+    )
+    temperature: float = Field(default=0.7, ge=0.0, description="Sampling temperature.")
+    max_tokens: int = Field(default=512, ge=1, description="Most tokens per response.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    top_k: int | None = Field(default=None, description="Top-k sampling.")
+    min_p: float | None = Field(default=None, description="Min-p sampling.")
+    repetition_penalty: float | None = Field(default=None, description="Repetition penalty.")
+    seed: int | None = Field(default=None, description="Random seed.")
+    stop: list[str] | None = Field(default=None, description="Stop sequences.")
+    context_window: int | None = Field(
+        default=None, description="Context window; read from the model's config when None."
+    )
+    reasoning: bool | None = Field(
+        default=None, description="enable_thinking for templates that take it."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra chat template variables."
+    )
+    tool_parser: str | None = Field(
+        default=None, description="Tool-call format when the model does not tell it."
+    )
+
+    _owns_engine: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _make_engine(self) -> MLXLLM:
+        if self.engine is None:
+            if not self.model:
+                raise ValueError(
+                    "MLXLLM needs model=... (a folder, store alias or pulled Hub id) or "
+                    "engine=... (any BaseEngine)"
+                )
+            from mlx_integrations.engine import pool
+
+            engine = pool.acquire(self.model, engine_type=self.engine_type, **self.engine_options)
+            self.engine = engine
+            self._owns_engine = True
+            weakref.finalize(self, pool.release, engine)
+        elif not isinstance(self.engine, BaseEngine):
+            raise TypeError(f"engine must be a BaseEngine, got {type(self.engine).__name__}")
+        if self.model is None:
+            self.model = self.engine.model_name
+        return self
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MLXLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        window = self.context_window or getattr(self.engine, "context_length", None)
+        return LLMMetadata(
+            context_window=window or DEFAULT_CONTEXT_WINDOW,
+            num_output=self.max_tokens,
+            is_chat_model=True,
+            is_function_calling_model=True,
+            model_name=self.model or "",
+        )
+
+    # --------------------------------------------------------------- runtime
+
+    def get_stats(self) -> dict[str, Any]:
+        """The engine's statistics (requests, tokens, prefix cache, memory)."""
+        return self.engine.get_stats()
+
+    def clear_runtime_caches(self) -> dict[str, Any] | None:
+        """Drop prompt caches and return MLX's buffer pool; see ``ChatMLX.clear_runtime_caches``."""
+        return self.engine.clear_runtime_caches()
+
+    # ------------------------------------------------------------- internals
+
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
+        kwargs = dict(kwargs)
+        options: dict[str, Any] = {}
+        for name in ("top_k", "min_p", "repetition_penalty", "seed"):
+            value = kwargs.pop(name, getattr(self, name))
+            if value is not None:
+                options[name] = value
+        template_kwargs = {**self.chat_template_kwargs, **kwargs.pop("chat_template_kwargs", {})}
+        reasoning = kwargs.pop("reasoning", self.reasoning)
+        if reasoning is not None:
+            options["enable_thinking"] = bool(reasoning)
+        if template_kwargs:
+            options["chat_template_kwargs"] = template_kwargs
+        tool_parser = kwargs.pop("tool_parser", self.tool_parser)
+        if tool_parser:
+            options["tool_parser"] = tool_parser
+        stop = kwargs.pop("stop", self.stop)
+        request = ChatRequest(
+            messages=to_neutral_messages(messages),
+            tools=kwargs.pop("tools", None),
+            tool_choice=kwargs.pop("tool_choice", None),
+            parallel_tool_calls=bool(kwargs.pop("parallel_tool_calls", True)),
+            response_format=kwargs.pop("response_format", None),
+            max_tokens=kwargs.pop("max_tokens", self.max_tokens),
+            temperature=kwargs.pop("temperature", self.temperature),
+            top_p=kwargs.pop("top_p", self.top_p),
+            stop=list(stop) if stop else None,
+            options=options,
+        )
+        kwargs.pop("formatted", None)
+        if kwargs:
+            raise TypeError(f"MLXLLM got unexpected arguments: {sorted(kwargs)}")
+        return request
+
+    async def _astream_responses(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> AsyncIterator[ChatResponse]:
+        request = self._request(messages, kwargs)
+        state = _ResponseState()
+        async for event in stream_chat_events(self.engine, request):
+            response = state.add(event)
+            if response is not None:
+                yield response
+
+    # ---------------------------------------------------------------- chat
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        last = None
+        for last in iterate_sync(self._astream_responses(messages, kwargs)):  # noqa: B007
+            pass
+        assert last is not None
+        return _final(last)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        def gen() -> ChatResponseGen:
+            yield from iterate_sync(self._astream_responses(messages, kwargs))
+
+        return gen()
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        last = None
+        async for last in self._astream_responses(messages, kwargs):  # noqa: B007
+            pass
+        assert last is not None
+        return _final(last)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        async def gen() -> ChatResponseAsyncGen:
+            async for response in self._astream_responses(messages, kwargs):
+                yield response
+
+        return gen()
+
+    # ------------------------------------------------------------ complete
+
+    def _completion_messages(self, prompt: str) -> list[ChatMessage]:
+        messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
+        return self._extend_messages(messages)
+
+    async def _astream_completion(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any]
+    ) -> AsyncIterator[CompletionResponse]:
+        if not formatted:
+            async for r in self._astream_responses(self._completion_messages(prompt), kwargs):
+                yield CompletionResponse(
+                    text=r.message.content or "",
+                    delta=r.delta,
+                    raw=r.raw,
+                    additional_kwargs=r.additional_kwargs,
+                )
+            return
+        # formatted=True: the prompt is sent as is, no chat template.
+        request = self._request([ChatMessage(role="user", content=prompt)], kwargs)
+        text = ""
+        async for out in self.engine.stream_generate(
+            prompt,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=request.stop,
+            **{
+                k: v
+                for k, v in request.options.items()
+                if k in ("top_k", "min_p", "seed", "repetition_penalty")
+            },
+        ):
+            text += out.new_text
+            raw = None
+            if out.finished:
+                raw = _usage_raw(
+                    out.prompt_tokens,
+                    out.completion_tokens,
+                    int(getattr(out, "cached_tokens", 0) or 0),
+                    out.finish_reason,
+                    self.model,
+                )
+            if out.new_text or out.finished:
+                yield CompletionResponse(text=text, delta=out.new_text, raw=raw)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        last = None
+        for last in iterate_sync(self._astream_completion(prompt, formatted, kwargs)):  # noqa: B007
+            pass
+        assert last is not None
+        return CompletionResponse(
+            text=last.text, raw=last.raw, additional_kwargs=last.additional_kwargs
+        )
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        def gen() -> CompletionResponseGen:
+            yield from iterate_sync(self._astream_completion(prompt, formatted, kwargs))
+
+        return gen()
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        last = None
+        async for last in self._astream_completion(prompt, formatted, kwargs):  # noqa: B007
+            pass
+        assert last is not None
+        return CompletionResponse(
+            text=last.text, raw=last.raw, additional_kwargs=last.additional_kwargs
+        )
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        async def gen() -> CompletionResponseAsyncGen:
+            async for r in self._astream_completion(prompt, formatted, kwargs):
+                yield r
+
+        return gen()
+
+    # --------------------------------------------------------------- tools
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        specs = []
+        for tool in tools:
+            if tool.metadata.fn_schema is None and not tool.metadata.get_parameters_dict():
+                raise ValueError(f"Tool {tool.metadata.name!r} has no argument schema")
+            specs.append(tool.metadata.to_openai_tool())
+        validate_tools(specs)
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
+        if user_msg is not None:
+            messages.append(user_msg)
+        if tool_choice is None:
+            tool_choice = "required" if tool_required else "auto"
+        return {
+            "messages": messages,
+            "tools": specs or None,
+            "tool_choice": tool_choice if specs else None,
+            "parallel_tool_calls": allow_parallel_tool_calls,
+            **kwargs,
+        }
+
+    def _validate_chat_with_tools_response(
+        self,
+        response: ChatResponse,
+        tools: Sequence[BaseTool],
+        allow_parallel_tool_calls: bool = False,
+        **kwargs: Any,
+    ) -> ChatResponse:
+        if not allow_parallel_tool_calls:
+            calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+            if len(calls) > 1:
+                keep = calls[0]
+                response.message.blocks = [
+                    b
+                    for b in response.message.blocks
+                    if not isinstance(b, ToolCallBlock) or b is keep
+                ]
+        return response
+
+    def get_tool_calls_from_response(
+        self,
+        response: ChatResponse,
+        error_on_no_tool_call: bool = True,
+        **kwargs: Any,
+    ) -> list[ToolSelection]:
+        """Tool calls of a response (works on every partial chunk of a stream)."""
+        selections = [
+            ToolSelection(
+                tool_id=block.tool_call_id or "",
+                tool_name=block.tool_name,
+                tool_kwargs=block.tool_kwargs if isinstance(block.tool_kwargs, dict) else {},
+            )
+            for block in response.message.blocks
+            if isinstance(block, ToolCallBlock)
+        ]
+        if not selections and error_on_no_tool_call:
+            invalid = response.additional_kwargs.get("invalid_tool_calls")
+            detail = f"; the model wrote malformed calls: {invalid}" if invalid else ""
+            raise ValueError(f"Expected at least one tool call, but got 0 tool calls{detail}")
+        return selections
+
+    # ---------------------------------------------------- structured output
+
+    def _schema_request(self, output_cls: type[BaseModel]) -> dict[str, Any]:
+        schema = output_cls.model_json_schema()
+        return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+
+    def structured_predict(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> BaseModel:
+        """Predict an instance of ``output_cls``; the output is constrained to its schema."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        messages = self._extend_messages(prompt.format_messages(**prompt_args))
+        response = self.chat(messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)})
+        return _parse_structured(output_cls, response)
+
+    async def astructured_predict(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> BaseModel:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        messages = self._extend_messages(prompt.format_messages(**prompt_args))
+        response = await self.achat(
+            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
+        )
+        return _parse_structured(output_cls, response)
+
+    def stream_structured_predict(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Iterator[Any]:
+        """Yield partial objects as the JSON streams in, the complete one last."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        messages = self._extend_messages(prompt.format_messages(**prompt_args))
+        stream = self.stream_chat(
+            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
+        )
+
+        def gen() -> Iterator[Any]:
+            last = None
+            for response in stream:
+                last = response
+                partial = _partial(output_cls, response.message.content or "")
+                if partial is not None and response.raw is None:
+                    yield partial
+            assert last is not None
+            yield _parse_structured(output_cls, last)
+
+        return gen()
+
+    async def astream_structured_predict(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> AsyncIterator[Any]:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astream_structured_predict(
+                output_cls, prompt, llm_kwargs, **prompt_args
+            )
+        messages = self._extend_messages(prompt.format_messages(**prompt_args))
+        stream = await self.astream_chat(
+            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
+        )
+
+        async def gen() -> AsyncIterator[Any]:
+            last = None
+            async for response in stream:
+                last = response
+                partial = _partial(output_cls, response.message.content or "")
+                if partial is not None and response.raw is None:
+                    yield partial
+            assert last is not None
+            yield _parse_structured(output_cls, last)
+
+        return gen()
+
+
+class StructuredOutputTruncated(ValueError):
+    """The structured output stopped at max_tokens before the JSON was complete."""
+
+
+def _parse_structured(output_cls: type[BaseModel], response: ChatResponse) -> BaseModel:
+    text = response.message.content or ""
+    raw = response.raw or {}
+    if raw.get("finish_reason") == "length":
+        raise StructuredOutputTruncated(
+            f"The {output_cls.__name__} output was cut off at max_tokens before it was "
+            f"complete ({len(text)} characters); raise max_tokens. Output so far: {text[:200]!r}"
+        )
+    return output_cls.model_validate_json(text)
+
+
+def _partial(output_cls: type[BaseModel], text: str) -> Any:
+    """A lenient instance of ``output_cls`` from incomplete JSON, or None."""
+    from llama_index.core.llms.utils import parse_partial_json
+    from llama_index.core.program.utils import create_flexible_model
+
+    try:
+        data = parse_partial_json(text)
+        return create_flexible_model(output_cls).model_validate(data)
+    except Exception:  # not enough JSON yet
+        return None
+
+
+def _usage_raw(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    finish_reason: str | None,
+    model: str | None,
+) -> dict[str, Any]:
+    return {
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "cached_tokens": cached_tokens,
+        },
+        "finish_reason": finish_reason,
+        "model": model,
+    }
+
+
+class _ResponseState:
+    """Accumulates events into the successive ChatResponses of one stream."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.thinking = ""
+        self.calls: list[ToolCallBlock] = []
+        self.invalid: list[dict[str, Any]] = []
+
+    def _message(self) -> ChatMessage:
+        blocks: list[Any] = []
+        if self.thinking:
+            blocks.append(ThinkingBlock(content=self.thinking))
+        blocks.append(TextBlock(text=self.text))
+        blocks.extend(self.calls)
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+
+    def add(self, event: Any) -> ChatResponse | None:
+        extra: dict[str, Any] = {}
+        delta = ""
+        raw = None
+        if isinstance(event, TextDelta):
+            self.text += event.text
+            delta = event.text
+        elif isinstance(event, ReasoningDelta):
+            self.thinking += event.text
+            extra["thinking_delta"] = event.text
+        elif isinstance(event, ParsedToolCall):
+            self.calls.append(
+                ToolCallBlock(
+                    tool_call_id=event.id, tool_name=event.name, tool_kwargs=event.arguments
+                )
+            )
+        elif isinstance(event, InvalidToolCall):
+            self.invalid.append(
+                {"id": event.id, "name": event.name, "raw": event.raw, "error": event.error}
+            )
+        elif isinstance(event, Finished):
+            raw = _usage_raw(
+                event.prompt_tokens,
+                event.completion_tokens,
+                event.cached_tokens,
+                event.finish_reason,
+                event.model_name,
+            )
+            raw["time_to_first_token_s"] = event.ttft_s
+            raw["tokens_per_second"] = event.generation_tps
+        else:  # pragma: no cover - exhaustive
+            return None
+        if self.invalid:
+            extra["invalid_tool_calls"] = list(self.invalid)
+        return ChatResponse(message=self._message(), delta=delta, raw=raw, additional_kwargs=extra)
+
+
+def _final(last: ChatResponse) -> ChatResponse:
+    extra = {k: v for k, v in last.additional_kwargs.items() if k != "thinking_delta"}
+    return ChatResponse(message=last.message, raw=last.raw, additional_kwargs=extra)

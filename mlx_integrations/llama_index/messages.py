@@ -1,0 +1,93 @@
+"""LlamaIndex chat messages to neutral chat messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    AudioBlock,
+    ChatMessage,
+    DocumentBlock,
+    ImageBlock,
+    MessageRole,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    VideoBlock,
+)
+
+_ROLES = {
+    MessageRole.SYSTEM: "system",
+    MessageRole.DEVELOPER: "system",
+    MessageRole.USER: "user",
+    MessageRole.ASSISTANT: "assistant",
+    MessageRole.CHATBOT: "assistant",
+    MessageRole.MODEL: "assistant",
+    MessageRole.TOOL: "tool",
+    MessageRole.FUNCTION: "tool",
+}
+
+
+def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for block in message.blocks:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ToolCallBlock):
+            args = block.tool_kwargs
+            if isinstance(args, str):
+                args = json.loads(args) if args.strip() else {}
+            calls.append(
+                {
+                    "id": block.tool_call_id or "",
+                    "type": "function",
+                    "function": {"name": block.tool_name, "arguments": args},
+                }
+            )
+        elif isinstance(block, ThinkingBlock):
+            continue  # earlier reasoning is not shown to the model again
+        elif isinstance(block, ImageBlock):
+            parts.append({"type": "image"})
+        elif isinstance(block, (AudioBlock, VideoBlock, DocumentBlock)):
+            parts.append({"type": type(block).__name__.removesuffix("Block").lower()})
+        else:
+            raise ValueError(
+                f"{where} holds a {type(block).__name__}, which MLXLLM cannot send to a "
+                "text model; use TextBlock content"
+            )
+    return parts, calls
+
+
+def to_neutral_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Convert LlamaIndex messages for ``engine.stream_chat``.
+
+    Raises:
+        ValueError: an unknown role or an unsupported block, naming it.
+    """
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        role = _ROLES.get(message.role)
+        if role is None:
+            raise ValueError(
+                f"{where} has role {message.role!r}, which MLXLLM does not know; use "
+                "system, user, assistant or tool"
+            )
+        parts, calls = _parts(message, where)
+        extra = message.additional_kwargs or {}
+        for call in extra.get("tool_calls") or []:  # OpenAI-style calls kept in kwargs
+            fn = call.get("function", call) if isinstance(call, dict) else None
+            if fn:
+                calls.append({"id": call.get("id", ""), "type": "function", "function": fn})
+        item: dict[str, Any] = {"role": role, "content": parts}
+        if role == "assistant" and calls:
+            item["tool_calls"] = calls
+        if role == "tool":
+            item["tool_call_id"] = str(extra.get("tool_call_id") or "")
+            if extra.get("name"):
+                item["name"] = str(extra["name"])
+        out.append(item)
+    return out

@@ -117,7 +117,13 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_pooling(config_file: Path) -> PoolingMode:
-    raw = _read_json(config_file) if config_file.is_file() else {}
+    if not config_file.is_file():
+        raise ValueError(
+            f"modules.json lists a Pooling module but {config_file} is missing, so the "
+            "pooling mode is unknown; copy the whole sentence-transformers model folder, "
+            f"including its {config_file.parent.name}/ subfolder."
+        )
+    raw = _read_json(config_file)
     if "pooling_mode" in raw:
         modes = [_POOLING_ALIASES.get(raw["pooling_mode"], raw["pooling_mode"])]
     else:
@@ -168,8 +174,23 @@ class EmbeddingModelInfo:
     """Whether the model's vectors are unit length."""
     prompts: dict[str, str]
     """Named prompts from the model's sentence-transformers config."""
+    default_prompt_name: str | None
+    """The prompt the model applies when none is given, if any."""
     dtype: EmbeddingDtype
     """The floating point type of the forward pass."""
+
+    def prompt_for(self, role: Literal["query", "document"]) -> str:
+        """The model's own prompt for queries or documents, or ``""`` when it has none.
+
+        e5-style models name theirs ``query``/``passage``; others ``query``/``document``.
+        """
+        names = ("query",) if role == "query" else ("document", "passage", "text")
+        for name in names:
+            if name in self.prompts:
+                return self.prompts[name]
+        if self.default_prompt_name:
+            return self.prompts.get(self.default_prompt_name, "")
+        return ""
 
 
 class EmbeddingEngine:
@@ -368,6 +389,7 @@ class EmbeddingEngine:
             pooling=st_config.pooling,
             normalize=st_config.normalize,
             prompts=dict(st_config.prompts),
+            default_prompt_name=st_config.default_prompt_name,
             dtype=self.dtype,
         )
 

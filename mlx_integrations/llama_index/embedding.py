@@ -1,0 +1,177 @@
+"""LlamaIndex embeddings on a local MLX sentence-embedding model."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from mlx_integrations.engine.embedding import (
+    DEFAULT_BATCH_SIZE,
+    EmbeddingDtype,
+    EmbeddingEngine,
+    EmbeddingModelInfo,
+    PoolingMode,
+    get_embedding_engine,
+)
+
+
+class MLXEmbedding(BaseEmbedding):
+    """Sentence embeddings from a local MLX model for LlamaIndex: no server, no torch.
+
+    Runs BERT-family sentence-transformers models (all-MiniLM-L6-v2, bge, e5, gte, ...)
+    with the pooling and normalisation their own config asks for. Every object built
+    on the same model shares one copy of the weights, loaded on one owner thread.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install "mlx-integrations[cpu]"   # macOS wheels need no extra
+            mlxi pull sentence-transformers/all-MiniLM-L6-v2
+
+    Instantiate:
+        .. code-block:: python
+
+            from mlx_integrations.llama_index import MLXEmbedding
+
+            embed_model = MLXEmbedding(model_name="sentence-transformers/all-MiniLM-L6-v2")
+            # or a folder: MLXEmbedding(model_name="/path/to/all-MiniLM-L6-v2")
+
+    Embed:
+        .. code-block:: python
+
+            query = embed_model.get_query_embedding("Which framework runs on Macs?")
+            texts = embed_model.get_text_embedding_batch(["MLX runs on Macs.", "Paris."])
+            len(query), len(texts)  # (384, 2)
+
+    Async:
+        .. code-block:: python
+
+            query = await embed_model.aget_query_embedding("a question")
+            texts = await embed_model.aget_text_embedding_batch(["a text", "another"])
+
+    Retrieval:
+        .. code-block:: python
+
+            from llama_index.core import Document, VectorStoreIndex
+
+            docs = [Document(text="MLX is an array framework for Apple silicon."),
+                    Document(text="Paris is the capital of France.")]
+            index = VectorStoreIndex.from_documents(docs, embed_model=embed_model)
+            index.as_retriever(similarity_top_k=1).retrieve("What runs on a Mac?")[0].text
+            # 'MLX is an array framework for Apple silicon.'
+
+    Instructions:
+        e5-style models expect ``"query: "`` and ``"passage: "`` before the text. Models
+        whose ``config_sentence_transformers.json`` names prompts get them by default;
+        otherwise set ``query_instruction`` and ``text_instruction``.
+    """
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    model_name: str = Field(
+        description="A model folder, a store name or alias, or a Hub id pulled with mlxi pull."
+    )
+    """A model folder, a store name or alias, or a Hub id pulled with ``mlxi pull``."""
+
+    embed_batch_size: int = Field(default=DEFAULT_BATCH_SIZE, gt=0, le=2048)
+    """How many texts go through the model at once."""
+
+    normalize: bool | None = None
+    """Scale vectors to unit length; None follows the model's config."""
+
+    pooling: PoolingMode | None = None
+    """``cls``, ``mean``, ``max`` or ``mean_sqrt_len``; None follows the model's config."""
+
+    max_length: int | None = Field(default=None, ge=2)
+    """Truncate inputs to this many tokens; None uses the model's limit."""
+
+    query_instruction: str | None = None
+    """Text put before each query; None uses the model's ``query`` prompt, if any."""
+
+    text_instruction: str | None = None
+    """Text put before each text; None uses the model's document prompt, if any."""
+
+    dtype: EmbeddingDtype = "float32"
+    """Floating point type of the forward pass (``float16`` halves memory on a GPU)."""
+
+    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
+
+    def __init__(self, model_name: str, **kwargs: Any) -> None:
+        """Load the model (or reuse the process's copy of it).
+
+        Args:
+            model_name: A model folder, a store name or alias, or a pulled Hub id.
+            **kwargs: Any other field of this class.
+
+        Raises:
+            FileNotFoundError: When nothing by that name exists locally.
+            ValueError: For an unsupported model or a ``max_length`` above its limit.
+        """
+        super().__init__(model_name=model_name, **kwargs)
+        engine = self._get_engine()
+        if self.max_length is not None and self.max_length > engine.info.max_length:
+            raise ValueError(
+                f"max_length {self.max_length} exceeds the limit of {model_name!r} "
+                f"({engine.info.max_length} tokens); use at most {engine.info.max_length}."
+            )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The name LlamaIndex records for this class."""
+        return "MLXEmbedding"
+
+    @property
+    def info(self) -> EmbeddingModelInfo:
+        """The model's folder, dimension, token limit, pooling and prompts."""
+        return self._get_engine().info
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self._embed([query], "query")[0]
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return (await self._aembed([query], "query"))[0]
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return self._embed([text], "document")[0]
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        return (await self._aembed([text], "document"))[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return self._embed(texts, "document")
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return await self._aembed(texts, "document")
+
+    def _embed(self, texts: list[str], role: Literal["query", "document"]) -> list[Embedding]:
+        engine = self._get_engine()
+        return engine.embed(texts, prompt=self._prompt(engine, role), **self._options())
+
+    async def _aembed(
+        self, texts: list[str], role: Literal["query", "document"]
+    ) -> list[Embedding]:
+        engine = self._get_engine()
+        return await engine.aembed(texts, prompt=self._prompt(engine, role), **self._options())
+
+    def _get_engine(self) -> EmbeddingEngine:
+        # Reload through the pool if the shared engine was closed meanwhile.
+        if self._engine is None or self._engine.closed:
+            self._engine = get_embedding_engine(self.model_name, dtype=self.dtype)
+        return self._engine
+
+    def _prompt(self, engine: EmbeddingEngine, role: Literal["query", "document"]) -> str:
+        own = self.query_instruction if role == "query" else self.text_instruction
+        return engine.info.prompt_for(role) if own is None else own
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.embed_batch_size,
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "max_length": self.max_length,
+        }
+
+
+__all__ = ["MLXEmbedding"]

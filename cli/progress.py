@@ -56,6 +56,8 @@ def progress_bars(enabled: bool = True) -> Iterator[Any]:
             task_id, completed=update.completed, total=update.total, description=update.description
         )
         task = progress.tasks[task_id]
+        amount: Any
+        rate: Any
         if update.unit == "B":
             amount, rate = download.render(task), speed.render(task)
         elif update.total:

@@ -261,7 +261,7 @@ def _snapshot(
             allow_patterns=patterns,
             local_files_only=offline,
             max_workers=max_workers,
-            tqdm_class=tqdm_bridge(progress),  # type: ignore[arg-type]
+            tqdm_class=tqdm_bridge(progress),
         )
     except hf_errors.GatedRepoError as exc:
         raise GatedRepoError(

@@ -91,7 +91,9 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         files = tuple(
             FileEntry(p.name, p.stat().st_size, "") for p in sorted(path.iterdir()) if p.is_file()
         )
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text_config: dict[str, Any] = (
+        config["text_config"] if isinstance(config.get("text_config"), dict) else {}
+    )
     quant = manifest.quantization if manifest and manifest.quantization else quantization_of(config)
     return ModelInfo(
         name=shown,

@@ -241,8 +241,9 @@ def verify_files(manifest: Manifest, model_dir: Path) -> VerifyReport:
         if full.stat().st_size != entry.size:
             return FileCheck(entry.path, "size_mismatch", entry.sha256)
         actual = sha256_file(full)
-        status = "ok" if actual == entry.sha256 else "sha256_mismatch"
-        return FileCheck(entry.path, status, entry.sha256, actual)
+        if actual != entry.sha256:
+            return FileCheck(entry.path, "sha256_mismatch", entry.sha256, actual)
+        return FileCheck(entry.path, "ok", entry.sha256, actual)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         checks = tuple(pool.map(check, manifest.files))

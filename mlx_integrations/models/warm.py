@@ -161,7 +161,7 @@ def warm_model(
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
-    loaded, tokenizer = load(str(path))
+    loaded, tokenizer = load(str(path))[:2]
     ids = prefix_tokens(tokenizer, system=system, tools=tools, text=text)
     source = "+".join(k for k, v in (("system", system), ("tools", tools), ("text", text)) if v)
     cache = make_prompt_cache(loaded)

@@ -7,6 +7,7 @@ text, reasoning and tool calls, and ends with the usage and finish reason.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from mlx_integrations.chat.output_parser import (
     TextDelta,
 )
 from mlx_integrations.chat.tool_parsers import (
+    FORMATS,
     InvalidToolCall,
     ParsedToolCall,
     ToolCallFormat,
@@ -107,10 +109,6 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
         if fn.get("description"):
             entry["description"] = str(fn["description"])
         out.append({"type": "function", "function": entry})
-    names = [t["function"]["name"] for t in out]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"Tool names must be unique; repeated: {', '.join(dupes)}")
     return out
 
 
@@ -156,6 +154,9 @@ def think_markers(engine: BaseEngine) -> tuple[str, str] | None:
     return None
 
 
+_JSON_BODY_FORMATS = ("hermes", "llama3_json")
+
+
 def constraint_processors(
     engine: BaseEngine,
     fmt: ToolCallFormat,
@@ -163,21 +164,31 @@ def constraint_processors(
     choice: str | None,
     parallel: bool,
     response_format: dict[str, Any] | None,
-) -> list[Any]:
-    """Logits processors that enforce tool choice or a response format."""
-    if choice in (None, "auto") and response_format is None:
-        if not tools:
-            return []
+) -> tuple[list[Any], ToolCallFormat]:
+    """Logits processors that enforce a response format or the tool choice.
+
+    Returns the processors and the tool-call format the output will be in: constrained
+    calls are written as ``{"name": ..., "arguments": {...}}`` between the model's own
+    markers when its format has a JSON body, else between Hermes ``<tool_call>`` markers.
+    """
     from mlx_integrations.chat import constraints
 
-    return constraints.processors_for(
-        engine.tokenizer,
-        tools=tools,
-        tool_choice=choice,
-        parallel_tool_calls=parallel,
-        response_format=response_format,
-        tool_format=fmt,
+    tokenizer = engine.tokenizer
+    rf = constraints.response_format_constraint(response_format)
+    if rf is not None:
+        return [rf.make_processor(tokenizer)], fmt
+    if not tools or choice is None:
+        return [], fmt
+    if fmt.name in _JSON_BODY_FORMATS and fmt.start:
+        markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
+    else:
+        fmt = FORMATS["hermes"]
+        markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
+    tool_choice = {"required": "required", "auto": "auto", "none": "none"}.get(choice, choice)
+    constraint = constraints.tool_choice_constraint(
+        tools, tool_choice, parallel=parallel, markers=markers
     )
+    return [constraint.make_processor(tokenizer)], fmt
 
 
 async def stream_chat_events(
@@ -198,8 +209,15 @@ async def stream_chat_events(
             template_kwargs["enable_thinking"] = options["enable_thinking"]
         prompt = render(request.messages, tools=tools, **template_kwargs)
         starts_in_reasoning = prompt.rstrip().endswith(markers[0])
-    processors = constraint_processors(
-        engine, fmt, tools, choice, request.parallel_tool_calls, request.response_format
+    # Building a grammar can take a moment: keep it off the event loop.
+    processors, fmt = await asyncio.to_thread(
+        constraint_processors,
+        engine,
+        fmt,
+        tools,
+        choice,
+        request.parallel_tool_calls,
+        request.response_format,
     )
     if processors:
         options["logits_processors"] = [*options.get("logits_processors", []), *processors]

@@ -235,8 +235,8 @@ class ChatMLX(BaseChatModel):
         kwargs.pop("model", None)
         neutral = to_neutral_messages(messages)
         options: dict[str, Any] = {}
-        for name in ("top_k", "min_p", "repetition_penalty", "seed"):
-            value = kwargs.pop(name, getattr(self, name))
+        for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
+            value = kwargs.pop(name, getattr(self, name, None))
             if value is not None:
                 options[name] = value
         template_kwargs = {**self.chat_template_kwargs, **kwargs.pop("chat_template_kwargs", {})}

@@ -179,3 +179,37 @@ def build_tiny_model(
         json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
     )
     return out_dir
+
+
+def cached_tiny_model(name: str = "tiny-llama", **kwargs: object) -> Path:
+    """A tiny model built once per machine (``$MLXI_TEST_CACHE``) and reused across runs.
+
+    The folder name carries a hash of this module and the arguments, so a change to
+    the builder builds it again. Used where a path is needed outside fixtures (the
+    langchain-tests suites read their model parameters from class properties).
+    """
+    import fcntl
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    root = Path(os.environ.get("MLXI_TEST_CACHE") or "~/.cache/mlx-integrations-tests")
+    root = root.expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(
+        Path(__file__).read_bytes() + repr(sorted(kwargs.items())).encode()
+    ).hexdigest()[:12]
+    target = root / f"{name}-{digest}"
+    if (target / "config.json").exists():
+        return target
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+            try:
+                build_tiny_model(tmp, **kwargs)  # type: ignore[arg-type]
+                os.rename(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target

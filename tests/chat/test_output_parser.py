@@ -323,6 +323,26 @@ def test_whatever_stands_between_call_markers_is_a_call_or_an_invalid_call(
     assert collect(events).content == before
 
 
+def _fragments(fmt: str) -> st.SearchStrategy[str]:
+    f = FORMATS[fmt]
+    pieces = [f.start, f.end, *f.bare_prefixes, *THINK, "[ARGS]", "<function=f>", "<parameter=x>"]
+    pieces += ['"name": "f"', '"arguments"', "f(a=1)", "{", "}", "[", "]", "(", ")", '"', ":", ";"]
+    return st.one_of(st.sampled_from([p for p in pieces if p]), st.text(max_size=6))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_arbitrary_text_never_raises_and_splits_agree(fmt: str, data: st.DataObject):
+    """Random mixes of markers, brackets and text: no exception, same events however cut."""
+    text = "".join(data.draw(st.lists(_fragments(fmt), max_size=25)))
+    points = data.draw(st.lists(st.integers(0, len(text)), max_size=8))
+    for starts_in_reasoning in (False, True):
+        check_streaming_matches_whole(
+            text, points, tool_format=FORMATS[fmt], starts_in_reasoning=starts_in_reasoning
+        )
+
+
 # ----------------------------------------------------------------- reasoning
 
 

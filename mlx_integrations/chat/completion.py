@@ -8,6 +8,7 @@ text, reasoning and tool calls, and ends with the usage and finish reason.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -157,6 +158,44 @@ def think_markers(engine: BaseEngine) -> tuple[str, str] | None:
 _JSON_BODY_FORMATS = ("hermes", "llama3_json")
 
 
+def closed_schema(schema: Any) -> Any:
+    """A copy of a JSON schema where objects allow no properties beyond those listed.
+
+    Small models like to add keys that the schema merely permits (``"type"``,
+    ``"description"`` copied from the prompt); like OpenAI's strict mode, constrained
+    outputs keep to the listed properties unless a schema says otherwise.
+    """
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_schema(v) for k, v in schema.items()}
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {**t["function"], "parameters": closed_schema(t["function"]["parameters"])},
+        }
+        for t in tools
+    ]
+
+
+def _closed_response_format(response_format: dict[str, Any]) -> dict[str, Any]:
+    spec = response_format.get("json_schema")
+    if response_format.get("type") == "json_schema" and isinstance(spec, dict):
+        return {
+            **response_format,
+            "json_schema": {**spec, "schema": closed_schema(spec.get("schema"))},
+        }
+    return response_format
+
+
 def constraint_processors(
     engine: BaseEngine,
     fmt: ToolCallFormat,
@@ -174,7 +213,9 @@ def constraint_processors(
     from mlx_integrations.chat import constraints
 
     tokenizer = engine.tokenizer
-    rf = constraints.response_format_constraint(response_format)
+    rf = constraints.response_format_constraint(
+        _closed_response_format(response_format) if response_format else None
+    )
     if rf is not None:
         return [rf.make_processor(tokenizer)], fmt
     if not tools or choice is None:
@@ -186,9 +227,39 @@ def constraint_processors(
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
     tool_choice = {"required": "required", "auto": "auto", "none": "none"}.get(choice, choice)
     constraint = constraints.tool_choice_constraint(
-        tools, tool_choice, parallel=parallel, markers=markers
+        _closed_tools(tools), tool_choice, parallel=parallel, markers=markers
     )
     return [constraint.make_processor(tokenizer)], fmt
+
+
+def with_format_instructions(
+    messages: list[dict[str, Any]], response_format: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Tell the model the JSON it must write; the constraint alone cannot tell it why.
+
+    The grammar keeps the output valid, but a model that has not seen the schema
+    fills it with whatever it was about to say. The instruction goes into the system
+    message (one is added when there is none).
+    """
+    if not response_format or response_format.get("type") not in ("json_schema", "json_object"):
+        return messages
+    if response_format["type"] == "json_object":
+        note = "Answer with a single JSON object and nothing else."
+    else:
+        schema = (response_format.get("json_schema") or {}).get("schema") or {}
+        note = (
+            "Answer with a single JSON object and nothing else. It must follow this "
+            f"JSON schema:\n{json.dumps(schema, ensure_ascii=False)}"
+        )
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0])
+        content = first["content"]
+        if isinstance(content, list):
+            first["content"] = [*content, {"type": "text", "text": "\n\n" + note}]
+        else:
+            first["content"] = f"{content}\n\n{note}" if content else note
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 async def stream_chat_events(
@@ -198,6 +269,7 @@ async def stream_chat_events(
     tools = validate_tools(request.tools)
     choice = normalize_tool_choice(request.tool_choice, tools)
     options = dict(request.options)
+    messages = with_format_instructions(request.messages, request.response_format)
     await engine.start()
     fmt = detect_format(engine.tokenizer, options.pop("tool_parser", None))
     markers = think_markers(engine)
@@ -207,7 +279,7 @@ async def stream_chat_events(
         template_kwargs = dict(options.get("chat_template_kwargs") or {})
         if options.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = options["enable_thinking"]
-        prompt = render(request.messages, tools=tools, **template_kwargs)
+        prompt = render(messages, tools=tools, **template_kwargs)
         starts_in_reasoning = prompt.rstrip().endswith(markers[0])
     # Building a grammar can take a moment: keep it off the event loop.
     processors, fmt = await asyncio.to_thread(
@@ -231,7 +303,7 @@ async def stream_chat_events(
     last = None
     saw_call = False
     async for out in engine.stream_chat(
-        request.messages,
+        messages,
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,

@@ -252,7 +252,8 @@ class ChatMLX(BaseChatModel):
             messages=neutral,
             tools=kwargs.pop("tools", None),
             tool_choice=kwargs.pop("tool_choice", None),
-            parallel_tool_calls=kwargs.pop("parallel_tool_calls", True) is not False,
+            parallel_tool_calls=_parallel(kwargs.pop("parallel_tool_calls", None),
+                                          kwargs.get("tool_choice")),
             response_format=kwargs.pop("response_format", None),
             max_tokens=kwargs.pop("max_tokens", self.max_tokens),
             temperature=kwargs.pop("temperature", self.temperature),
@@ -375,7 +376,8 @@ class ChatMLX(BaseChatModel):
             tools: Dicts (OpenAI format), pydantic models, functions or ``BaseTool``.
             tool_choice: ``"auto"`` (default), ``"none"``, ``"any"``/``"required"``/True
                 (must call one), or a tool name (must call that one).
-            parallel_tool_calls: Allow several calls in one turn (default True).
+            parallel_tool_calls: Allow several calls in one turn. By default True with
+                ``"auto"``, and one call when a call is forced (``"any"`` or a name).
             **kwargs: Further call arguments to bind.
         """
         formatted = validate_tools([convert_to_openai_tool(t) for t in tools])
@@ -437,8 +439,15 @@ class ChatMLX(BaseChatModel):
                 else JsonOutputParser()
             )
         elif method == "json_mode":
+            # Any JSON object; when a schema is given, constrain to it as well.
+            response_format: dict[str, Any] = {"type": "json_object"}
+            if schema is not None:
+                response_format = {
+                    "type": "json_schema",
+                    "json_schema": {"schema": convert_to_json_schema(schema)},
+                }
             llm = self.bind(
-                response_format={"type": "json_object"},
+                response_format=response_format,
                 ls_structured_output_format={**fmt, "schema": schema} if schema else None,
             )
             parser = (
@@ -460,6 +469,13 @@ class ChatMLX(BaseChatModel):
                 [fallback], exception_key="parsing_error"
             )
         return llm | parser
+
+
+def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:
+    """Unless told, a forced tool choice makes one call (small models repeat calls)."""
+    if parallel_tool_calls is not None:
+        return bool(parallel_tool_calls)
+    return tool_choice in (None, "auto", "none", False)
 
 
 def _reject_truncated(message: AIMessage) -> AIMessage:

@@ -1,0 +1,588 @@
+"""What the engines on mlx-lm share: loading, validation, chat rendering, the async bridge.
+
+:class:`MLXEngine` owns one model on one owner thread and implements the contract's
+request methods once. A subclass decides how requests run on that thread:
+``SimpleEngine`` one after the other, ``BatchedEngine`` together in a decode batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from mlx_integrations.chat.messages import normalize_messages
+from mlx_integrations.chat.template import (
+    TemplateCapabilities,
+    probe_template,
+    render_chat_prompt,
+)
+from mlx_integrations.engine.base import (
+    BaseEngine,
+    EngineBusy,
+    GenerationOutput,
+    run_blocking_startup_work,
+)
+from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
+from mlx_integrations.engine.loading import check_model_dir, context_length, resolve_model_path
+from mlx_integrations.engine.params import (
+    KNOWN_KWARGS,
+    SamplingParams,
+    reject_media,
+    validate_sampling,
+)
+from mlx_integrations.engine.prefix_cache import MiB, PrefixCache
+from mlx_integrations.engine.stats import (
+    ClearStats,
+    EngineStats,
+    MemoryStats,
+    PrefixCacheStats,
+    RequestStats,
+)
+
+logger = logging.getLogger(__name__)
+
+Admission = Literal["wait", "fail_fast"]
+T = TypeVar("T")
+
+
+@dataclass
+class Job:
+    """One request as the owner thread sees it."""
+
+    params: SamplingParams
+    prompt: str
+    tokens: list[int]
+    arrival: float
+    emit: Callable[[Any], None]
+    """Hands a chunk (or the exception that ended the request) to the caller; thread-safe."""
+    abort: threading.Event = field(default_factory=threading.Event)
+
+
+class MLXEngine(BaseEngine):
+    """An engine serving one mlx-lm model from the thread that owns it.
+
+    MLX arrays belong to the thread that made them, so one owner thread loads the
+    weights and runs every prefill and decode step; callers talk to it through
+    queues and never block their event loop.
+
+    Subclasses implement :meth:`_dispatch` (hand a validated request to the owner
+    thread) and :meth:`_is_full` (when ``admission="fail_fast"`` refuses work).
+
+    Args:
+        model: A model folder, or a name the model store resolves.
+        admission: ``"wait"`` queues requests the engine cannot take yet;
+            ``"fail_fast"`` raises :class:`EngineBusy` instead.
+        cache_memory_mb: Budget of the prefix cache (KV of earlier prompts).
+        max_cache_entries: Most prefixes kept.
+        prefill_step_size: Prompt tokens processed per forward pass.
+        preserve_native_tool_format: Override the flag probed from the template.
+        chat_template_kwargs: Variables passed to the chat template on every call.
+        load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
+    """
+
+    engine_type = "mlx"
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        admission: Admission = "wait",
+        cache_memory_mb: float = 1024,
+        max_cache_entries: int = 8,
+        prefill_step_size: int = 2048,
+        preserve_native_tool_format: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        load_warm_caches: bool = True,
+    ):
+        if admission not in ("wait", "fail_fast"):
+            raise ValueError(f"admission must be 'wait' or 'fail_fast', got {admission!r}")
+        if cache_memory_mb < 0:
+            raise ValueError(f"cache_memory_mb must be >= 0, got {cache_memory_mb}")
+        if prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        self._name = str(model)
+        self._path = resolve_model_path(model)
+        self._config = check_model_dir(self._path)
+        self._context_length = context_length(self._config)
+        self._admission: Admission = admission
+        self._prefill_step_size = prefill_step_size
+        self._chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._load_warm = load_warm_caches
+        self._native_override = preserve_native_tool_format
+        if preserve_native_tool_format is not None:
+            self._preserve_native_tool_format = bool(preserve_native_tool_format)
+        self._prefix = PrefixCache(int(cache_memory_mb * MiB), max_cache_entries)
+
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._capabilities = TemplateCapabilities(False, False, False)
+        self._executor: ThreadPoolExecutor | None = None
+        self._start_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._running: set[str] = set()
+        self._started_at = time.monotonic()
+        self._processed = 0
+        self._aborted = 0
+        self._failed = 0
+        self._busy_rejections = 0
+        self._total_prompt = 0
+        self._total_completion = 0
+        self._total_cached = 0
+        self._last_request: RequestStats | None = None
+
+    # ----------------------------------------------------------------- contract
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def model_path(self) -> Path:
+        """The resolved local folder of the model."""
+        return self._path
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The model's config.json."""
+        return dict(self._config)
+
+    @property
+    def context_length(self) -> int | None:
+        """The context window from config.json, if it says."""
+        return self._context_length
+
+    @property
+    def is_mllm(self) -> bool:
+        return False
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self.prepare_for_start()
+        return self._tokenizer
+
+    @property
+    def template_capabilities(self) -> TemplateCapabilities:
+        """What the chat template renders (probed at load)."""
+        if self._tokenizer is None:
+            self.prepare_for_start()
+        return self._capabilities
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._model is not None
+
+    def prepare_for_start(self) -> None:
+        """Load the model on its owner thread; blocks until loaded. Idempotent."""
+        with self._start_lock:
+            if self._model is not None:
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"mlxi-owner-{self._path.name}"
+                )
+            self._executor.submit(self._load).result()
+            self._on_loaded(self._executor)
+
+    async def start(self) -> None:
+        if self._model is None:
+            await run_blocking_startup_work(self.prepare_for_start)
+
+    async def stop(self) -> None:
+        """Abort queued and running requests, free the model. Idempotent."""
+        with self._state_lock:
+            for job in self._jobs.values():
+                job.abort.set()
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        self._on_stopping()
+        await asyncio.to_thread(executor.submit(self._unload).result)
+        executor.shutdown(wait=False)
+
+    async def generate(
+        self,
+        prompt: str,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> GenerationOutput:
+        last: GenerationOutput | None = None
+        async for out in self.stream_generate(
+            prompt, max_tokens, temperature, top_p, stop, **kwargs
+        ):
+            last = out
+        assert last is not None
+        return last
+
+    async def stream_generate(
+        self,
+        prompt: str,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationOutput]:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt is empty; pass some text to continue")
+        params = self._params(max_tokens, temperature, top_p, stop, kwargs)
+        await self.start()
+        bos = getattr(self._tokenizer, "bos_token", None)
+        add_special = bos is None or not prompt.startswith(bos)
+        tokens = self._tokenizer.encode(prompt, add_special_tokens=add_special)
+        async for out in self._submit(params, prompt, tokens):
+            yield out
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        tools: list[dict] | None = None,
+        images: list[str] | None = None,
+        videos: list[str] | None = None,
+        **kwargs: Any,
+    ) -> GenerationOutput:
+        last: GenerationOutput | None = None
+        async for out in self.stream_chat(
+            messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
+        ):
+            last = out
+        assert last is not None
+        return last
+
+    async def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        tools: list[dict] | None = None,
+        images: list[str] | None = None,
+        videos: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationOutput]:
+        reject_media(images, videos, self._name)
+        normalized = normalize_messages(messages, self._name)
+        template_kwargs = {
+            **self._chat_template_kwargs,
+            **(kwargs.get("chat_template_kwargs") or {}),
+        }
+        if kwargs.get("enable_thinking") is not None:
+            template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
+        params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
+        await self.start()
+        prompt = self.render_prompt(normalized, tools=tools, **template_kwargs)
+        tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
+        async for out in self._submit(params, prompt, tokens):
+            yield out
+
+    def render_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render messages with the model's chat template, as ``stream_chat`` does."""
+        normalized = normalize_messages(messages, self._name)
+        return render_chat_prompt(
+            self.tokenizer,
+            normalized,
+            tools=tools,
+            native_tool_format=self.preserve_native_tool_format,
+            capabilities=self._capabilities,
+            **template_kwargs,
+        )
+
+    async def abort_request(self, request_id: str) -> bool:
+        """Stop a running request between two tokens, or drop a queued one.
+
+        Returns:
+            True if the request was running or queued, False for an unknown id.
+        """
+        with self._state_lock:
+            job = self._jobs.get(request_id)
+        if job is None:
+            return False
+        self._abort(job)
+        return True
+
+    def get_stats(self) -> EngineStats:  # type: ignore[override]
+        with self._state_lock:
+            running = len(self._running)
+            return EngineStats(
+                engine_type=self.engine_type,
+                model_name=self._name,
+                uptime_seconds=time.monotonic() - self._started_at,
+                loaded=self._model is not None,
+                running=bool(running),
+                num_running=running,
+                num_waiting=len(self._jobs) - running,
+                num_requests_processed=self._processed,
+                num_requests_aborted=self._aborted,
+                num_requests_failed=self._failed,
+                total_prompt_tokens=self._total_prompt,
+                total_completion_tokens=self._total_completion,
+                total_cached_tokens=self._total_cached,
+                admission=self._admission,
+                busy_rejections=self._busy_rejections,
+                last_request=self._last_request,
+                prefix_cache=self._prefix.stats(),
+                memory=memory_stats(),
+            )
+
+    def get_cache_stats(self) -> PrefixCacheStats:  # type: ignore[override]
+        return self._prefix.stats()
+
+    def clear_runtime_caches(self) -> ClearStats:  # type: ignore[override]
+        """Drop cached prompt KV (warm caches stay) and return MLX's buffer pool.
+
+        Runs on the owner thread, when no decode step is in progress.
+        """
+        with self._state_lock:
+            executor = self._executor
+        if executor is None or self._model is None:
+            dropped, freed = self._prefix.clear()
+            return ClearStats(
+                dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
+            )
+        return self._on_owner(executor, self._clear).result()
+
+    # ------------------------------------------------------- subclass hooks
+
+    @abstractmethod
+    def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
+        """Hand a registered request to the owner thread (called under the state lock)."""
+
+    @abstractmethod
+    def _is_full(self) -> bool:
+        """Whether a new request would have to wait (called under the state lock)."""
+
+    def _busy_message(self) -> str:
+        return (
+            f"{type(self).__name__} for {self._name!r} is busy; retry later or create "
+            "the engine with admission='wait' to queue requests"
+        )
+
+    def _on_loaded(self, executor: ThreadPoolExecutor) -> None:
+        """Called once the model is loaded, before any request is dispatched."""
+
+    def _on_stopping(self) -> None:
+        """Called by :meth:`stop` after every request was told to abort."""
+
+    def _on_owner(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the owner thread when it is free."""
+        return executor.submit(fn)
+
+    def _abort(self, job: Job) -> None:
+        """Ask the owner thread to end ``job`` at its next chance."""
+        job.abort.set()
+
+    # ------------------------------------------------------------ internals
+
+    def _params(
+        self, max_tokens: Any, temperature: Any, top_p: Any, stop: Any, kwargs: dict[str, Any]
+    ) -> SamplingParams:
+        unknown = set(kwargs) - KNOWN_KWARGS
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument(s) {sorted(unknown)}; "
+                f"supported: {sorted(KNOWN_KWARGS)}"
+            )
+        return validate_sampling(max_tokens, temperature, top_p, stop, kwargs)
+
+    def _load(self) -> None:
+        import mlx_lm
+
+        loaded = mlx_lm.load(str(self._path))
+        model, tokenizer = loaded[0], loaded[1]
+        self._capabilities = probe_template(tokenizer)
+        if self._native_override is None:
+            self._preserve_native_tool_format = self._capabilities.renders_tool_messages
+        if self._load_warm:
+            self._load_warm_caches()
+        self._model, self._tokenizer = model, tokenizer
+
+    def _load_warm_caches(self) -> None:
+        try:
+            from mlx_integrations.models.warm import load_warm_caches
+        except ImportError:
+            return
+        try:
+            for tokens, cache in load_warm_caches(self._path):
+                self._prefix.put(list(tokens), cache, pinned=True)
+        except Exception as exc:  # a stale warm cache must not stop the model loading
+            logger.warning("Ignoring warm caches of %s: %s", self._path, exc)
+
+    def _unload(self) -> None:
+        import mlx.core as mx
+
+        self._prefix.clear(keep_pinned=False)
+        self._model = None
+        self._tokenizer = None
+        mx.clear_cache()
+
+    def _clear(self) -> ClearStats:
+        import mlx.core as mx
+
+        dropped, freed = self._prefix.clear()
+        before = mx.get_cache_memory()
+        mx.clear_cache()
+        return ClearStats(
+            dropped_entries=dropped,
+            freed_cache_mb=freed / MiB,
+            freed_buffer_pool_mb=(before - mx.get_cache_memory()) / MiB,
+        )
+
+    async def _submit(
+        self, params: SamplingParams, prompt: str, tokens: list[int]
+    ) -> AsyncIterator[MLXGenerationOutput]:
+        """Register a request, hand it to the owner thread and stream what it emits.
+
+        A consumer that stops iterating (cancelled, closed, garbage collected) aborts
+        its request.
+        """
+        if self._context_length and len(tokens) >= self._context_length:
+            raise ValueError(
+                f"The prompt has {len(tokens)} tokens, more than the context window of "
+                f"{self._name!r} ({self._context_length}); shorten the conversation"
+            )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def emit(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is gone: stop generating
+                self._abort(job)
+
+        job = Job(params, prompt, tokens, time.perf_counter(), emit)
+        with self._state_lock:
+            if params.request_id in self._jobs:
+                raise ValueError(f"request_id {params.request_id!r} is already in use")
+            if self._admission == "fail_fast" and self._is_full():
+                self._busy_rejections += 1
+                raise EngineBusy(self._busy_message())
+            executor = self._executor
+            if executor is None:
+                raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
+            self._jobs[params.request_id] = job
+            self._dispatch(executor, job)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._abort(job)
+
+    def _logits_processors(self, p: SamplingParams) -> list[Callable[..., Any]]:
+        """mlx-lm's processors for the request's penalties and bias, then the caller's."""
+        from mlx_lm.sample_utils import make_logits_processors
+
+        return make_logits_processors(
+            p.logit_bias,
+            p.repetition_penalty,
+            p.repetition_context_size,
+            p.presence_penalty,
+            p.repetition_context_size,
+            p.frequency_penalty,
+            p.repetition_context_size,
+        ) + list(p.logits_processors)
+
+    def _output_builder(self, job: Job, cached_tokens: int) -> OutputBuilder:
+        p = job.params
+        return OutputBuilder(
+            self._tokenizer,
+            request_id=p.request_id,
+            prompt_tokens=len(job.tokens),
+            cached_tokens=cached_tokens,
+            stop=p.stop,
+            max_tokens=p.max_tokens,
+            arrival=job.arrival,
+        )
+
+    def _mark_running(self, job: Job) -> None:
+        with self._state_lock:
+            self._running.add(job.params.request_id)
+
+    def _finish(self, job: Job, result: MLXGenerationOutput | BaseException) -> None:
+        """Count a request that ended, then hand its last chunk (or error) to the caller.
+
+        The last chunk goes out after the bookkeeping, so a caller that has it sees
+        the request gone from the engine and the stats up to date.
+        """
+        rid = job.params.request_id
+        with self._state_lock:
+            self._jobs.pop(rid, None)
+            started = rid in self._running
+            self._running.discard(rid)
+            if isinstance(result, BaseException):
+                self._failed += 1
+            elif result.finish_reason == "abort":
+                self._aborted += 1
+            else:
+                self._processed += 1
+            if started and not isinstance(result, BaseException):
+                self._total_prompt += len(job.tokens)
+                self._total_completion += result.completion_tokens
+                self._total_cached += result.cached_tokens
+                self._last_request = RequestStats(
+                    request_id=rid,
+                    prompt_tokens=len(job.tokens),
+                    cached_tokens=result.cached_tokens,
+                    completion_tokens=result.completion_tokens,
+                    ttft_s=result.ttft_s,
+                    generation_tps=result.generation_tps,
+                    finish_reason=result.finish_reason,
+                )
+        job.emit(result)
+
+
+def aborted_output(job: Job) -> MLXGenerationOutput:
+    """The last chunk of a request aborted before it produced anything."""
+    return MLXGenerationOutput(
+        text="",
+        prompt_tokens=len(job.tokens),
+        finish_reason="abort",
+        finished=True,
+        request_id=job.params.request_id,
+    )
+
+
+def memory_stats() -> MemoryStats:
+    """MLX allocator figures (zeros while MLX is not imported)."""
+    import sys
+
+    if "mlx.core" not in sys.modules:
+        return MemoryStats(active_mb=0.0, peak_mb=0.0, cache_mb=0.0)
+    import mlx.core as mx
+
+    return MemoryStats(
+        active_mb=mx.get_active_memory() / MiB,
+        peak_mb=mx.get_peak_memory() / MiB,
+        cache_mb=mx.get_cache_memory() / MiB,
+    )

@@ -2,8 +2,11 @@
 
 Each entry is the KV cache of a token sequence. A new prompt takes the entry with
 the longest common prefix, trimmed to that prefix, and prefills only the rest.
-Entries are owned by one request at a time: ``take`` removes the entry (or copies
-a pinned one), ``put`` returns the grown cache after the request.
+A cache is owned by one request at a time: when the prompt extends the whole entry
+(the next turn of that conversation), ``take`` removes the entry and hands it over;
+when it shares only part of it (a common system prompt, another conversation), or the
+entry is pinned, ``take`` hands over a trimmed copy and the entry stays for its own
+conversation. ``put`` stores the grown cache after the request.
 """
 
 from __future__ import annotations
@@ -27,16 +30,31 @@ def cache_offset(cache: list[Any]) -> int:
     return int(getattr(cache[0], "offset", 0)) if cache else 0
 
 
-def copy_cache(cache: list[Any]) -> list[Any]:
-    """An independent copy (MLX arrays are immutable; slicing gives new ones)."""
+def copy_cache(cache: list[Any], keep: int | None = None) -> list[Any]:
+    """An independent copy of a cache, trimmed to its first ``keep`` tokens if given.
+
+    MLX arrays are immutable, but a cache writes new tokens into its buffers in
+    place (rebinding the array objects it holds), so the copy gets array objects of
+    its own: writes into the copy never reach the original.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    def own(x: Any) -> Any:
+        return mx.array(x) if isinstance(x, mx.array) else x
+
     copies = []
     for layer in cache:
-        fresh = type(layer).from_state(layer.state) if hasattr(type(layer), "from_state") else None
-        if fresh is None:
+        if not hasattr(type(layer), "from_state"):
             raise TypeError(f"cannot copy cache layer of type {type(layer).__name__}")
+        fresh = type(layer).from_state(tree_map(own, layer.state))
         if hasattr(layer, "meta_state"):
             fresh.meta_state = layer.meta_state
         copies.append(fresh)
+    excess = cache_offset(copies) - keep if keep is not None else 0
+    if excess > 0:
+        for layer in copies:
+            layer.trim(excess)
     return copies
 
 
@@ -95,24 +113,36 @@ class PrefixCache:
         if best is None or best_len == 0:
             self.misses += 1
             return None, 0
-        if best.pinned:
-            cache = copy_cache(best.cache)
+        if best.pinned or best_len < len(best.tokens):
+            cache = copy_cache(best.cache, best_len)
         else:
             self._entries.remove(best)
             cache = best.cache
-        excess = cache_offset(cache) - best_len
-        if excess > 0:
-            for layer in cache:
-                layer.trim(excess)
         best.last_used = time.monotonic()
         self.hits += 1
         self.tokens_saved += best_len
         return cache, best_len
 
     def put(self, tokens: list[int], cache: list[Any], *, pinned: bool = False) -> None:
-        """Store the cache of ``tokens`` (it must hold exactly those tokens)."""
-        if not tokens or cache_offset(cache) != len(tokens):
-            return  # an inconsistent cache is worth nothing; drop it
+        """Store the cache of ``tokens``.
+
+        The cache may have seen fewer tokens than ``tokens`` (the last sampled token
+        was never fed back): the entry is keyed by the tokens it holds. A cache that
+        holds more tokens than ``tokens`` is trimmed to them, or dropped when it cannot
+        be trimmed.
+        """
+        if not cache:
+            return
+        offset = cache_offset(cache)
+        if offset < len(tokens):
+            tokens = tokens[:offset]
+        elif offset > len(tokens):
+            if not all(layer.is_trimmable() for layer in cache):
+                return  # holds tokens we cannot name: worth nothing
+            for layer in cache:
+                layer.trim(offset - len(tokens))
+        if not tokens:
+            return
         key = tuple(tokens)
         self._entries = [e for e in self._entries if e.tokens != key or e.pinned]
         entry = _Entry(key, cache, cache_nbytes(cache), pinned)

@@ -15,6 +15,7 @@ from mlx_integrations.engine.base import (
 
 __all__ = [
     "BaseEngine",
+    "BatchedEngine",
     "EngineBusy",
     "GenerationOutput",
     "SimpleEngine",
@@ -25,6 +26,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name == "BatchedEngine":
+        from mlx_integrations.engine.batched import BatchedEngine
+
+        return BatchedEngine
     if name == "SimpleEngine":
         from mlx_integrations.engine.simple import SimpleEngine
 

@@ -405,50 +405,89 @@ class EmbeddingEngine:
         import numpy as np
 
         texts = request.texts
+        if not texts:
+            return [], 0
         if self._st_config.do_lower_case:
             texts = [t.lower() for t in texts]
-        # Longest first, as sentence-transformers does: batches of similar lengths pad less.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        enc = self._tokenizer(texts, truncation=True, max_length=request.max_length)
+        ids: list[list[int]] = enc["input_ids"]
+        types: list[list[int]] | None = enc.get("token_type_ids")
+        truncated = self._count_truncated(texts, ids, request.max_length)
         out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
-        truncated = 0
-        for start in range(0, len(order), request.batch_size):
-            idx = order[start : start + request.batch_size]
-            vectors, cut = self._embed_batch([texts[i] for i in idx], request)
-            out[idx] = vectors
-            truncated += cut
+        for batch in plan_batches([len(x) for x in ids], request.batch_size):
+            out[batch] = self._embed_batch(
+                [ids[i] for i in batch],
+                [types[i] for i in batch] if types is not None else None,
+                request,
+            )
         return out.tolist(), truncated
 
-    def _embed_batch(self, texts: list[str], request: _Request) -> tuple[Any, int]:
+    def _embed_batch(
+        self, ids: list[list[int]], types: list[list[int]] | None, request: _Request
+    ) -> Any:
         import mlx.core as mx
         import numpy as np
 
         assert self._model is not None
-        enc = self._tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=request.max_length,
-            return_tensors="np",
+        # Right padding, as BERT expects; pooling and attention ignore the padded slots.
+        width = max(len(row) for row in ids)
+        pad_id = self._tokenizer.pad_token_id or 0
+        ids_np = np.full((len(ids), width), pad_id, dtype=np.int32)
+        mask_np = np.zeros((len(ids), width), dtype=np.int32)
+        types_np = np.zeros((len(ids), width), dtype=np.int32)
+        for row, seq in enumerate(ids):
+            ids_np[row, : len(seq)] = seq
+            mask_np[row, : len(seq)] = 1
+            if types is not None:
+                types_np[row, : len(seq)] = types[row]
+        mask = mx.array(mask_np)
+        hidden = self._model(
+            mx.array(ids_np), attention_mask=mask, token_type_ids=mx.array(types_np)
         )
-        mask_np = enc["attention_mask"]
-        truncated = self._count_truncated(texts, mask_np.sum(axis=1), request.max_length)
-        ids = mx.array(enc["input_ids"].astype(np.int32))
-        mask = mx.array(mask_np.astype(np.int32))
-        types = enc.get("token_type_ids")
-        token_types = mx.array(types.astype(np.int32)) if types is not None else None
-        hidden = self._model(ids, attention_mask=mask, token_type_ids=token_types)
         pooled = pool_hidden_states(hidden.astype(mx.float32), mask, request.pooling)
         if request.normalize:
             pooled = normalize_vectors(pooled)
-        return np.array(pooled), truncated
+        return np.array(pooled)
 
-    def _count_truncated(self, texts: list[str], lengths: Any, limit: int) -> int:
+    def _count_truncated(self, texts: list[str], ids: list[list[int]], limit: int) -> int:
         # Only texts that filled the limit can have been cut; count their full lengths.
-        candidates = [t for t, n in zip(texts, lengths, strict=True) if n >= limit]
+        candidates = [t for t, row in zip(texts, ids, strict=True) if len(row) >= limit]
         if not candidates:
             return 0
         full = self._tokenizer(candidates, truncation=False, verbose=False)["input_ids"]
-        return sum(len(ids) > limit for ids in full)
+        return sum(len(row) > limit for row in full)
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Group inputs into batches of similar token lengths, longest first.
+
+    A batch holds at most ``batch_size`` inputs, and a new one starts when the next
+    input is less than half as long as the batch's longest (and at least 16 tokens
+    shorter), so one long text does not make a whole batch pad to its length.
+
+    Args:
+        lengths: The token count of each input.
+        batch_size: The most inputs in one batch.
+
+    Returns:
+        Batches of input indices; together they hold every index once.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n = lengths[i]
+        split = bool(current) and 2 * n < longest and longest - n >= 16
+        if current and (len(current) >= batch_size or split):
+            batches.append(current)
+            current = []
+        if not current:
+            longest = n
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from mlx_integrations.engine.embedding import (
     SentenceEmbeddingConfig,
     clear_embedding_engines,
     get_embedding_engine,
+    plan_batches,
 )
 from tests.embeddings.conftest import ModelVariant
 
@@ -103,6 +104,21 @@ def test_order_of_results_follows_order_of_inputs(engine: EmbeddingEngine) -> No
     forward = engine.embed(texts, batch_size=2)
     backward = engine.embed(texts[::-1], batch_size=3)
     np.testing.assert_allclose(forward, backward[::-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 32])
+def test_batch_plan_covers_every_input_once(batch_size: int) -> None:
+    lengths = [12, 256, 9, 30, 30, 31, 8, 200, 14, 15, 2, 64]
+    batches = plan_batches(lengths, batch_size)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(1 <= len(b) <= batch_size for b in batches)
+
+
+def test_batch_plan_keeps_an_outlier_from_padding_a_whole_batch() -> None:
+    # One 256-token text among short ones gets its own batch ...
+    assert plan_batches([10, 256, 12, 11], 32) == [[1], [2, 3, 0]]
+    # ... while texts of similar length stay together, longest first.
+    assert plan_batches([20, 24, 30, 17], 32) == [[2, 1, 0, 3]]
 
 
 def test_empty_input_list_gives_empty_output(engine: EmbeddingEngine) -> None:
@@ -310,8 +326,10 @@ def test_concurrent_callers_from_threads_get_correct_results(engine: EmbeddingEn
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda t: engine.embed([t])[0], texts))
     np.testing.assert_allclose(results, expected, atol=1e-5)
-    # Every forward pass ran on the engine's one owner thread.
-    assert threading.current_thread().name not in engine._executor._thread_name_prefix
+    # However many callers, the engine runs everything on its one owner thread.
+    owners = engine._executor._threads
+    assert len(owners) == 1
+    assert threading.current_thread() not in owners
 
 
 async def test_async_embedding_does_not_block_the_event_loop(engine: EmbeddingEngine) -> None:

@@ -325,6 +325,20 @@ class ToolChoiceConstraint(Constraint):
 
     Build it with :func:`tool_choice_constraint` from OpenAI-style tools and tool choice.
 
+    Example:
+        >>> tools = [{"type": "function", "function": {
+        ...     "name": "get_weather",
+        ...     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        ...                    "required": ["city"]}}}]
+        >>> constraint = tool_choice_constraint(tools, "required", parallel=False)
+        >>> constraint.mode
+        <ToolChoiceMode.REQUIRED: 'required'>
+        >>> out = await engine.chat(messages, tools=tools, logits_processors=[
+        ...     constraint.make_processor(engine.tokenizer)])  # doctest: +SKIP
+        >>> validate_tool_call_output(out.text, tools, finish_reason=out.finish_reason,
+        ...                           require_call=True).tool_calls  # doctest: +SKIP
+        [ConstrainedToolCall(name='get_weather', arguments={'city': 'Paris'})]
+
     Attributes:
         tools: The tools that may be called.
         mode: See :class:`ToolChoiceMode`.

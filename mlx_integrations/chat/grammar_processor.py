@@ -211,9 +211,13 @@ class GrammarLogitsProcessor:
     def _consume(self, tokens: mx.array) -> None:
         assert self._prompt_len is not None
         n_new = tokens.size - self._prompt_len - len(self._consumed)
-        if n_new <= 0:
-            return
-        new = cast(list[int], tokens[-n_new:].tolist())
+        if n_new != 1:
+            # Within one request every call brings exactly one sampled token.
+            raise RuntimeError(
+                "A constrained-decoding processor serves one request only; make a new one "
+                "for each request with Constraint.make_processor(tokenizer)"
+            )
+        new = cast(list[int], tokens[-1:].tolist())
         self._consumed.extend(new)
         if not self._matcher.is_stopped():
             self._matcher.consume_tokens(new)

@@ -215,6 +215,16 @@ async def test_constraint_holds_with_kv_reuse(llama):
     jsonschema.validate(json.loads(outs[1].text), PERSON)
 
 
+async def test_a_processor_serves_one_request(llama):
+    processor = json_schema_processor(llama.tokenizer, PERSON)
+    await llama.chat(MESSAGES, max_tokens=8, temperature=0, logits_processors=[processor])
+    with pytest.raises(RuntimeError, match="one request only"):
+        await llama.chat(MESSAGES, max_tokens=8, temperature=0, logits_processors=[processor])
+    # The engine is still fine afterwards.
+    out = await llama.chat(MESSAGES, max_tokens=4, temperature=0)
+    assert out.finish_reason in ("stop", "length")
+
+
 async def test_truncated_json_is_an_error_not_a_value(llama):
     out = await llama.chat(
         MESSAGES,

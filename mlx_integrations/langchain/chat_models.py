@@ -248,12 +248,12 @@ class ChatMLX(BaseChatModel):
         tool_parser = kwargs.pop("tool_parser", self.tool_parser)
         if tool_parser:
             options["tool_parser"] = tool_parser
+        tool_choice = kwargs.pop("tool_choice", None)
         request = ChatRequest(
             messages=neutral,
             tools=kwargs.pop("tools", None),
-            tool_choice=kwargs.pop("tool_choice", None),
-            parallel_tool_calls=_parallel(kwargs.pop("parallel_tool_calls", None),
-                                          kwargs.get("tool_choice")),
+            tool_choice=tool_choice,
+            parallel_tool_calls=_parallel(kwargs.pop("parallel_tool_calls", None), tool_choice),
             response_format=kwargs.pop("response_format", None),
             max_tokens=kwargs.pop("max_tokens", self.max_tokens),
             temperature=kwargs.pop("temperature", self.temperature),

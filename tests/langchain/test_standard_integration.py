@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from mlx_integrations.langchain import ChatMLX
 from tests.support.smollm import ensure_smollm2
 
 pytestmark = pytest.mark.smollm
+
+# Limits of SmolLM2-135M itself, each shown true by a test at the end of this module.
+NEVER_CALLS_ON_ITS_OWN = (
+    "SmolLM2-135M never starts a tool call with tool_choice='auto' (it answers in text); "
+    "with a forced choice the same request yields a valid call: "
+    "see test_limit_smollm2_never_calls_tools_on_its_own"
+)
+DOES_NOT_COPY_CJK = (
+    "SmolLM2-135M does not copy the Chinese name into the forced call's argument (it "
+    "writes a placeholder); unicode arguments themselves round-trip: "
+    "see test_limit_smollm2_does_not_copy_cjk_arguments"
+)
 
 
 class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
@@ -38,6 +52,17 @@ class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
     def supported_usage_metadata_details(self) -> dict:
         return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
 
+    @pytest.mark.xfail(reason=NEVER_CALLS_ON_ITS_OWN, strict=True)
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model) -> None:
+        super().test_agent_loop(model)
+
+    @pytest.mark.xfail(reason=DOES_NOT_COPY_CJK, strict=True)
+    def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True):
+        super().test_unicode_tool_call_integration(
+            model, tool_choice=tool_choice, force_tool_call=force_tool_call
+        )
+
     def invoke_with_cache_read_input(self, *, stream: bool = False):
         """Ask the same long question twice: the second reads its prompt from the KV cache."""
         llm = ChatMLX(**self.chat_model_params)
@@ -53,3 +78,52 @@ class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
             msg = llm.invoke(messages, max_tokens=4)
         assert msg.usage_metadata["input_token_details"]["cache_read"] > 100
         return msg
+
+
+@tool
+def get_weather(location: str) -> str:
+    """Get the weather at a location."""
+    return "It's sunny."
+
+
+def _llm() -> ChatMLX:
+    return ChatMLX(
+        model=str(ensure_smollm2()), temperature=0, max_tokens=100, repetition_penalty=1.3
+    )
+
+
+def test_limit_smollm2_never_calls_tools_on_its_own():
+    question = [HumanMessage("What is the weather in San Francisco, CA?")]
+    llm = _llm()
+    free = llm.bind_tools([get_weather]).invoke(question)
+    assert free.tool_calls == [] and free.invalid_tool_calls == []
+    forced = llm.bind_tools([get_weather], tool_choice="any").invoke(question)
+    assert len(forced.tool_calls) == 1 and forced.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(forced.tool_calls[0]["args"]["location"], str)
+
+
+def test_limit_smollm2_does_not_copy_cjk_arguments(tiny_llama):
+    @tool
+    def unicode_customer(customer_name: str, description: str) -> str:
+        """Create a customer with the given name and description."""
+        return customer_name
+
+    prompt = [
+        HumanMessage(
+            "Create a customer named '你好啊集团' (Hello Group) - a Chinese technology company"
+        )
+    ]
+    msg = _llm().bind_tools([unicode_customer], tool_choice="any").invoke(prompt)
+    assert len(msg.tool_calls) == 1  # a valid call...
+    assert not any(ch in msg.tool_calls[0]["args"]["customer_name"] for ch in "你好啊集团")
+    # ...and the pipeline itself carries CJK arguments intact (forced on a tiny model).
+    from tests.support.forcing import forcing
+
+    tiny = ChatMLX(model=str(tiny_llama), temperature=0, max_tokens=120)
+    text = (
+        '<tool_call>{"name": "unicode_customer", "arguments": {"customer_name": '
+        '"你好啊集团", "description": "科技"}}</tool_call>'
+    )
+    processor, _ = forcing(tiny.engine.tokenizer, text)
+    call = tiny.bind_tools([unicode_customer]).invoke(prompt, logits_processors=[processor])
+    assert call.tool_calls[0]["args"] == {"customer_name": "你好啊集团", "description": "科技"}

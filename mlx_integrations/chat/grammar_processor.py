@@ -203,6 +203,7 @@ class GrammarLogitsProcessor:
             self._warn_on_error()
             return mx.where(self._masks.eos_only(width), logits, neg_inf)
         llnp.fill_next_token_bitmask(self._matcher, self._bitmask)
+        # Bit i of the little-endian int32 words is token i (MLX hosts are little-endian).
         allowed = np.unpackbits(
             self._bitmask.view(np.uint8), count=self._masks.n_tokens, bitorder="little"
         )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_tests.integration_tests import ChatModelIntegrationTests
+from typing_extensions import TypedDict
 
 from mlx_integrations.langchain import ChatMLX
 from tests.support.smollm import ensure_smollm2
@@ -17,6 +20,11 @@ NEVER_CALLS_ON_ITS_OWN = (
     "SmolLM2-135M never starts a tool call with tool_choice='auto' (it answers in text); "
     "with a forced choice the same request yields a valid call: "
     "see test_limit_smollm2_never_calls_tools_on_its_own"
+)
+LOOPS_IN_FREE_STRINGS = (
+    "SmolLM2-135M repeats one sentence inside the free-text 'setup' string of the "
+    "TypedDict joke until max_tokens, and the truncation is reported as it should be: "
+    "see test_limit_smollm2_loops_inside_free_strings"
 )
 DOES_NOT_COPY_CJK = (
     "SmolLM2-135M does not copy the Chinese name into the forced call's argument (it "
@@ -56,6 +64,10 @@ class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model) -> None:
         super().test_agent_loop(model)
+
+    @pytest.mark.xfail(reason=LOOPS_IN_FREE_STRINGS, strict=True)
+    def test_structured_output_optional_param(self, model) -> None:
+        super().test_structured_output_optional_param(model)
 
     @pytest.mark.xfail(reason=DOES_NOT_COPY_CJK, strict=True)
     def test_unicode_tool_call_integration(self, model, *, tool_choice=None, force_tool_call=True):
@@ -127,3 +139,26 @@ def test_limit_smollm2_does_not_copy_cjk_arguments(tiny_llama):
     processor, _ = forcing(tiny.engine.tokenizer, text)
     call = tiny.bind_tools([unicode_customer]).invoke(prompt, logits_processors=[processor])
     assert call.tool_calls[0]["args"] == {"customer_name": "你好啊集团", "description": "科技"}
+
+
+class JokeDict(TypedDict):
+    """Joke to tell user."""
+
+    setup: Annotated[str, ..., "question to set up a joke"]
+    punchline: Annotated[str | None, None, "answer to resolve the joke"]
+
+
+def test_limit_smollm2_loops_inside_free_strings():
+    from langchain_core.exceptions import OutputParserException
+
+    out = (
+        _llm()
+        .with_structured_output(JokeDict, include_raw=True)
+        .invoke("Tell me a joke about cats.")
+    )
+    raw = out["raw"]
+    assert raw.response_metadata["finish_reason"] == "length"
+    sentences = [s.strip() for s in raw.content.split(".") if s.strip()]
+    assert len(sentences) > len(set(sentences))  # the same sentence, again and again
+    assert isinstance(out["parsing_error"], OutputParserException)
+    assert "max_tokens" in str(out["parsing_error"])

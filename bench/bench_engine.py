@@ -1,0 +1,141 @@
+"""SimpleEngine against raw mlx-lm, measured side by side in one run.
+
+1. Decode tokens/s of ``SimpleEngine.stream_generate`` divided by raw
+   ``mlx_lm.stream_generate`` on the same model and prompt (target >= 0.95), for a tiny
+   model (hidden 256) and for SmolLM2-135M.
+2. Time to first token of the second turn of a ~1,500-token conversation with KV reuse,
+   divided by the same turn without reuse (target <= 0.3).
+
+Runs alternate (raw, ours, raw, ours, ...) and the medians are compared, so load from
+other processes hits both sides alike.
+
+Run: python bench/bench_engine.py [--rounds 5] [--tokens 128] [--skip-smollm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
+from mlx_integrations.engine import SimpleEngine
+
+
+def decode_tps_raw(model, tokenizer, prompt: str, tokens: int) -> float:
+    from mlx_lm import stream_generate
+
+    last = None
+    for response in stream_generate(model, tokenizer, prompt, max_tokens=tokens):
+        last = response
+    assert last is not None
+    return last.generation_tps
+
+
+async def decode_tps_engine(engine: SimpleEngine, prompt: str, tokens: int) -> float:
+    first = None
+    count = 0
+    async for out in engine.stream_generate(prompt, max_tokens=tokens, temperature=0.0, top_p=1.0):
+        count = out.completion_tokens
+        if first is None:
+            first = time.perf_counter()
+    elapsed = time.perf_counter() - first
+    return (count - 1) / elapsed
+
+
+def bench_decode(path: Path, label: str, rounds: int, tokens: int) -> float:
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    engine = SimpleEngine(path, cache_memory_mb=0)
+    prompt = "Write a long story about a lighthouse keeper and the sea."
+    asyncio.run(engine.start())
+    decode_tps_raw(model, tokenizer, prompt, 8)  # warm up both
+    asyncio.run(decode_tps_engine(engine, prompt, 8))
+    raw, ours = [], []
+    for _ in range(rounds):
+        raw.append(decode_tps_raw(model, tokenizer, prompt, tokens))
+        ours.append(asyncio.run(decode_tps_engine(engine, prompt, tokens)))
+    ratio = statistics.median(ours) / statistics.median(raw)
+    print(
+        f"{label}: decode tokens/s  raw mlx-lm {statistics.median(raw):8.1f}   "
+        f"SimpleEngine {statistics.median(ours):8.1f}   ratio {ratio:.3f} (target >= 0.95)"
+    )
+    asyncio.run(engine.stop())
+    return ratio
+
+
+async def _second_turn_ttft(engine: SimpleEngine, history: list[dict], question: dict) -> float:
+    await engine.chat(history, max_tokens=1)  # turn one fills the cache
+    start = time.perf_counter()
+    async for _ in engine.stream_chat(
+        [*history, {"role": "assistant", "content": "Noted."}, question],
+        max_tokens=1,
+        temperature=0,
+    ):
+        return time.perf_counter() - start
+    return float("nan")
+
+
+def bench_kv_reuse(path: Path, label: str, rounds: int) -> float:
+    filler = " ".join(
+        f"Fact {i}: the lighthouse lamp number {i} burns whale oil." for i in range(150)
+    )
+    history = [
+        {"role": "system", "content": "You are a helpful archivist."},
+        {"role": "user", "content": f"Here are my notes:\n{filler}\nSummarize them."},
+    ]
+    question = {"role": "user", "content": "Which lamp burns whale oil?"}
+    reuse = SimpleEngine(path)
+    fresh = SimpleEngine(path, cache_memory_mb=0)
+    tokens = len(reuse.tokenizer.encode(reuse.render_prompt(history)))
+    with_reuse, without = [], []
+    for _ in range(rounds):
+        reuse.clear_runtime_caches()
+        with_reuse.append(asyncio.run(_second_turn_ttft(reuse, history, question)))
+        without.append(asyncio.run(_second_turn_ttft(fresh, history, question)))
+    ratio = statistics.median(with_reuse) / statistics.median(without)
+    print(
+        f"{label}: second-turn TTFT of a {tokens}-token conversation  with KV reuse "
+        f"{statistics.median(with_reuse) * 1000:7.1f} ms   without "
+        f"{statistics.median(without) * 1000:7.1f} ms   ratio {ratio:.3f} (target <= 0.3)"
+    )
+    asyncio.run(reuse.stop())
+    asyncio.run(fresh.stop())
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--skip-smollm", action="store_true")
+    args = parser.parse_args()
+    from tests.support.tiny_models import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = build_tiny_model(
+            Path(tmp) / "tiny256",
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+        )
+        bench_decode(tiny, "tiny (hidden 256)", args.rounds, args.tokens)
+        bench_kv_reuse(tiny, "tiny (hidden 256)", args.rounds)
+    if not args.skip_smollm:
+        from tests.support.smollm import ensure_smollm2
+
+        smol = ensure_smollm2()
+        bench_decode(smol, "SmolLM2-135M", max(2, args.rounds // 2), min(args.tokens, 64))
+        bench_kv_reuse(smol, "SmolLM2-135M", max(2, args.rounds // 2))
+
+
+if __name__ == "__main__":
+    main()

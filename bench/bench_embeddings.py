@@ -69,6 +69,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--torch-threads", type=int, help="torch.set_num_threads (default: torch's choice)"
+    )
     parser.add_argument("--json", type=Path, help="also write the result here as JSON")
     args = parser.parse_args()
 
@@ -110,6 +113,8 @@ def main() -> None:
     if torch is None:
         mlx_times = time_rounds(run_mlx, args.rounds)
     else:
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
         st_model = SentenceTransformer(str(model_dir), device="cpu")
 
         def run_torch() -> object:

@@ -10,7 +10,6 @@ so the next turn of a conversation prefills only what is new.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -217,10 +216,11 @@ class BatchedEngine(MLXEngine):
             load_warm_caches=load_warm_caches,
         )
         self._max_num_seqs = max_num_seqs
-        self._wakeup = threading.Condition(self._state_lock)
+        # Under the state lock: the wait line, control calls, and whether the owner
+        # thread is running the loop (it runs while there is work, then returns).
         self._inbox: deque[Job] = deque()
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._loop_stop: threading.Event | None = None
+        self._serving = False
         # Owner thread only.
         self._generator: Any = None
         self._eos: Any = None
@@ -264,79 +264,63 @@ class BatchedEngine(MLXEngine):
         )
 
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
-        self._inbox.append(job)  # the state lock (the condition's) is held
-        self._wakeup.notify()
+        # The state lock is held.
+        if not self._serving:
+            executor.submit(self._serve)  # raises once the interpreter is exiting
+            self._serving = True
+        self._inbox.append(job)
 
     def _on_loaded(self, executor: ThreadPoolExecutor) -> None:
         from mlx_lm.generate import StopSequences
 
         self._eos = StopSequences([[t] for t in self._tokenizer.eos_token_ids])
-        stop = threading.Event()
-        with self._wakeup:
-            self._loop_stop = stop
-        executor.submit(self._serve, stop)
-
-    def _on_stopping(self) -> None:
-        with self._wakeup:
-            if self._loop_stop is not None:
-                self._loop_stop.set()
-            self._wakeup.notify()
 
     def _on_owner(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
-        with self._wakeup:
-            if self._loop_stop is not None and not self._loop_stop.is_set():
+        with self._state_lock:
+            if self._serving:  # run between two steps rather than after the batch drains
                 future: Future[T] = Future()
                 self._calls.append((fn, future))
-                self._wakeup.notify()
                 return future
         return executor.submit(fn)
 
-    def _abort(self, job: Job) -> None:
-        job.abort.set()
-        with self._wakeup:
-            self._wakeup.notify()
+    def _unload(self) -> None:
+        self._close_generator()
+        self._samplers.clear()
+        super()._unload()
 
     # ------------------------------------------------------- the owner loop
 
-    def _serve(self, stop: threading.Event) -> None:
-        """The owner thread's loop, from the model's load to :meth:`stop`."""
+    def _serve(self) -> None:
+        """The owner thread's loop: runs while requests are queued or running.
+
+        It returns when there is nothing left to do, so the owner thread is free
+        for other work (loading, unloading) and for the interpreter's exit.
+        """
         try:
             while True:
-                with self._wakeup:
-                    while not (stop.is_set() or self._calls or self._inbox or self._active):
-                        self._wakeup.wait()
+                with self._state_lock:
                     calls = list(self._calls)
                     self._calls.clear()
-                    stopping = stop.is_set()
+                    if not (calls or self._inbox or self._active):
+                        self._serving = False
+                        return
                 for fn, future in calls:
                     _run_call(fn, future)
                 try:
-                    if stopping:
-                        self._abort_all()
                     self._drop_aborted()
-                    if stopping and not self._active:
-                        with self._wakeup:
-                            if not (self._inbox or self._calls):
-                                return
-                        continue
                     self._admit()
                     if self._active:
                         self._step()
                 except BaseException as exc:  # keep serving: only the batch in flight is lost
                     self._reset(exc)
-        finally:
-            self._close_generator()
-
-    def _abort_all(self) -> None:
-        with self._wakeup:
-            for job in self._inbox:
-                job.abort.set()
-        for act in self._active.values():
-            act.job.abort.set()
+        except BaseException:
+            with self._state_lock:  # the next request starts the loop again
+                self._serving = False
+            raise
 
     def _drop_aborted(self) -> None:
         """Answer aborted queued requests; take aborted running ones out of the batch."""
-        with self._wakeup:
+        with self._state_lock:
             dropped = [job for job in self._inbox if job.abort.is_set()]
             if dropped:
                 self._inbox = deque(job for job in self._inbox if not job.abort.is_set())
@@ -353,7 +337,7 @@ class BatchedEngine(MLXEngine):
     def _admit(self) -> None:
         """Move queued requests into the generator while the batch has room."""
         while len(self._active) < self._max_num_seqs:
-            with self._wakeup:
+            with self._state_lock:
                 if not self._inbox:
                     return
                 job = self._inbox.popleft()

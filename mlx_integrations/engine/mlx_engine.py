@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -190,6 +191,7 @@ class MLXEngine(BaseEngine):
                 self._executor = ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix=f"mlxi-owner-{self._path.name}"
                 )
+                _watch_at_exit(self)
             self._executor.submit(self._load).result()
             self._on_loaded(self._executor)
 
@@ -205,9 +207,8 @@ class MLXEngine(BaseEngine):
             executor, self._executor = self._executor, None
         if executor is None:
             return
-        self._on_stopping()
         await asyncio.to_thread(executor.submit(self._unload).result)
-        executor.shutdown(wait=False)
+        _stop_owner_thread(executor)
 
     async def generate(
         self,
@@ -320,7 +321,7 @@ class MLXEngine(BaseEngine):
             job = self._jobs.get(request_id)
         if job is None:
             return False
-        self._abort(job)
+        job.abort.set()  # the owner thread ends it at its next chance
         return True
 
     def get_stats(self) -> EngineStats:  # type: ignore[override]
@@ -368,7 +369,10 @@ class MLXEngine(BaseEngine):
 
     @abstractmethod
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
-        """Hand a registered request to the owner thread (called under the state lock)."""
+        """Hand a request to the owner thread (called under the state lock).
+
+        The request is registered right after; raising here refuses it.
+        """
 
     @abstractmethod
     def _is_full(self) -> bool:
@@ -383,16 +387,9 @@ class MLXEngine(BaseEngine):
     def _on_loaded(self, executor: ThreadPoolExecutor) -> None:
         """Called once the model is loaded, before any request is dispatched."""
 
-    def _on_stopping(self) -> None:
-        """Called by :meth:`stop` after every request was told to abort."""
-
     def _on_owner(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the owner thread when it is free."""
         return executor.submit(fn)
-
-    def _abort(self, job: Job) -> None:
-        """Ask the owner thread to end ``job`` at its next chance."""
-        job.abort.set()
 
     # ------------------------------------------------------------ internals
 
@@ -470,7 +467,7 @@ class MLXEngine(BaseEngine):
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the consumer's loop is gone: stop generating
-                self._abort(job)
+                job.abort.set()
 
         job = Job(params, prompt, tokens, time.perf_counter(), emit)
         with self._state_lock:
@@ -482,8 +479,8 @@ class MLXEngine(BaseEngine):
             executor = self._executor
             if executor is None:
                 raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
-            self._jobs[params.request_id] = job
             self._dispatch(executor, job)
+            self._jobs[params.request_id] = job
         finished = False
         try:
             while True:
@@ -497,7 +494,7 @@ class MLXEngine(BaseEngine):
                     return
         finally:
             if not finished:
-                self._abort(job)
+                job.abort.set()
 
     def _logits_processors(self, p: SamplingParams) -> list[Callable[..., Any]]:
         """mlx-lm's processors for the request's penalties and bias, then the caller's."""
@@ -560,6 +557,62 @@ class MLXEngine(BaseEngine):
                     finish_reason=result.finish_reason,
                 )
         job.emit(result)
+
+
+def release_thread_streams() -> None:
+    """Destroy the MLX streams the calling thread made (mlx-lm's generation stream too).
+
+    MLX needs a thread's streams destroyed before the thread ends, or the process may
+    abort at exit ("terminate called without an active exception").
+    """
+    import mlx.core as mx
+
+    clear_streams = getattr(mx, "clear_streams", None)
+    if clear_streams is not None:
+        clear_streams()
+
+
+def _stop_owner_thread(executor: ThreadPoolExecutor) -> None:
+    try:
+        executor.submit(release_thread_streams)
+    except RuntimeError:  # already shut down
+        return
+    executor.shutdown(wait=False)
+
+
+_live_engines: weakref.WeakSet[MLXEngine] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _stop_owner_threads_at_exit() -> None:
+    for engine in list(_live_engines):
+        with engine._state_lock:
+            executor, engine._executor = engine._executor, None
+        if executor is not None:
+            _stop_owner_thread(executor)
+
+
+def _watch_at_exit(engine: MLXEngine) -> None:
+    """Release the owner thread's streams at exit if the engine was never stopped.
+
+    The interpreter joins worker threads before ``atexit`` handlers run; threading's
+    own exit hooks run before that join (and before concurrent.futures' own hook,
+    which was registered earlier).
+    """
+    global _exit_hook_registered
+    _live_engines.add(engine)
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        _exit_hook_registered = True
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_stop_owner_threads_at_exit)
+    else:
+        import atexit
+
+        atexit.register(_stop_owner_threads_at_exit)
 
 
 def aborted_output(job: Job) -> MLXGenerationOutput:

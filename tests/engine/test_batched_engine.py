@@ -551,3 +551,44 @@ def test_prefix_cache_partial_match_copies_and_keeps_the_entry():
     assert reused == 5 and pc.stats()["entry_count"] == 0
     keys, _ = own[0].keys_and_values()
     assert mx.all(keys == 1).item()
+
+
+EXIT_SCRIPT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+import mlx_integrations
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
+
+ENGINES = [cls({path!r}) for cls in {engines}]  # alive until the interpreter exits
+
+async def main():
+    for engine in ENGINES:
+        await engine.chat([{{"role": "user", "content": "hi"}}], max_tokens=3)
+        if {stop}:
+            await engine.stop()
+
+asyncio.run(main())
+print("done")
+"""
+
+
+@pytest.mark.parametrize(
+    ("engines", "stop", "runs"),
+    [("[BatchedEngine]", False, 3), ("[SimpleEngine, BatchedEngine]", True, 1)],
+    ids=["left-running", "stopped"],
+)
+def test_process_exits_cleanly(tiny_llama, engines, stop, runs):
+    # An owner thread that ends with its MLX streams alive can abort the process at
+    # exit (intermittently, so a few runs), and an engine nobody stopped must not keep
+    # the interpreter from exiting.
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = EXIT_SCRIPT.format(root=root, path=str(tiny_llama), engines=engines, stop=stop)
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "done"

@@ -1,10 +1,11 @@
 """BatchedEngine: continuous batching on mlx-lm's ``BatchGenerator``.
 
-The owner thread runs one loop: between two decode steps it runs control calls
-(cache clears), drops aborted requests, and admits queued ones into the running
-batch; then it steps the generator and hands each sequence's token to that request's
-:class:`OutputBuilder`. Finished sequences give their KV cache to the prefix cache,
-so the next turn of a conversation prefills only what is new.
+While requests are queued or running, the owner thread runs one loop: between two
+decode steps it runs control calls (cache clears), drops aborted requests, and admits
+queued ones into the running batch; then it steps the generator and hands each
+sequence's token to that request's :class:`OutputBuilder`. Finished sequences give
+their KV cache to the prefix cache, so the next turn of a conversation prefills only
+what is new.
 """
 
 from __future__ import annotations

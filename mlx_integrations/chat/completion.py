@@ -279,7 +279,7 @@ async def stream_chat_events(
         template_kwargs = dict(options.get("chat_template_kwargs") or {})
         if options.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = options["enable_thinking"]
-        prompt = render(messages, tools=tools, **template_kwargs)
+        prompt = render(messages, tools=tools if choice != "none" else None, **template_kwargs)
         starts_in_reasoning = prompt.rstrip().endswith(markers[0])
     # Building a grammar can take a moment: keep it off the event loop.
     processors, fmt = await asyncio.to_thread(
@@ -307,7 +307,9 @@ async def stream_chat_events(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
-        tools=tools,
+        # With tool_choice "none" the model is not shown the tools: small models call
+        # whatever they are shown.
+        tools=tools if choice != "none" else None,
         stop=request.stop,
         **options,
     ):

@@ -122,14 +122,24 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
 
 
 def tool_messages_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rewrite assistant tool calls and tool results as text, for templates without them."""
+    """Rewrite assistant tool calls and tool results as text, for templates without them.
+
+    Calls keep the ``<tool_call>`` form the tool description asks for; a result becomes
+    a user turn that names the tool and asks for an answer (small models otherwise
+    repeat the call they see just before it).
+    """
     out: list[dict[str, Any]] = []
+    names_by_id: dict[str, str] = {}
     for msg in messages:
         if msg["role"] == "assistant" and msg.get("tool_calls"):
+            for c in msg["tool_calls"]:
+                if c.get("id"):
+                    names_by_id[c["id"]] = c["function"]["name"]
             calls = "\n".join(
                 "<tool_call>"
                 + json.dumps(
-                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    ensure_ascii=False,
                 )
                 + "</tool_call>"
                 for c in msg["tool_calls"]
@@ -137,12 +147,12 @@ def tool_messages_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]
             text = f"{msg['content']}\n{calls}" if msg["content"] else calls
             out.append({"role": "assistant", "content": text})
         elif msg["role"] == "tool":
-            name = f" {msg['name']}" if msg.get("name") else ""
+            name = msg.get("name") or names_by_id.get(msg.get("tool_call_id") or "") or "tool"
+            tool = name if name == "tool" else f"{name} tool"
             out.append(
                 {
                     "role": "user",
-                    "content": f"<tool_response{name} id={msg.get('tool_call_id', '')}>\n"
-                    f"{msg['content']}\n</tool_response>",
+                    "content": f"The {tool} returned: {msg['content']}\nUse this result to answer.",
                 }
             )
         else:

@@ -82,14 +82,33 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
     return TemplateCapabilities(True, renders_tools, renders_tool_messages)
 
 
+def _signature(fn: dict[str, Any]) -> str:
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+    described = f"{fn['name']}({args})"
+    return f"{described}: {fn['description']}" if fn.get("description") else described
+
+
 def describe_tools(tools: list[dict[str, Any]]) -> str:
-    """A system-prompt description of tools for templates that cannot render them."""
-    lines = [
-        "You can call these tools. To call one, answer only with",
-        '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>',
-        "Tools:",
-    ]
-    lines += [json.dumps(t.get("function", t)) for t in tools]
+    """A system-prompt description of tools for templates that cannot render them.
+
+    One line per function and one concrete example call: small models copy
+    placeholders such as ``<tool name>`` literally, so none are used.
+    """
+    functions = [t.get("function", t) for t in tools]
+    lines = ["You can call these functions:"]
+    lines += [f"- {_signature(fn)}" for fn in functions]
+    first = functions[0]
+    props = list((first.get("parameters") or {}).get("properties") or {})
+    example_args = json.dumps({props[0]: "..."} if props else {})
+    lines.append(
+        'To call one, reply with <tool_call>{"name": "'
+        + first["name"]
+        + '", "arguments": '
+        + example_args
+        + "}</tool_call>"
+    )
     return "\n".join(lines)
 
 

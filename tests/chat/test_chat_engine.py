@@ -216,12 +216,12 @@ async def test_history_becomes_text_when_native_format_is_off(tiny_llama: Path):
             "<|im_end|>\n"
         ) in prompt
         assert (
-            "<|im_start|>user\n<tool_response get_weather id=call_7>\n21 C\n</tool_response>"
-            in (prompt)
+            "<|im_start|>user\nThe get_weather tool returned: 21 C\nUse this result to answer."
+            in prompt
         )
         assert "<|im_start|>tool" not in prompt
         # This template renders tools itself, so they are not described twice.
-        assert "You can call these tools" not in prompt
+        assert "You can call these functions" not in prompt
         assert prompt.count('"name": "get_weather"') == 2  # <tools> and the call
     finally:
         await engine.stop()
@@ -236,11 +236,15 @@ async def test_template_without_tools_gets_them_in_the_system_message(tiny_plain
         call = ParsedToolCall("get_weather", {"city": "Paris"}, id="call_7")
         prompt = engine.render_prompt(_history(call, "21 C"), tools=TOOLS)
         system = prompt.split("<|im_end|>")[0]
-        assert system.startswith("<|im_start|>system\nYou can call these tools.")
+        assert system.startswith("<|im_start|>system\nYou can call these functions:")
         for tool in TOOLS:
-            assert json.dumps(tool["function"]) in system
+            fn = tool["function"]
+            assert f"- {fn['name']}(" in system and fn["description"] in system
+        assert '<tool_call>{"name": "get_weather", "arguments": {"city": "..."}}</tool_call>' in (
+            system
+        )
         assert "<|im_start|>assistant\n<tool_call>" in prompt
-        assert "<tool_response get_weather id=call_7>\n21 C\n</tool_response>" in prompt
+        assert "The get_weather tool returned: 21 C\nUse this result to answer." in prompt
         # The model can still answer with a call the parser reads.
         parser = ChatOutputParser(tool_format=detect_format(engine.tokenizer), tools=TOOLS)
         per_chunk, tail, _ = await stream_forced(engine, QUESTION, CALL_REPLY, parser, tools=TOOLS)

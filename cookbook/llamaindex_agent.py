@@ -23,8 +23,7 @@ def get_weather(city: str) -> str:
 
 async def main() -> None:
     llm = MLXLLM(model=example_model(), temperature=0, max_tokens=64, repetition_penalty=1.2)
-    agent = FunctionAgent(tools=[get_weather], llm=llm, initial_tool_choice="required",
-                          system_prompt="You answer questions about the weather.")
+    agent = FunctionAgent(tools=[get_weather], llm=llm, initial_tool_choice="required")
     handler = agent.run(user_msg="What is the weather in Paris?")
     async for event in handler.stream_events():
         if isinstance(event, ToolCallResult):

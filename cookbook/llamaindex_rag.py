@@ -12,14 +12,15 @@ from pathlib import Path
 from example_model import example_model
 from llama_index.core import Settings, SimpleDirectoryReader, VectorStoreIndex
 
-from mlx_integrations.llama_index import MLXEmbedding, MLXLLM
+from mlx_integrations.llama_index import MLXLLM, MLXEmbedding
 
 
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data" / "notes"
     embedder = os.environ.get("MLXI_EXAMPLE_EMBEDDINGS", "sentence-transformers/all-MiniLM-L6-v2")
-    Settings.llm = MLXLLM(model=example_model(), temperature=0, max_tokens=48,
-                          repetition_penalty=1.2)
+    Settings.llm = MLXLLM(
+        model=example_model(), temperature=0, max_tokens=48, repetition_penalty=1.2
+    )
     Settings.embed_model = MLXEmbedding(model_name=embedder)
     documents = SimpleDirectoryReader(str(folder)).load_data()
     index = VectorStoreIndex.from_documents(documents)

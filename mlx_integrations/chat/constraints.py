@@ -306,6 +306,35 @@ class JsonObjectConstraint(Constraint):
         return JsonSchemaConstraint({"type": "object"}, self.whitespace_flexible).grammar()
 
 
+@dataclass(frozen=True)
+class LarkConstraint(Constraint):
+    """The output follows a grammar in llguidance's Lark dialect.
+
+    For formats that are neither JSON nor tool calls, e.g. the ``Thought:/Action:``
+    lines a ReAct agent parses. ``%json {...}`` inside the grammar embeds a JSON schema.
+
+    Example:
+        >>> c = LarkConstraint('start: "yes" | "no"')
+        >>> processor = c.make_processor(engine.tokenizer)  # doctest: +SKIP
+    """
+
+    lark: str
+
+    def __post_init__(self) -> None:
+        from llguidance import LLMatcher
+
+        if not isinstance(self.lark, str) or not self.lark.strip():
+            raise ValueError("The grammar must be a non-empty Lark string")
+        error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(self.lark))
+        if error:  # llguidance returns an empty string for a valid grammar
+            raise ValueError(f"The grammar is not valid: {error}")
+
+    def grammar(self, tokenizer: Any = None) -> str:
+        from llguidance import LLMatcher
+
+        return LLMatcher.grammar_from_lark(self.lark)
+
+
 class ToolChoiceMode(StrEnum):
     """How a generation may call tools."""
 
@@ -528,6 +557,11 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
         return None
     if kind == "json_object":
         return JsonObjectConstraint()
+    if kind == "grammar":
+        grammar = response_format.get("grammar")
+        if not isinstance(grammar, str):
+            raise ValueError('response_format type "grammar" needs {"grammar": "<lark grammar>"}')
+        return LarkConstraint(grammar)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
@@ -539,7 +573,8 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
     if kind is None or kind in ("object", "array", "string", "number", "integer", "boolean"):
         return JsonSchemaConstraint(dict(response_format))
     raise ValueError(
-        f"response_format type {kind!r} is unknown; use 'text', 'json_object' or 'json_schema'"
+        f"response_format type {kind!r} is unknown; use 'text', 'json_object', 'json_schema' "
+        "or 'grammar'"
     )
 
 

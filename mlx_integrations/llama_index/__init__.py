@@ -12,6 +12,8 @@ __all__ = ["MLXLLM", "MLXEmbedding"]
 _LAZY = {
     "MLXLLM": "mlx_integrations.llama_index.llm",
     "MLXEmbedding": "mlx_integrations.llama_index.embedding",
+    "react_grammar": "mlx_integrations.llama_index.react",
+    "react_response_format": "mlx_integrations.llama_index.react",
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.base.llms.types import (
@@ -111,6 +111,14 @@ class MLXLLM(FunctionCallingLLM):
     tool_parser: str | None = Field(
         default=None, description="Tool-call format when the model does not tell it."
     )
+    response_format: dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | None = Field(
+        default=None,
+        description=(
+            "Constraint applied to calls that set none: {'type': 'json_object'}, "
+            "{'type': 'json_schema', ...} or {'type': 'grammar', 'grammar': <lark>} "
+            "(see react_response_format for ReAct agents)."
+        ),
+    )
 
     _owns_engine: bool = PrivateAttr(default=False)
 
@@ -178,12 +186,16 @@ class MLXLLM(FunctionCallingLLM):
         if tool_parser:
             options["tool_parser"] = tool_parser
         stop = kwargs.pop("stop", self.stop)
+        neutral = to_neutral_messages(messages)
+        response_format = kwargs.pop("response_format", self.response_format)
+        if callable(response_format):  # chosen per call from the conversation
+            response_format = response_format(neutral)
         request = ChatRequest(
-            messages=to_neutral_messages(messages),
+            messages=neutral,
             tools=kwargs.pop("tools", None),
             tool_choice=kwargs.pop("tool_choice", None),
             parallel_tool_calls=bool(kwargs.pop("parallel_tool_calls", True)),
-            response_format=kwargs.pop("response_format", None),
+            response_format=response_format,
             max_tokens=kwargs.pop("max_tokens", self.max_tokens),
             temperature=kwargs.pop("temperature", self.temperature),
             top_p=kwargs.pop("top_p", self.top_p),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
-from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow import FunctionAgent, ReActAgent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
@@ -42,12 +42,7 @@ def test_answers_a_plain_question(llm):
 
 async def test_function_agent_loop(llm, tool):
     # A 135M model does not start calls by itself: the first step requires one.
-    agent = FunctionAgent(
-        tools=[tool],
-        llm=llm,
-        initial_tool_choice="required",
-        system_prompt="You answer questions about the weather.",
-    )
+    agent = FunctionAgent(tools=[tool], llm=llm, initial_tool_choice="required")
     handler = agent.run(user_msg="What is the weather in Paris?")
     calls = []
     async for event in handler.stream_events():
@@ -98,3 +93,28 @@ def test_settings_llm_drop_in(llm):
         assert Settings.llm.metadata.is_function_calling_model
     finally:
         Settings.llm = None
+
+
+async def test_react_agent_loop(smollm2_path, tool):
+    from mlx_integrations.llama_index import react_response_format
+
+    # ReAct is a text format: the grammar keeps a 135M model to it. The first step must
+    # act and, after one observation, the step must answer.
+    react_llm = MLXLLM(
+        model=str(smollm2_path),
+        temperature=0,
+        max_tokens=96,
+        repetition_penalty=1.2,
+        response_format=react_response_format([tool], require_action_first=True, max_actions=1),
+    )
+    agent = ReActAgent(tools=[tool], llm=react_llm)
+    handler = agent.run(user_msg="What is the weather in Paris?", max_iterations=4)
+    results = []
+    async for event in handler.stream_events():
+        if type(event).__name__ == "ToolCallResult":
+            results.append(event)
+    answer = str(await handler)
+    assert len(results) == 1 and results[0].tool_name == "get_weather"
+    assert results[0].tool_kwargs == {"city": "Paris"}
+    assert "21 degrees" in results[0].tool_output.content
+    assert "21" in answer or "sunny" in answer.lower()

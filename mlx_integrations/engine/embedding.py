@@ -18,11 +18,11 @@ import threading
 import warnings
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.sentence_head import (
     POOLING_MODES,
     PoolingMode,
@@ -127,12 +127,12 @@ class EmbeddingEngine:
                 f"{self.path} is not a model folder: it has no config.json or modules.json."
             )
         self.dtype: EmbeddingDtype = dtype
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxi-embed")
+        self._executor = make_owner_thread("mlxi-embed")
         self._closed = False
         self._model: BertModel | None = None
         self._tokenizer: Any = None
         # An engine dropped without close() still stops its thread and frees its streams.
-        self._finalizer = weakref.finalize(self, _stop_owner_thread, self._executor, False)
+        self._finalizer = weakref.finalize(self, stop_owner_thread, self._executor, False)
         try:
             self.info: EmbeddingModelInfo = self._executor.submit(self._load).result()
         except BaseException:
@@ -201,7 +201,7 @@ class EmbeddingEngine:
         self._closed = True
         self._finalizer.detach()
         self._executor.submit(self._unload)
-        _stop_owner_thread(self._executor, True)
+        stop_owner_thread(self._executor, True)
 
     # -- caller side -------------------------------------------------------------------
 
@@ -397,26 +397,7 @@ class _Request:
     max_length: int
 
 
-def _release_thread_streams() -> None:
-    import mlx.core as mx
-
-    # MLX needs a thread's streams destroyed before that thread ends, or the process
-    # may abort at exit ("terminate called without an active exception").
-    clear_streams = getattr(mx, "clear_streams", None)
-    if clear_streams is not None:
-        clear_streams()
-
-
-def _stop_owner_thread(executor: ThreadPoolExecutor, wait: bool) -> None:
-    try:
-        executor.submit(_release_thread_streams)
-    except RuntimeError:  # already shut down
-        return
-    executor.shutdown(wait=wait)
-
-
 _live_engines: weakref.WeakSet[EmbeddingEngine] = weakref.WeakSet()
-_exit_hook_registered = False
 
 
 def _close_live_engines() -> None:
@@ -425,19 +406,7 @@ def _close_live_engines() -> None:
 
 
 def _register_exit_hook() -> None:
-    # Owner threads must release their streams before the interpreter joins them, which
-    # happens before atexit handlers run; threading's own exit hooks run early enough.
-    global _exit_hook_registered
-    if _exit_hook_registered:
-        return
-    _exit_hook_registered = True
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_close_live_engines)
-    else:
-        import atexit
-
-        atexit.register(_close_live_engines)
+    at_thread_exit(_close_live_engines)
 
 
 # -- the process-wide pool ---------------------------------------------------------------

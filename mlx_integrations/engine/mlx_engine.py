@@ -33,6 +33,7 @@ from mlx_integrations.engine.base import (
 )
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
 from mlx_integrations.engine.loading import check_model_dir, context_length, resolve_model_path
+from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
     SamplingParams,
@@ -188,9 +189,7 @@ class MLXEngine(BaseEngine):
             if self._model is not None:
                 return
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=f"mlxi-owner-{self._path.name}"
-                )
+                self._executor = make_owner_thread(f"mlxi-owner-{self._path.name}")
                 _watch_at_exit(self)
             self._executor.submit(self._load).result()
             self._on_loaded(self._executor)
@@ -208,7 +207,7 @@ class MLXEngine(BaseEngine):
         if executor is None:
             return
         await asyncio.to_thread(executor.submit(self._unload).result)
-        _stop_owner_thread(executor)
+        stop_owner_thread(executor)
 
     async def generate(
         self,
@@ -288,10 +287,38 @@ class MLXEngine(BaseEngine):
             template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
         await self.start()
+        params.logits_processors += self._constraints(tools, kwargs)
         prompt = self.render_prompt(normalized, tools=tools, **template_kwargs)
         tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
         async for out in self._submit(params, prompt, tokens):
             yield out
+
+    def _constraints(self, tools: Any, kwargs: dict[str, Any]) -> list[Callable[..., Any]]:
+        """Processors for ``tool_choice`` / ``response_format`` given to the engine itself.
+
+        The adapters build these in the chat core and pass them as logits processors; this
+        lets a direct caller of ``stream_chat`` use the same OpenAI-style arguments.
+        """
+        choice, response_format = kwargs.get("tool_choice"), kwargs.get("response_format")
+        if choice is None and response_format is None:
+            return []
+        from mlx_integrations.chat.completion import (
+            constraint_processors,
+            normalize_tool_choice,
+            validate_tools,
+        )
+        from mlx_integrations.chat.tool_parsers import detect_format
+
+        checked = validate_tools(tools)
+        processors, _ = constraint_processors(
+            self,
+            detect_format(self._tokenizer),
+            checked,
+            normalize_tool_choice(choice, checked),
+            kwargs.get("parallel_tool_calls", True) is not False,
+            response_format,
+        )
+        return processors
 
     def render_prompt(
         self,
@@ -559,30 +586,7 @@ class MLXEngine(BaseEngine):
         job.emit(result)
 
 
-def release_thread_streams() -> None:
-    """Destroy the MLX streams the calling thread made (mlx-lm's generation stream too).
-
-    MLX needs a thread's streams destroyed before the thread ends, or the process may
-    abort at exit ("terminate called without an active exception").
-    """
-    import mlx.core as mx
-
-    clear_streams = getattr(mx, "clear_streams", None)
-    if clear_streams is not None:
-        clear_streams()
-
-
-def _stop_owner_thread(executor: ThreadPoolExecutor) -> None:
-    try:
-        executor.submit(release_thread_streams)
-    except RuntimeError:  # already shut down
-        return
-    executor.shutdown(wait=False)
-
-
 _live_engines: weakref.WeakSet[MLXEngine] = weakref.WeakSet()
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
 
 
 def _stop_owner_threads_at_exit() -> None:
@@ -590,29 +594,13 @@ def _stop_owner_threads_at_exit() -> None:
         with engine._state_lock:
             executor, engine._executor = engine._executor, None
         if executor is not None:
-            _stop_owner_thread(executor)
+            stop_owner_thread(executor)
 
 
 def _watch_at_exit(engine: MLXEngine) -> None:
-    """Release the owner thread's streams at exit if the engine was never stopped.
-
-    The interpreter joins worker threads before ``atexit`` handlers run; threading's
-    own exit hooks run before that join (and before concurrent.futures' own hook,
-    which was registered earlier).
-    """
-    global _exit_hook_registered
+    """Release the owner thread's streams at exit if the engine was never stopped."""
     _live_engines.add(engine)
-    with _exit_hook_lock:
-        if _exit_hook_registered:
-            return
-        _exit_hook_registered = True
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_stop_owner_threads_at_exit)
-    else:
-        import atexit
-
-        atexit.register(_stop_owner_threads_at_exit)
+    at_thread_exit(_stop_owner_threads_at_exit)
 
 
 def aborted_output(job: Job) -> MLXGenerationOutput:

@@ -25,6 +25,7 @@ KNOWN_KWARGS = frozenset(
         "chat_template_kwargs",
         "enable_thinking",
         "tool_choice",
+        "parallel_tool_calls",
         "response_format",
     }
 )

@@ -58,12 +58,8 @@ def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
 
         return SimpleEngine(path, **options)
     if engine_type == "batched":
-        try:
-            from mlx_integrations.engine.batched import BatchedEngine  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(
-                "engine_type='batched' is not available in this version; use 'simple'"
-            ) from exc
+        from mlx_integrations.engine.batched import BatchedEngine
+
         return BatchedEngine(path, **options)
     raise ValueError(f"engine_type must be 'simple' or 'batched', got {engine_type!r}")
 

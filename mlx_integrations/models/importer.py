@@ -53,8 +53,12 @@ def import_model(
             hint="Pass a model folder (config.json + *.safetensors) or a .gguf file.",
         )
     patterns = [*MODEL_FILE_PATTERNS, *(["*.py"] if trust_remote_code else [])]
+    # Subfolders count too: sentence-transformers keeps its pooling config in them.
     files = [
-        f for f in model_files(src) if "/" not in f and any(fnmatch.fnmatch(f, p) for p in patterns)
+        f
+        for f in model_files(src)
+        if not any(part.startswith(".") for part in f.split("/"))
+        and any(fnmatch.fnmatch(f, p) for p in patterns)
     ]
     if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
         raise ModelNotFoundError(
@@ -65,6 +69,7 @@ def import_model(
     with store.building(name, overwrite=overwrite) as build:
         done = 0.0
         for rel in files:
+            (build.path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, build.path / rel)
             done += (build.path / rel).stat().st_size
             report(progress, "import", "Copying", done, total, "B")

@@ -629,3 +629,49 @@ async def test_smollm2_required_tool_choice_gives_a_valid_call(smollm):
     assert [c.name for c in calls] == ["get_weather"]
     jsonschema.validate(calls[0].arguments, tools[0]["function"]["parameters"])
     assert "paris" in calls[0].arguments["city"].lower()
+
+
+async def test_engine_applies_tool_choice_and_response_format_itself(tiny_llama):
+    """A direct caller of SimpleEngine.stream_chat gets the same constraints as the adapters."""
+    import jsonschema
+
+    from mlx_integrations.chat.output_parser import parse_output
+    from mlx_integrations.chat.tool_parsers import FORMATS
+    from mlx_integrations.engine import SimpleEngine
+
+    engine = SimpleEngine(tiny_llama)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "pick",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"color": {"enum": ["red", "blue"]}},
+                    "required": ["color"],
+                },
+            },
+        }
+    ]
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+    }
+    try:
+        for seed in range(3):
+            out = await engine.chat([{"role": "user", "content": "go"}], max_tokens=60,
+                                    temperature=1.0, seed=seed, tools=tools,
+                                    tool_choice="required")
+            parsed = parse_output(out.text, tool_format=FORMATS["hermes"], tools=tools)
+            assert [c.name for c in parsed.tool_calls] == ["pick"]
+            out = await engine.chat([{"role": "user", "content": "go"}], max_tokens=30,
+                                    temperature=1.0, seed=seed,
+                                    response_format={"type": "json_schema",
+                                                     "json_schema": {"schema": schema}})
+            jsonschema.validate(json.loads(out.text), schema)
+        with pytest.raises(ValueError, match="not bound"):
+            await engine.chat([{"role": "user", "content": "go"}], tools=tools,
+                              tool_choice="nope")
+    finally:
+        await engine.stop()

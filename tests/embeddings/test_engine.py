@@ -392,3 +392,18 @@ def test_process_exits_cleanly_after_embedding(minilm_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "done"
+
+
+def test_imported_into_the_store_keeps_its_pooling_config(minilm_path, tmp_path):
+    """`mlxi import` of a sentence-transformers folder keeps 1_Pooling/ and still embeds."""
+    from mlx_integrations.engine.embedding import EmbeddingEngine
+    from mlx_integrations.models import ModelStore, import_model
+
+    store = ModelStore(tmp_path / "store")
+    stored = import_model(minilm_path, "minilm", store=store)
+    assert (stored.path / "1_Pooling" / "config.json").is_file()
+    engine = EmbeddingEngine(stored.path)
+    try:
+        assert len(engine.embed(["hello"])[0]) == 384
+    finally:
+        engine.close()

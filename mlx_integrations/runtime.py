@@ -57,15 +57,18 @@ class BackendInfo(TypedDict):
 
 def backend_info() -> BackendInfo:
     """Describe the MLX install: versions, backend, default device, BLAS."""
+    from importlib.metadata import version
+
     import mlx.core as mx
-    from mlx_lm import __version__ as mlx_lm_version
+
+    mlx_lm_version = version("mlx-lm")
 
     metal = bool(mx.metal.is_available())
     cuda = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
     backend = "metal" if metal else "cuda" if cuda else "cpu"
     device = mx.default_device()
     return BackendInfo(
-        mlx_version=mx.__version__,
+        mlx_version=version("mlx"),
         mlx_lm_version=mlx_lm_version,
         backend=backend,
         device=str(device),

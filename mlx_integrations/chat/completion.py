@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from mlx_integrations.chat.output_parser import (
     ChatOutputParser,
@@ -27,7 +27,7 @@ from mlx_integrations.chat.tool_parsers import (
     ToolCallFormat,
     detect_format,
 )
-from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.base import BaseEngine, GenerationOutput
 
 __all__ = [
     "ChatRequest",
@@ -123,6 +123,7 @@ def normalize_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) 
         return "auto" if tools else None
     if tool_choice is False or tool_choice == "none":
         return "none"
+    choice: str | None
     if tool_choice is True or tool_choice in ("any", "required"):
         choice = "required"
     elif isinstance(tool_choice, dict):
@@ -302,17 +303,23 @@ async def stream_chat_events(
     started = time.perf_counter()
     last = None
     saw_call = False
-    async for out in engine.stream_chat(
-        messages,
-        max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        # With tool_choice "none" the model is not shown the tools: small models call
-        # whatever they are shown.
-        tools=tools if choice != "none" else None,
-        stop=request.stop,
-        **options,
-    ):
+    # The contract declares stream_chat `async def` returning an iterator; engines
+    # implement it as an async generator, which is what is iterated here.
+    stream = cast(
+        AsyncIterator[GenerationOutput],
+        engine.stream_chat(
+            messages,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            # With tool_choice "none" the model is not shown the tools: small models call
+            # whatever they are shown.
+            tools=tools if choice != "none" else None,
+            stop=request.stop,
+            **options,
+        ),
+    )
+    async for out in stream:
         last = out
         if out.new_text:
             for event in parser.feed(out.new_text):

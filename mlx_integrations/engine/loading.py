@@ -31,10 +31,8 @@ def resolve_model_path(model: str | Path) -> Path:
         )
     try:
         from mlx_integrations.models.resolve import resolve_model
-    except ImportError:  # the model store is optional for engines
-        resolve_model = None
-    if resolve_model is None:
-        raise FileNotFoundError(f"Model {text!r} is not a folder on this machine")
+    except ImportError as exc:  # the model store is optional for engines
+        raise FileNotFoundError(f"Model {text!r} is not a folder on this machine") from exc
     try:
         return Path(resolve_model(text))
     except LookupError as exc:

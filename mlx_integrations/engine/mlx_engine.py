@@ -226,7 +226,7 @@ class MLXEngine(BaseEngine):
         assert last is not None
         return last
 
-    async def stream_generate(
+    async def stream_generate(  # type: ignore[override]  # async generator, see base
         self,
         prompt: str,
         max_tokens: int = 256,
@@ -266,7 +266,7 @@ class MLXEngine(BaseEngine):
         assert last is not None
         return last
 
-    async def stream_chat(
+    async def stream_chat(  # type: ignore[override]  # async generator, see base
         self,
         messages: list[dict[str, Any]],
         max_tokens: int = 256,

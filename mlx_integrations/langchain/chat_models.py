@@ -166,6 +166,7 @@ class ChatMLX(BaseChatModel):
         elif not isinstance(self.engine, BaseEngine):
             raise TypeError(f"engine must be a BaseEngine, got {type(self.engine).__name__}")
         if self.model is None:
+            assert self.engine is not None
             object.__setattr__(self, "model", self.engine.model_name)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")

@@ -16,6 +16,8 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.tool import InvalidToolCall as LCInvalidToolCall
 from langchain_core.messages.tool import ToolCall as LCToolCall
+from langchain_core.messages.tool import ToolCallChunk
+from langchain_core.messages.tool import tool_call_chunk as make_tool_call_chunk
 
 from mlx_integrations.chat.tool_parsers import InvalidToolCall, ParsedToolCall
 
@@ -134,16 +136,10 @@ def to_lc_invalid_tool_call(call: InvalidToolCall) -> LCInvalidToolCall:
     )
 
 
-def tool_call_chunk(call: ParsedToolCall | InvalidToolCall, index: int) -> dict[str, Any]:
+def tool_call_chunk(call: ParsedToolCall | InvalidToolCall, index: int) -> ToolCallChunk:
     """A streamed ``tool_call_chunk`` carrying a whole call (args as a JSON string)."""
     if isinstance(call, ParsedToolCall):
         args = json.dumps(call.arguments, ensure_ascii=False)
     else:
         args = call.raw
-    return {
-        "name": call.name,
-        "args": args,
-        "id": call.id,
-        "index": index,
-        "type": "tool_call_chunk",
-    }
+    return make_tool_call_chunk(name=call.name, args=args, id=call.id, index=index)

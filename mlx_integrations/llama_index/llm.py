@@ -448,7 +448,7 @@ class MLXLLM(FunctionCallingLLM):
         )
         return _parse_structured(output_cls, response)
 
-    def stream_structured_predict(
+    def stream_structured_predict(  # type: ignore[override]
         self,
         output_cls: type[BaseModel],
         prompt: BasePromptTemplate,
@@ -475,7 +475,7 @@ class MLXLLM(FunctionCallingLLM):
 
         return gen()
 
-    async def astream_structured_predict(
+    async def astream_structured_predict(  # type: ignore[override]
         self,
         output_cls: type[BaseModel],
         prompt: BasePromptTemplate,

@@ -177,11 +177,36 @@ def closed_schema(schema: Any) -> Any:
     return out
 
 
+def _nonempty_required_strings(schema: Any) -> Any:
+    """Required string arguments must not be empty (unless the schema sets minLength).
+
+    Forced into a call it has no words for, a small model writes ``""``; a tool's
+    required string argument is practically never meant to be empty.
+    """
+    if isinstance(schema, list):
+        return [_nonempty_required_strings(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _nonempty_required_strings(v) for k, v in schema.items()}
+    props = out.get("properties")
+    if isinstance(props, dict):
+        for name in out.get("required") or []:
+            prop = props.get(name)
+            if isinstance(prop, dict) and prop.get("type") == "string" and "minLength" not in prop:
+                props[name] = {**prop, "minLength": 1}
+    return out
+
+
 def _closed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
             "type": "function",
-            "function": {**t["function"], "parameters": closed_schema(t["function"]["parameters"])},
+            "function": {
+                **t["function"],
+                "parameters": _nonempty_required_strings(
+                    closed_schema(t["function"]["parameters"])
+                ),
+            },
         }
         for t in tools
     ]

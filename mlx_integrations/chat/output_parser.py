@@ -177,18 +177,31 @@ class ChatOutputParser:
         assert fmt is not None
         if not fmt.end:
             return self._step_open_call(events, final)
-        idx = self._buf.find(fmt.end)
-        if idx >= 0:
-            events.extend(parse_body(fmt, self._buf[:idx], self._tools))
-            self._buf = self._buf[idx + len(fmt.end) :]
-            self._state = "text"
-            self._at_start = False
-            return True
+        # The end marker can occur inside an argument string; the call ends at the first
+        # occurrence where the body parses. Until one does, wait for more text.
+        first = idx = self._buf.find(fmt.end)
+        while idx >= 0:
+            parsed = parse_body(fmt, self._buf[:idx], self._tools)
+            if all(isinstance(p, ParsedToolCall) for p in parsed):
+                return self._close_call(events, parsed, idx + len(fmt.end))
+            idx = self._buf.find(fmt.end, idx + 1)
+        if first >= 0 and final:
+            parsed = parse_body(fmt, self._buf[:first], self._tools)
+            return self._close_call(events, parsed, first + len(fmt.end))
         if final:
             if self._buf.strip():
                 events.extend(parse_body(fmt, self._buf, self._tools))
             self._buf = ""
         return False
+
+    def _close_call(
+        self, events: list[Event], parsed: list[ParsedToolCall | InvalidToolCall], end: int
+    ) -> bool:
+        events.extend(parsed)
+        self._buf = self._buf[end:]
+        self._state = "text"
+        self._at_start = False
+        return True
 
     def _step_open_call(self, events: list[Event], final: bool) -> bool:
         """A call of a format without end marker (Mistral, Llama, pythonic).

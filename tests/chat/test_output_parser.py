@@ -419,3 +419,20 @@ def test_reasoning_then_call_then_text_in_order():
         ("call", "get_weather", {"city": "Paris"}),
         ("TextDelta", " Done."),
     ]
+
+
+def test_end_marker_inside_an_argument_string_does_not_end_the_call():
+    from mlx_integrations.chat.tool_parsers import FORMATS
+
+    text = (
+        'Hi <tool_call>{"name": "f", "arguments": {"d": "see </tool_call> here"}}</tool_call>'
+        " bye"
+    )
+    whole = parse_output(text, tool_format=FORMATS["hermes"])
+    assert [c.arguments for c in whole.tool_calls] == [{"d": "see </tool_call> here"}]
+    assert whole.content == "Hi  bye" and whole.invalid_tool_calls == []
+    for cut in range(1, len(text)):
+        parser = ChatOutputParser(tool_format=FORMATS["hermes"])
+        out = collect(parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish())
+        assert [c.arguments for c in out.tool_calls] == [{"d": "see </tool_call> here"}]
+        assert out.content == "Hi  bye"

@@ -31,11 +31,15 @@ from mlx_integrations.engine import SimpleEngine
 def decode_tps_raw(model, tokenizer, prompt: str, tokens: int) -> float:
     from mlx_lm import stream_generate
 
-    last = None
+    # Timed the same way as the engine: from the first token to the last.
+    first = None
+    count = 0
     for response in stream_generate(model, tokenizer, prompt, max_tokens=tokens):
-        last = response
-    assert last is not None
-    return last.generation_tps
+        count = response.generation_tokens
+        if first is None:
+            first = time.perf_counter()
+    assert first is not None
+    return (count - 1) / (time.perf_counter() - first)
 
 
 async def decode_tps_engine(engine: SimpleEngine, prompt: str, tokens: int) -> float:
@@ -54,7 +58,8 @@ def bench_decode(path: Path, label: str, rounds: int, tokens: int) -> float:
 
     model, tokenizer = load(str(path))
     engine = SimpleEngine(path, cache_memory_mb=0)
-    prompt = "Write a long story about a lighthouse keeper and the sea."
+    # A continuation that does not end early, so both sides decode the same count.
+    prompt = "Count from one to one thousand: one, two, three, four, five, six,"
     asyncio.run(engine.start())
     decode_tps_raw(model, tokenizer, prompt, 8)  # warm up both
     asyncio.run(decode_tps_engine(engine, prompt, 8))
@@ -83,17 +88,23 @@ async def _second_turn_ttft(engine: SimpleEngine, history: list[dict], question:
     return float("nan")
 
 
-def bench_kv_reuse(path: Path, label: str, rounds: int) -> float:
-    filler = " ".join(
-        f"Fact {i}: the lighthouse lamp number {i} burns whale oil." for i in range(150)
-    )
-    history = [
-        {"role": "system", "content": "You are a helpful archivist."},
-        {"role": "user", "content": f"Here are my notes:\n{filler}\nSummarize them."},
-    ]
-    question = {"role": "user", "content": "Which lamp burns whale oil?"}
+def bench_kv_reuse(path: Path, label: str, rounds: int, target_tokens: int = 1500) -> float:
     reuse = SimpleEngine(path)
     fresh = SimpleEngine(path, cache_memory_mb=0)
+    facts: list[str] = []
+
+    def conversation() -> list[dict]:
+        notes = " ".join(facts)
+        return [
+            {"role": "system", "content": "You are a helpful archivist."},
+            {"role": "user", "content": f"Here are my notes:\n{notes}\nSummarize them."},
+        ]
+
+    # Grow the notes until the conversation is about target_tokens long for this tokenizer.
+    while len(reuse.tokenizer.encode(reuse.render_prompt(conversation()))) < target_tokens:
+        facts.append(f"Fact {len(facts)}: the lamp of tower {len(facts)} burns whale oil.")
+    history = conversation()
+    question = {"role": "user", "content": "Which lamp burns whale oil?"}
     tokens = len(reuse.tokenizer.encode(reuse.render_prompt(history)))
     with_reuse, without = [], []
     for _ in range(rounds):

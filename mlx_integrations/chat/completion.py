@@ -37,6 +37,7 @@ __all__ = [
     "ReasoningDelta",
     "TextDelta",
     "normalize_tool_choice",
+    "pop_engine_options",
     "stream_chat_events",
     "validate_tools",
 ]
@@ -74,6 +75,33 @@ class Finished:
     generation_tps: float
     text: str
     """The raw reply, markup included (for debugging and ``include_raw``)."""
+
+
+def pop_engine_options(kwargs: dict[str, Any], defaults: Any) -> dict[str, Any]:
+    """Take the per-call engine options out of ``kwargs``, else the adapter's defaults.
+
+    ``defaults`` is the adapter (``ChatMLX``/``MLXLLM``): its ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``seed``, ``reasoning``, ``chat_template_kwargs`` and
+    ``tool_parser`` fields. The result is :attr:`ChatRequest.options`.
+    """
+    options: dict[str, Any] = {}
+    for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
+        value = kwargs.pop(name, getattr(defaults, name, None))
+        if value is not None:
+            options[name] = value
+    template_kwargs = {
+        **(defaults.chat_template_kwargs or {}),
+        **kwargs.pop("chat_template_kwargs", {}),
+    }
+    if template_kwargs:
+        options["chat_template_kwargs"] = template_kwargs
+    reasoning = kwargs.pop("reasoning", defaults.reasoning)
+    if reasoning is not None:
+        options["enable_thinking"] = bool(reasoning)
+    tool_parser = kwargs.pop("tool_parser", defaults.tool_parser)
+    if tool_parser:
+        options["tool_parser"] = tool_parser
+    return options
 
 
 def validate_tools(tools: Any) -> list[dict[str, Any]] | None:

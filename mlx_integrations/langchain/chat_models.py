@@ -34,6 +34,7 @@ from mlx_integrations.chat.completion import (
     ReasoningDelta,
     TextDelta,
     normalize_tool_choice,
+    pop_engine_options,
     stream_chat_events,
     validate_tools,
 )
@@ -235,20 +236,7 @@ class ChatMLX(BaseChatModel):
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop("model", None)
         neutral = to_neutral_messages(messages)
-        options: dict[str, Any] = {}
-        for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
-            value = kwargs.pop(name, getattr(self, name, None))
-            if value is not None:
-                options[name] = value
-        template_kwargs = {**self.chat_template_kwargs, **kwargs.pop("chat_template_kwargs", {})}
-        reasoning = kwargs.pop("reasoning", self.reasoning)
-        if reasoning is not None:
-            options["enable_thinking"] = bool(reasoning)
-        if template_kwargs:
-            options["chat_template_kwargs"] = template_kwargs
-        tool_parser = kwargs.pop("tool_parser", self.tool_parser)
-        if tool_parser:
-            options["tool_parser"] = tool_parser
+        options = pop_engine_options(kwargs, self)
         tool_choice = kwargs.pop("tool_choice", None)
         request = ChatRequest(
             messages=neutral,

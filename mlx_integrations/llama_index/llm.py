@@ -33,6 +33,7 @@ from mlx_integrations.chat.completion import (
     ParsedToolCall,
     ReasoningDelta,
     TextDelta,
+    pop_engine_options,
     stream_chat_events,
     validate_tools,
 )
@@ -171,20 +172,7 @@ class MLXLLM(FunctionCallingLLM):
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
         kwargs = dict(kwargs)
-        options: dict[str, Any] = {}
-        for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
-            value = kwargs.pop(name, getattr(self, name, None))
-            if value is not None:
-                options[name] = value
-        template_kwargs = {**self.chat_template_kwargs, **kwargs.pop("chat_template_kwargs", {})}
-        reasoning = kwargs.pop("reasoning", self.reasoning)
-        if reasoning is not None:
-            options["enable_thinking"] = bool(reasoning)
-        if template_kwargs:
-            options["chat_template_kwargs"] = template_kwargs
-        tool_parser = kwargs.pop("tool_parser", self.tool_parser)
-        if tool_parser:
-            options["tool_parser"] = tool_parser
+        options = pop_engine_options(kwargs, self)
         stop = kwargs.pop("stop", self.stop)
         neutral = to_neutral_messages(messages)
         response_format = kwargs.pop("response_format", self.response_format)

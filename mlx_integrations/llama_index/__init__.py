@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MLXLLM", "MLXEmbedding"]
+__all__ = ["MLXLLM", "MLXEmbedding", "react_grammar", "react_response_format"]
 
 _LAZY = {
     "MLXLLM": "mlx_integrations.llama_index.llm",

@@ -307,3 +307,12 @@ def test_engine_instance_can_be_passed(tiny_qwen2):
     llm = ChatMLX(engine=engine, max_tokens=3)
     assert llm.invoke("hi").usage_metadata["output_tokens"] <= 3
     asyncio.run(engine.stop())
+
+
+async def test_abatch_runs_concurrently_on_a_batched_engine(tiny_llama):
+    llm = ChatMLX(model=str(tiny_llama), engine_type="batched", temperature=0, max_tokens=24)
+    outs = await llm.abatch(["one", "two", "three", "four"])
+    assert all(o.usage_metadata["output_tokens"] >= 1 for o in outs)
+    stats = llm.get_stats()
+    assert stats["engine_type"] == "batched"
+    assert stats["peak_batch_size"] >= 2  # the requests shared decode steps

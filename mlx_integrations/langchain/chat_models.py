@@ -109,7 +109,8 @@ class ChatMLX(BaseChatModel):
 
     model: str | None = Field(default=None, alias="model_name")
     """A model folder, a store alias (``mlxi list``) or a Hugging Face repo id pulled with
-    ``mlxi pull``. Ignored when ``engine`` is given."""
+    ``mlxi pull``. Ignored when ``engine`` is given. A call may name another one
+    (``llm.invoke(..., model="other")``); its engine comes from the same shared pool."""
     engine: BaseEngine | None = Field(default=None, exclude=True)
     """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
     engine_type: Literal["simple", "batched"] = "simple"
@@ -258,9 +259,21 @@ class ChatMLX(BaseChatModel):
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> AsyncIterator[Any]:
         assert self.engine is not None
+        override = kwargs.get("model")
         request = self._request(messages, stop, kwargs)
-        async for event in stream_chat_events(self.engine, request):
-            yield event
+        if not override or override == self.model:
+            async for event in stream_chat_events(self.engine, request):
+                yield event
+            return
+        # A per-call model: its engine comes from the same pool (loaded once, shared).
+        from mlx_integrations.engine import pool
+
+        engine = pool.acquire(override, engine_type=self.engine_type, **self.engine_options)
+        try:
+            async for event in stream_chat_events(engine, request):
+                yield event
+        finally:
+            pool.release(engine)
 
     def _chunks_from(self, events: Iterator[Any]) -> Iterator[ChatGenerationChunk]:
         index = 0

@@ -316,3 +316,9 @@ async def test_abatch_runs_concurrently_on_a_batched_engine(tiny_llama):
     stats = llm.get_stats()
     assert stats["engine_type"] == "batched"
     assert stats["peak_batch_size"] >= 2  # the requests shared decode steps
+
+
+def test_per_call_model_uses_that_models_engine(llm, tiny_qwen2):
+    msg = llm.invoke("Hi", model=str(tiny_qwen2), max_tokens=3)
+    assert msg.response_metadata["model_name"] == str(tiny_qwen2)
+    assert llm.invoke("Hi", max_tokens=2).response_metadata["model_name"] == llm.model

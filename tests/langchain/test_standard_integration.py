@@ -12,6 +12,7 @@ from typing_extensions import TypedDict
 
 from mlx_integrations.langchain import ChatMLX
 from tests.support.smollm import ensure_smollm2
+from tests.support.tiny_models import cached_tiny_model
 
 pytestmark = pytest.mark.smollm
 
@@ -50,6 +51,11 @@ class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         return _params()
+
+    @property
+    def model_override_value(self) -> str:
+        # Another real model folder: a tiny random model built once per machine.
+        return str(cached_tiny_model())
 
     @property
     def has_tool_choice(self) -> bool:

@@ -1,0 +1,66 @@
+"""Bad input to MLXLLM is rejected before generation, and the engine keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+
+from mlx_integrations.llama_index import MLXLLM
+
+USER = [ChatMessage(role="user", content="Hi")]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> MLXLLM:
+    return MLXLLM(model=str(tiny_llama), temperature=0, max_tokens=4)
+
+
+def served(llm: MLXLLM) -> int:
+    return llm.get_stats()["num_requests_processed"]
+
+
+def test_unknown_role(llm):
+    odd = ChatMessage.model_construct(
+        role="wizard", blocks=[TextBlock(text="hi")], additional_kwargs={}
+    )
+    before = served(llm)
+    with pytest.raises(ValueError, match="role 'wizard'"):
+        llm.chat([odd])
+    assert served(llm) == before
+    assert llm.chat(USER).raw["usage"]["completion_tokens"] >= 1
+
+
+def test_image_to_a_text_model(llm):
+    image = ChatMessage(
+        role="user",
+        blocks=[TextBlock(text="What is this?"), ImageBlock(url="https://example.com/cat.png")],
+    )
+    with pytest.raises(ValueError, match="text-only model"):
+        llm.chat([image])
+
+
+@pytest.mark.parametrize(
+    ("tools", "match"),
+    [
+        ([{"type": "function", "function": {"name": "f", "parameters": "nope"}}], "JSON schema"),
+        ([{"type": "function", "function": {"parameters": {"type": "object"}}}], "no name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            "type 'object'",
+        ),
+    ],
+)
+def test_bad_tools(llm, tools, match):
+    with pytest.raises(ValueError, match=match):
+        llm.chat(USER, tools=tools)
+
+
+def test_tool_choice_naming_an_unknown_tool(llm):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(ValueError, match="not bound"):
+        llm.chat(USER, tools=tools, tool_choice="g")
+
+
+def test_unexpected_argument(llm):
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        llm.chat(USER, temprature=0.3)

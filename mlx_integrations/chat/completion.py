@@ -187,6 +187,15 @@ def think_markers(engine: BaseEngine) -> tuple[str, str] | None:
 _JSON_BODY_FORMATS = ("hermes", "llama3_json")
 
 
+def _can_constrain(tokenizer: Any) -> bool:
+    """A grammar needs a real tokenizer with an end-of-sequence token."""
+    if tokenizer is None or not hasattr(tokenizer, "encode"):
+        return False
+    return bool(getattr(tokenizer, "eos_token_ids", None)) or (
+        getattr(tokenizer, "eos_token_id", None) is not None
+    )
+
+
 def closed_schema(schema: Any) -> Any:
     """A copy of a JSON schema where objects allow no properties beyond those listed.
 
@@ -267,6 +276,13 @@ def constraint_processors(
     from mlx_integrations.chat import constraints
 
     tokenizer = engine.tokenizer
+    if (response_format is None and choice in (None, "auto")) and not _can_constrain(tokenizer):
+        return [], fmt  # free text with optional calls needs no grammar
+    if not _can_constrain(tokenizer):
+        raise ValueError(
+            f"tool_choice={choice!r} / response_format need constrained decoding, which needs "
+            f"the engine's tokenizer; the engine for {engine.model_name!r} exposes none"
+        )
     rf = constraints.response_format_constraint(
         _closed_response_format(response_format) if response_format else None
     )
@@ -333,7 +349,10 @@ async def stream_chat_events(
         template_kwargs = dict(options.get("chat_template_kwargs") or {})
         if options.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = options["enable_thinking"]
-        prompt = render(messages, tools=tools if choice != "none" else None, **template_kwargs)
+        # Rendering is the engine's own (its template options included), off the loop.
+        prompt = await asyncio.to_thread(
+            render, messages, tools=tools if choice != "none" else None, **template_kwargs
+        )
         starts_in_reasoning = prompt.rstrip().endswith(markers[0])
     # Building a grammar can take a moment: keep it off the event loop.
     processors, fmt = await asyncio.to_thread(
@@ -354,6 +373,7 @@ async def stream_chat_events(
         starts_in_reasoning=starts_in_reasoning,
     )
     started = time.perf_counter()
+    first_at: float | None = None
     last = None
     saw_call = False
     # The contract declares stream_chat `async def` returning an iterator; engines
@@ -373,6 +393,8 @@ async def stream_chat_events(
         ),
     )
     async for out in stream:
+        if first_at is None:
+            first_at = time.perf_counter()
         last = out
         if out.new_text:
             for event in parser.feed(out.new_text):
@@ -391,7 +413,7 @@ async def stream_chat_events(
         completion_tokens=last.completion_tokens,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
         model_name=engine.model_name,
-        ttft_s=float(getattr(last, "ttft_s", 0.0) or (time.perf_counter() - started)),
+        ttft_s=float(getattr(last, "ttft_s", 0.0) or ((first_at or started) - started)),
         generation_tps=float(getattr(last, "generation_tps", 0.0) or 0.0),
         text=last.text,
     )

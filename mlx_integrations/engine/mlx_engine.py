@@ -279,10 +279,7 @@ class MLXEngine(BaseEngine):
     ) -> AsyncIterator[GenerationOutput]:
         reject_media(images, videos, self._name)
         normalized = normalize_messages(messages, self._name)
-        template_kwargs = {
-            **self._chat_template_kwargs,
-            **(kwargs.get("chat_template_kwargs") or {}),
-        }
+        template_kwargs = dict(kwargs.get("chat_template_kwargs") or {})
         if kwargs.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
@@ -327,7 +324,10 @@ class MLXEngine(BaseEngine):
         tools: list[dict[str, Any]] | None = None,
         **template_kwargs: Any,
     ) -> str:
-        """Render messages with the model's chat template, as ``stream_chat`` does."""
+        """Render messages with the model's chat template, as ``stream_chat`` does.
+
+        The engine's own ``chat_template_kwargs`` apply first; ``template_kwargs`` win.
+        """
         normalized = normalize_messages(messages, self._name)
         return render_chat_prompt(
             self.tokenizer,
@@ -335,7 +335,7 @@ class MLXEngine(BaseEngine):
             tools=tools,
             native_tool_format=self.preserve_native_tool_format,
             capabilities=self._capabilities,
-            **template_kwargs,
+            **{**self._chat_template_kwargs, **template_kwargs},
         )
 
     async def abort_request(self, request_id: str) -> bool:

@@ -46,19 +46,33 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
-    """Iterate an async iterator from synchronous code, item by item."""
+    """Iterate an async iterator from synchronous code, item by item.
+
+    If the caller stops early (or Ctrl-C arrives while an item is awaited), the async
+    iterator is closed or its pending step cancelled, which aborts the request; the
+    caller's own exception (``KeyboardInterrupt`` included) is what propagates.
+    """
     loop = background_loop()
+    pending: Future[T] | None = None
     try:
         while True:
+            pending = asyncio.run_coroutine_threadsafe(_anext(agen), loop)
             try:
-                item = asyncio.run_coroutine_threadsafe(_anext(agen), loop).result()
+                item = pending.result()
             except StopAsyncIteration:
+                pending = None
                 return
+            pending = None
             yield item
     finally:
-        aclose = getattr(agen, "aclose", None)
-        if aclose is not None:
-            asyncio.run_coroutine_threadsafe(aclose(), loop).result()
+        if pending is not None and not pending.done():
+            # Interrupted mid-step: cancelling the step ends the generator and runs its
+            # cleanup there; closing it now would fail ("already running").
+            pending.cancel()
+        else:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None and not _on_loop_thread(loop):
+                asyncio.run_coroutine_threadsafe(aclose(), loop).result()
 
 
 async def _anext(agen: AsyncIterator[T]) -> T:

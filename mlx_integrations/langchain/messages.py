@@ -137,9 +137,14 @@ def to_lc_invalid_tool_call(call: InvalidToolCall) -> LCInvalidToolCall:
 
 
 def tool_call_chunk(call: ParsedToolCall | InvalidToolCall, index: int) -> ToolCallChunk:
-    """A streamed ``tool_call_chunk`` carrying a whole call (args as a JSON string)."""
+    """A streamed ``tool_call_chunk`` carrying a whole call (args as a JSON string).
+
+    A malformed call's raw text goes as a JSON *string*: LangChain parses chunk args
+    leniently, and the raw text of a cut-off call would otherwise pass for a valid call
+    with the wrong arguments. A string is never a dict, so it stays an invalid call.
+    """
     if isinstance(call, ParsedToolCall):
         args = json.dumps(call.arguments, ensure_ascii=False)
     else:
-        args = call.raw
+        args = json.dumps(call.raw, ensure_ascii=False)
     return make_tool_call_chunk(name=call.name, args=args, id=call.id, index=index)

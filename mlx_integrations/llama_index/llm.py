@@ -260,6 +260,25 @@ class MLXLLM(FunctionCallingLLM):
             return
         # formatted=True: the prompt is sent as is, no chat template.
         request = self._request([ChatMessage(role="user", content=prompt)], kwargs)
+        if request.tools:
+            raise ValueError(
+                "tools cannot be used with formatted=True (the prompt is raw text); "
+                "use chat_with_tools"
+            )
+        options = {
+            k: v
+            for k, v in request.options.items()
+            if k in ("top_k", "min_p", "seed", "repetition_penalty", "logits_processors")
+        }
+        if request.response_format is not None:
+            from mlx_integrations.chat.constraints import response_format_constraint
+
+            constraint = response_format_constraint(request.response_format)
+            if constraint is not None:
+                options["logits_processors"] = [
+                    *options.get("logits_processors", []),
+                    constraint.make_processor(self.engine.tokenizer),
+                ]
         text = ""
         async for out in self.engine.stream_generate(
             prompt,
@@ -267,11 +286,7 @@ class MLXLLM(FunctionCallingLLM):
             temperature=request.temperature,
             top_p=request.top_p,
             stop=request.stop,
-            **{
-                k: v
-                for k, v in request.options.items()
-                if k in ("top_k", "min_p", "seed", "repetition_penalty")
-            },
+            **options,
         ):
             text += out.new_text
             raw = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +36,8 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolCallBlock):
+            # A JSON string is decoded later; a malformed one is kept as raw text.
             args = block.tool_kwargs
-            if isinstance(args, str):
-                args = json.loads(args) if args.strip() else {}
             calls.append(
                 {
                     "id": block.tool_call_id or "",
@@ -78,7 +76,8 @@ def to_neutral_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]
             )
         parts, calls = _parts(message, where)
         extra = message.additional_kwargs or {}
-        for call in extra.get("tool_calls") or []:  # OpenAI-style calls kept in kwargs
+        # OpenAI-style calls kept in kwargs, when the message has no ToolCallBlocks.
+        for call in [] if calls else extra.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else None
             if fn:
                 calls.append({"id": call.get("id", ""), "type": "function", "function": fn})

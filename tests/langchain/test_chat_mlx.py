@@ -322,3 +322,30 @@ def test_per_call_model_uses_that_models_engine(llm, tiny_qwen2):
     msg = llm.invoke("Hi", model=str(tiny_qwen2), max_tokens=3)
     assert msg.response_metadata["model_name"] == str(tiny_qwen2)
     assert llm.invoke("Hi", max_tokens=2).response_metadata["model_name"] == llm.model
+
+
+def test_malformed_call_stays_invalid_when_streamed():
+    # A contract-only engine: no tokenizer, so no grammar repairs the call.
+    reply = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>'
+    llm = ChatMLX(engine=ScriptedEngine(reply)).bind_tools([get_weather])
+    msg = llm.invoke("Weather?")
+    assert msg.tool_calls == [] and len(msg.invalid_tool_calls) == 1
+    chunks = list(llm.stream("Weather?"))
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.tool_calls == []  # not mistaken for a valid call with wrong arguments
+    assert len(merged.invalid_tool_calls) == 1
+    assert "Paris" in merged.invalid_tool_calls[0]["args"]
+    with pytest.raises(ValueError, match="exposes none"):
+        ChatMLX(engine=ScriptedEngine(reply)).bind_tools([get_weather], tool_choice="any").invoke(
+            "Weather?"
+        )
+
+
+def test_interrupting_a_sync_stream_aborts_the_request(llm):
+    before = llm.engine.get_stats()["num_requests_aborted"]
+    stream = llm.stream("Go on", max_tokens=5000, **forced(llm, "y" * 3000))
+    next(stream)
+    stream.close()  # as when the caller breaks out of the loop
+    msg = llm.invoke("Hi", max_tokens=2)
+    assert msg.usage_metadata["output_tokens"] <= 2
+    assert llm.engine.get_stats()["num_requests_aborted"] == before + 1

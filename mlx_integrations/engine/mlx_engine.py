@@ -141,6 +141,10 @@ class MLXEngine(BaseEngine):
         self._total_cached = 0
         self._last_request: RequestStats | None = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> MLXEngine:
+        # An engine is a resource (weights, owner thread): copies of adapters share it.
+        return self
+
     # ----------------------------------------------------------------- contract
 
     @property

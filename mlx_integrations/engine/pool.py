@@ -64,6 +64,20 @@ def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
     raise ValueError(f"engine_type must be 'simple' or 'batched', got {engine_type!r}")
 
 
+def retain(engine: BaseEngine) -> bool:
+    """Count one more user of a pooled engine (e.g. a copy of an adapter).
+
+    Returns:
+        False if the engine is not in the pool (nothing to count).
+    """
+    with _lock:
+        for slot in _slots.values():
+            if slot.engine is engine:
+                slot.refs += 1
+                return True
+    return False
+
+
 def release(engine: BaseEngine) -> None:
     """Count one user less. The engine stays loaded until :func:`unload_idle`."""
     with _lock:
@@ -80,7 +94,10 @@ def shared_engines() -> list[tuple[BaseEngine, int]]:
 
 
 def unload_idle() -> int:
-    """Stop and forget engines nobody uses; return how many were unloaded."""
+    """Stop and forget engines nobody uses; return how many were unloaded.
+
+    Synchronous: from async code, call it in a worker thread (``asyncio.to_thread``).
+    """
     with _lock:
         idle = [k for k, s in _slots.items() if s.refs == 0]
         engines = [_slots.pop(k).engine for k in idle]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -179,6 +179,16 @@ class ChatMLX(BaseChatModel):
         return self
 
     # -------------------------------------------------------------- identity
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> ChatMLX:
+        """A copy that shares the engine and counts as one more user of it in the pool."""
+        copy = super().model_copy(update=update, deep=deep)
+        if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
+            from mlx_integrations.engine import pool
+
+            if pool.retain(copy.engine):
+                weakref.finalize(copy, pool.release, copy.engine)
+        return copy
 
     @property
     def _llm_type(self) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.base.llms.types import (
@@ -142,6 +142,16 @@ class MLXLLM(FunctionCallingLLM):
         if self.model is None:
             self.model = self.engine.model_name
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> MLXLLM:
+        """A copy that shares the engine and counts as one more user of it in the pool."""
+        copy = super().model_copy(update=update, deep=deep)
+        if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
+            from mlx_integrations.engine import pool
+
+            if pool.retain(copy.engine):
+                weakref.finalize(copy, pool.release, copy.engine)
+        return copy
 
     @classmethod
     def class_name(cls) -> str:

@@ -326,7 +326,9 @@ def test_per_call_model_uses_that_models_engine(llm, tiny_qwen2):
 
 def test_malformed_call_stays_invalid_when_streamed():
     # A contract-only engine: no tokenizer, so no grammar repairs the call.
-    reply = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>'
+    reply = (
+        'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>'
+    )
     llm = ChatMLX(engine=ScriptedEngine(reply)).bind_tools([get_weather])
     msg = llm.invoke("Weather?")
     assert msg.tool_calls == [] and len(msg.invalid_tool_calls) == 1
@@ -349,3 +351,22 @@ def test_interrupting_a_sync_stream_aborts_the_request(llm):
     msg = llm.invoke("Hi", max_tokens=2)
     assert msg.usage_metadata["output_tokens"] <= 2
     assert llm.engine.get_stats()["num_requests_aborted"] == before + 1
+
+
+def test_copies_count_as_users_of_the_pooled_engine(tiny_qwen2):
+    from mlx_integrations.engine import pool
+
+    def refs(engine):
+        return next(n for e, n in pool.shared_engines() if e is engine)
+
+    llm = ChatMLX(model=str(tiny_qwen2), engine_options={"cache_memory_mb": 8})
+    base = refs(llm.engine)
+    copy = llm.model_copy(update={"temperature": 0.0})
+    deep = llm.model_copy(deep=True)
+    assert copy.engine is llm.engine and deep.engine is llm.engine
+    assert refs(llm.engine) == base + 2
+    del copy, deep
+    import gc
+
+    gc.collect()
+    assert refs(llm.engine) == base

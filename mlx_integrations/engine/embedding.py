@@ -146,6 +146,15 @@ class EmbeddingEngine:
         """Whether :meth:`close` was called."""
         return self._closed
 
+    def check_max_length(self, max_length: int | None, name: object) -> None:
+        """Refuse a ``max_length`` above the model's limit (``name`` is the user's model name)."""
+        limit = self.info.max_length
+        if max_length is not None and max_length > limit:
+            raise ValueError(
+                f"max_length {max_length} exceeds the limit of {name!r} "
+                f"({limit} tokens); use at most {limit}."
+            )
+
     def embed(
         self,
         texts: Sequence[str],

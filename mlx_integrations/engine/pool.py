@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,45 @@ def retain(engine: BaseEngine) -> bool:
                 slot.refs += 1
                 return True
     return False
+
+
+def engine_for(
+    owner: object,
+    model: str | None,
+    engine: Any,
+    *,
+    engine_type: str,
+    options: dict[str, Any],
+    adapter: str,
+) -> tuple[BaseEngine, bool]:
+    """The engine an adapter runs on: the one it was given, or the pooled one for ``model``.
+
+    A pooled engine counts ``owner`` as a user until ``owner`` is garbage-collected.
+
+    Returns:
+        (engine, True when it came from the pool).
+
+    Raises:
+        ValueError: Neither a model nor an engine. TypeError: not a ``BaseEngine``.
+    """
+    if engine is None:
+        if not model:
+            raise ValueError(
+                f"{adapter} needs model=... (a folder, store alias or pulled Hub id) or "
+                "engine=... (any BaseEngine)"
+            )
+        pooled = acquire(model, engine_type=engine_type, **options)
+        weakref.finalize(owner, release, pooled)
+        return pooled, True
+    if not isinstance(engine, BaseEngine):
+        raise TypeError(f"engine must be a BaseEngine, got {type(engine).__name__}")
+    return engine, False
+
+
+def share(owner: object, engine: BaseEngine) -> None:
+    """Count ``owner`` (a copy of an adapter) as one more user of a pooled engine."""
+    if retain(engine):
+        weakref.finalize(owner, release, engine)
 
 
 def release(engine: BaseEngine) -> None:

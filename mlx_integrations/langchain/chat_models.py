@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal
@@ -153,20 +152,17 @@ class ChatMLX(BaseChatModel):
 
     @model_validator(mode="after")
     def _make_engine(self) -> ChatMLX:
-        if self.engine is None:
-            if not self.model:
-                raise ValueError(
-                    "ChatMLX needs model=... (a folder, store alias or pulled Hub id) or "
-                    "engine=... (any BaseEngine)"
-                )
-            from mlx_integrations.engine import pool
+        from mlx_integrations.engine import pool
 
-            engine = pool.acquire(self.model, engine_type=self.engine_type, **self.engine_options)
-            object.__setattr__(self, "engine", engine)
-            self._owns_engine = True
-            weakref.finalize(self, pool.release, engine)
-        elif not isinstance(self.engine, BaseEngine):
-            raise TypeError(f"engine must be a BaseEngine, got {type(self.engine).__name__}")
+        engine, self._owns_engine = pool.engine_for(
+            self,
+            self.model,
+            self.engine,
+            engine_type=self.engine_type,
+            options=self.engine_options,
+            adapter="ChatMLX",
+        )
+        object.__setattr__(self, "engine", engine)
         if self.model is None:
             assert self.engine is not None
             object.__setattr__(self, "model", self.engine.model_name)
@@ -186,8 +182,7 @@ class ChatMLX(BaseChatModel):
         if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
             from mlx_integrations.engine import pool
 
-            if pool.retain(copy.engine):
-                weakref.finalize(copy, pool.release, copy.engine)
+            pool.share(copy, copy.engine)
         return copy
 
     @property

@@ -103,12 +103,7 @@ class MLXEmbeddings(BaseModel, Embeddings):
 
     @model_validator(mode="after")
     def _load_engine(self) -> Self:
-        engine = self._get_engine()
-        if self.max_length is not None and self.max_length > engine.info.max_length:
-            raise ValueError(
-                f"max_length {self.max_length} exceeds the limit of {self.model_name!r} "
-                f"({engine.info.max_length} tokens); use at most {engine.info.max_length}."
-            )
+        self._get_engine().check_max_length(self.max_length, self.model_name)
         return self
 
     @property

@@ -110,12 +110,7 @@ class MLXEmbedding(BaseEmbedding):
             ValueError: For an unsupported model or a ``max_length`` above its limit.
         """
         super().__init__(model_name=model_name, **kwargs)
-        engine = self._get_engine()
-        if self.max_length is not None and self.max_length > engine.info.max_length:
-            raise ValueError(
-                f"max_length {self.max_length} exceeds the limit of {model_name!r} "
-                f"({engine.info.max_length} tokens); use at most {engine.info.max_length}."
-            )
+        self._get_engine().check_max_length(self.max_length, model_name)
 
     @classmethod
     def class_name(cls) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,7 +36,6 @@ from mlx_integrations.chat.completion import (
     stream_chat_events,
     validate_tools,
 )
-from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.llama_index.messages import to_neutral_messages
 
@@ -125,20 +123,17 @@ class MLXLLM(FunctionCallingLLM):
 
     @model_validator(mode="after")
     def _make_engine(self) -> MLXLLM:
-        if self.engine is None:
-            if not self.model:
-                raise ValueError(
-                    "MLXLLM needs model=... (a folder, store alias or pulled Hub id) or "
-                    "engine=... (any BaseEngine)"
-                )
-            from mlx_integrations.engine import pool
+        from mlx_integrations.engine import pool
 
-            engine = pool.acquire(self.model, engine_type=self.engine_type, **self.engine_options)
-            self.engine = engine
-            self._owns_engine = True
-            weakref.finalize(self, pool.release, engine)
-        elif not isinstance(self.engine, BaseEngine):
-            raise TypeError(f"engine must be a BaseEngine, got {type(self.engine).__name__}")
+        engine, self._owns_engine = pool.engine_for(
+            self,
+            self.model,
+            self.engine,
+            engine_type=self.engine_type,
+            options=self.engine_options,
+            adapter="MLXLLM",
+        )
+        self.engine = engine
         if self.model is None:
             self.model = self.engine.model_name
         return self
@@ -149,8 +144,7 @@ class MLXLLM(FunctionCallingLLM):
         if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
             from mlx_integrations.engine import pool
 
-            if pool.retain(copy.engine):
-                weakref.finalize(copy, pool.release, copy.engine)
+            pool.share(copy, copy.engine)
         return copy
 
     @classmethod

@@ -284,6 +284,8 @@ def show(
             lines.append(("revision", f"{src.revision} @ {src.commit}"))
     if info.warm_caches:
         lines.append(("warm caches", ", ".join(info.warm_caches)))
+    if info.in_use_by:
+        lines.append(("in use by", "process " + ", ".join(map(str, info.in_use_by))))
     for key, value in lines:
         typer.echo(f"{key:18} {value}")
     typer.echo("files")
@@ -338,10 +340,14 @@ def rm(
     names: list[str] = typer.Argument(..., help="Models or aliases to remove."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed."),
+    force: bool = typer.Option(
+        False, "--force", "-f", help="Remove models that a running process has loaded."
+    ),
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Remove models (and their aliases) or aliases from the store.
 
+    A model that a running engine or `mlxi run` has loaded is kept unless --force.
     Files a pulled model links in the Hugging Face cache stay there (hf cache rm).
     """
     from mlx_integrations.models.store import default_store
@@ -349,10 +355,12 @@ def rm(
     store = default_store()
     for n in names:
         store.get(n)  # fail before removing anything when a name is unknown
+        if not force and n not in store.aliases():
+            store.remove(n, dry_run=True)  # fail before asking when a model is in use
     if not _confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
-    results = [store.remove(n, dry_run=dry_run) for n in names]
+    results = [store.remove(n, dry_run=dry_run, force=force) for n in names]
     if json_output:
         print_json([r.__dict__ for r in results])
         return
@@ -360,6 +368,8 @@ def rm(
     for r in results:
         extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
         what = "alias " if r.kind == "alias" else ""
+        if r.in_use_by:
+            extra += f"; still loaded by process {', '.join(map(str, r.in_use_by))}"
         typer.echo(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
 
 

@@ -130,6 +130,7 @@ class EmbeddingEngine:
         self._executor = make_owner_thread("mlxi-embed")
         self._closed = False
         self._model: BertModel | None = None
+        self._lease: Any = None  # a store model is marked in use while loaded
         self._tokenizer: Any = None
         # An engine dropped without close() still stops its thread and frees its streams.
         self._finalizer = weakref.finalize(self, stop_owner_thread, self._executor, False)
@@ -272,6 +273,16 @@ class EmbeddingEngine:
     # -- owner thread ------------------------------------------------------------------
 
     def _load(self) -> EmbeddingModelInfo:
+        from mlx_integrations.engine.loading import lease_model
+
+        self._lease = lease_model(self.path)
+        try:
+            return self._load_model()
+        except BaseException:
+            self._unload()
+            raise
+
+    def _load_model(self) -> EmbeddingModelInfo:
         import mlx.core as mx
         from transformers import AutoTokenizer
 
@@ -307,6 +318,9 @@ class EmbeddingEngine:
         self._model = None
         self._tokenizer = None
         mx.clear_cache()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def _run(self, request: _Request) -> tuple[list[list[float]], int]:
         import numpy as np

@@ -40,6 +40,19 @@ def resolve_model_path(model: str | Path) -> Path:
         raise FileNotFoundError(f"{exc} {hint}" if hint else str(exc)) from exc
 
 
+def lease_model(path: Path) -> Any:
+    """Mark a store model as in use by this process (so ``mlxi rm`` keeps it).
+
+    Returns:
+        A lease with ``release()``, or None for a folder outside the model store.
+    """
+    try:
+        from mlx_integrations.models.store import lease_model_folder
+    except ImportError:  # the model store is optional for engines
+        return None
+    return lease_model_folder(path)
+
+
 def check_safetensors(path: Path) -> None:
     """Raise ValueError if a safetensors file is truncated or not safetensors at all."""
     size = path.stat().st_size

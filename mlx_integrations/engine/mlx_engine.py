@@ -32,7 +32,12 @@ from mlx_integrations.engine.base import (
     run_blocking_startup_work,
 )
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
-from mlx_integrations.engine.loading import check_model_dir, context_length, resolve_model_path
+from mlx_integrations.engine.loading import (
+    check_model_dir,
+    context_length,
+    lease_model,
+    resolve_model_path,
+)
 from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
@@ -113,6 +118,7 @@ class MLXEngine(BaseEngine):
         self._name = str(model)
         self._path = resolve_model_path(model)
         self._config = check_model_dir(self._path)
+        self._lease: Any = None  # a store model is marked in use while loaded
         self._context_length = context_length(self._config)
         self._admission: Admission = admission
         self._prefill_step_size = prefill_step_size
@@ -438,7 +444,12 @@ class MLXEngine(BaseEngine):
     def _load(self) -> None:
         import mlx_lm
 
-        loaded = mlx_lm.load(str(self._path))
+        self._lease = lease_model(self._path)
+        try:
+            loaded = mlx_lm.load(str(self._path))
+        except BaseException:
+            self._release_lease()
+            raise
         model, tokenizer = loaded[0], loaded[1]
         self._capabilities = probe_template(tokenizer)
         if self._native_override is None:
@@ -465,6 +476,12 @@ class MLXEngine(BaseEngine):
         self._model = None
         self._tokenizer = None
         mx.clear_cache()
+        self._release_lease()
+
+    def _release_lease(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def _clear(self) -> ClearStats:
         import mlx.core as mx

@@ -30,6 +30,16 @@ class ModelExistsError(StoreError):
     """A store name is already taken and overwriting was not asked for."""
 
 
+class ModelInUseError(StoreError):
+    """A model another process (or this one) has loaded would be removed.
+
+    Attributes:
+        pids: The processes that hold it.
+    """
+
+    pids: tuple[int, ...] = ()
+
+
 class HubError(StoreError):
     """The Hub refused or failed a download."""
 

@@ -27,7 +27,9 @@ from mlx_integrations.models.errors import (
     RevisionNotFoundError,
     StoreError,
 )
+from mlx_integrations.models.hashing import DownloadHasher
 from mlx_integrations.models.manifest import (
+    FileEntry,
     Manifest,
     ModelSource,
     QuantizationInfo,
@@ -162,16 +164,19 @@ def pull(
         list(MODEL_FILE_PATTERNS) + (["*.py"] if trust_remote_code else []) + list(include or [])
     )
     endpoint = hub_endpoint(endpoint)
-    snapshot = _snapshot(
-        repo_id,
-        revision=requested,
-        endpoint=endpoint,
-        cache_dir=hub_cache_dir(cache_dir),
-        token=token,
-        patterns=patterns,
-        max_workers=max_workers,
-        progress=progress,
-    )
+    cache = hub_cache_dir(cache_dir)
+    # Files are hashed while they download; verifying afterwards reads only what is left.
+    with DownloadHasher(_blobs_folder(repo_id, cache)) as hasher:
+        snapshot = _snapshot(
+            repo_id,
+            revision=requested,
+            endpoint=endpoint,
+            cache_dir=cache,
+            token=token,
+            patterns=patterns,
+            max_workers=max_workers,
+            progress=progress,
+        )
     commit = snapshot.name
     if not is_commit_sha(commit):
         raise HubError(f"The Hub cache returned an unexpected snapshot folder: {snapshot}.")
@@ -195,7 +200,8 @@ def pull(
             done[0] += size
             report(progress, "hash", "Verifying sha256", done[0], total, "B")
 
-        entries = hash_files(build.path, files, on_file=hashed)
+        known = _hashed_while_downloading(snapshot, files, hasher)
+        entries = hash_files(build.path, files, on_file=hashed, known=known)
         report(progress, "hash", "Verifying sha256", total, total, "B", done=True)
         _check_lfs_hashes(snapshot, entries)
         config = _read_json(snapshot / "config.json")
@@ -214,6 +220,32 @@ def pull(
         )
         model = build.commit(manifest)
     return PullResult(model, downloaded=True)
+
+
+def _blobs_folder(repo_id: str, cache_dir: str | None) -> Path:
+    """Where huggingface_hub writes (and keeps) the files of ``repo_id``."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE)
+    return root / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+
+
+def _hashed_while_downloading(
+    snapshot: Path, files: list[str], hasher: DownloadHasher
+) -> dict[str, FileEntry]:
+    """Entries for the files whose streamed hash equals the sha256 the Hub published.
+
+    An LFS blob is named by its sha256; a file without one, or whose streamed bytes do
+    not hash to it, is left out and hashed again from disk.
+    """
+    out: dict[str, FileEntry] = {}
+    for rel in files:
+        blob = Path(os.path.realpath(snapshot / rel))
+        got = hasher.result_for(blob)
+        if got is not None and _SHA256.fullmatch(blob.name) and got.sha256 == blob.name:
+            out[rel] = FileEntry(path=rel, size=got.size, sha256=got.sha256)
+    return out
 
 
 def _existing(store: ModelStore, name: str) -> StoredModel | None:

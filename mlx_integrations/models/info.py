@@ -44,6 +44,7 @@ class ModelInfo:
         files: Files with their sha256 (sha256 empty outside the store).
         aliases: Other names of the model.
         warm_caches: Names of stored prefix caches.
+        in_use_by: Processes that have the model loaded (store models only).
     """
 
     name: str
@@ -59,6 +60,7 @@ class ModelInfo:
     files: tuple[FileEntry, ...]
     aliases: tuple[str, ...] = ()
     warm_caches: tuple[str, ...] = ()
+    in_use_by: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for ``mlxi show --json``."""
@@ -75,9 +77,11 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
     store = store or default_store()
     manifest: Manifest | None = None
     aliases: tuple[str, ...] = ()
+    users: tuple[int, ...] = ()
     if isinstance(name, str) and is_valid_name(name) and store.contains(name):
         stored = store.get(name)
         path, manifest, aliases, shown = stored.path, stored.manifest, stored.aliases, stored.name
+        users = store.users(stored.name)
     else:
         path, shown = resolve_model(name, store=store), str(name)
     config = _json(path / "config.json")
@@ -109,6 +113,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         files=files,
         aliases=aliases,
         warm_caches=tuple(sorted(p.stem for p in (path / "warm").glob("*.safetensors"))),
+        in_use_by=users,
     )
 
 

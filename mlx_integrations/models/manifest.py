@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -135,12 +135,18 @@ class Manifest:
         return cls.from_json((Path(model_dir) / MANIFEST_FILE).read_text())
 
 
-def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
-    """The sha256 of a file, read in 1 MiB chunks (hashlib releases the GIL)."""
+def sha256_file(path: Path, chunk_size: int = 4 << 20) -> str:
+    """The sha256 of a file, read into one reused buffer of ``chunk_size`` bytes.
+
+    Big reads keep the GIL changes rare (hashlib and the read release it), so hashing
+    threads run beside a busy main thread. The file is read, not mapped: a file cut
+    short under a mapping would kill the process.
+    """
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_size):
-            h.update(chunk)
+    view = memoryview(bytearray(chunk_size))
+    with open(path, "rb", buffering=0) as fh:
+        while got := fh.readinto(view):
+            h.update(view[:got])
     return h.hexdigest()
 
 
@@ -165,6 +171,7 @@ def hash_files(
     *,
     on_file: Callable[[str, int], None] | None = None,
     workers: int = 4,
+    known: Mapping[str, FileEntry] | None = None,
 ) -> tuple[FileEntry, ...]:
     """Hash files of a model folder in parallel.
 
@@ -173,8 +180,24 @@ def hash_files(
         paths: Relative paths to hash.
         on_file: Called with (path, size) after each file.
         workers: Hashing threads.
+        known: Entries already hashed (while the files were written), used as they are.
+
+    Returns:
+        One entry per path, in the order of ``paths``.
     """
     model_dir = Path(model_dir)
+    paths = list(paths)
+    if known:
+        for rel in paths:
+            if rel in known and on_file is not None:
+                on_file(rel, known[rel].size)
+        fresh = {
+            e.path: e
+            for e in hash_files(
+                model_dir, [p for p in paths if p not in known], on_file=on_file, workers=workers
+            )
+        }
+        return tuple(known.get(p) or fresh[p] for p in paths)
 
     def one(rel: str) -> FileEntry:
         full = model_dir / rel
@@ -183,7 +206,6 @@ def hash_files(
             on_file(rel, entry.size)
         return entry
 
-    paths = list(paths)
     if len(paths) <= 1:
         return tuple(one(p) for p in paths)
     with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from mlx_integrations.models.hashing import FinishedFilesHasher
 from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
 from mlx_integrations.models.manifest import model_files as list_model_files
 from mlx_integrations.models.names import is_valid_name, validate_name
@@ -112,8 +113,11 @@ def quantize_model(
     with store.building(name, overwrite=overwrite) as build:
         out = build.path / "converted"
         report(progress, "quantize", f"Quantizing to {bits} bits", 0, 1, "step")
-        # mlx-lm reports on stdout; keep stdout for results.
-        with contextlib.redirect_stdout(sys.stderr):
+        # mlx-lm writes the weight shards, then their index, then config and tokenizer:
+        # the shards are hashed while it writes the rest. mlx-lm reports on stdout;
+        # keep stdout for results.
+        weights = FinishedFilesHasher(out, "model.safetensors.index.json", _is_weights)
+        with weights, contextlib.redirect_stdout(sys.stderr):
             convert(
                 hf_path=str(src_path),
                 mlx_path=str(out),
@@ -132,11 +136,15 @@ def quantize_model(
         manifest = Manifest(
             name=name,
             source=ModelSource(kind="quantize", base=str(source), path=str(src_path)),
-            files=hash_files(build.path, files),
+            files=hash_files(build.path, files, known=weights.entries(build.path, files)),
             quantization=QuantizationInfo(bits=bits, group_size=group, mode=mode, recipe=recipe),
             dtype=dtype or _dtype(build.path),
         )
         return build.commit(manifest)
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith(".safetensors")
 
 
 def _dtype(folder: Path) -> str | None:

@@ -9,6 +9,7 @@ Layout::
         warm/<prefix>.safetensors     stored prefix KV caches
       models/.tmp-<folder>-<pid>-<x>/ a model being built (pull, quantize, import)
       aliases.json                    alias -> store name
+      in-use/<folder>.<pid>.<x>.lock  one per process holding a model (flock'ed while held)
       .lock                           serializes changes to names
 
 A model is built in a temporary folder next to its target and renamed into place once
@@ -33,6 +34,7 @@ from typing import Any, Literal
 from mlx_integrations.models.errors import (
     InvalidNameError,
     ModelExistsError,
+    ModelInUseError,
     ModelNotFoundError,
     StoreError,
     StoreIOError,
@@ -43,6 +45,7 @@ from mlx_integrations.models.names import folder_name, validate_name
 DEFAULT_HOME = "~/.cache/mlxi"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_IN_USE_DIR = "in-use"
 
 
 def store_home() -> Path:
@@ -147,6 +150,42 @@ class RemoveResult:
     freed_bytes: int
     aliases_removed: tuple[str, ...] = ()
     dry_run: bool = False
+    in_use_by: tuple[int, ...] = ()
+
+
+class ModelLease:
+    """This process's claim on a stored model; ``mlxi rm`` refuses to remove it meanwhile.
+
+    The claim is an exclusive ``flock`` on a file of its own under ``in-use/``; the
+    system drops it when the process ends, however it ends, so a crash leaves no claim.
+    Release it with :meth:`release` (engines do when they stop) or by ``with``.
+    """
+
+    def __init__(self, path: Path, fh: Any) -> None:
+        self.path = path
+        self._fh = fh
+
+    @property
+    def held(self) -> bool:
+        """True until released."""
+        return not self._fh.closed
+
+    def release(self) -> None:
+        """Give the claim up. Idempotent."""
+        if self._fh.closed:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        self._fh.close()
+
+    def __enter__(self) -> ModelLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
 
 
 @dataclass(frozen=True)
@@ -160,6 +199,7 @@ class PruneItem:
         "orphan_folder",
         "broken_model",
         "incomplete_download",
+        "stale_lease",
     ]
     path: str
     bytes: int
@@ -256,6 +296,62 @@ class ModelStore:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # Models in use
+
+    def lease(self, name: str) -> ModelLease:
+        """Claim a stored model for this process until the lease is released.
+
+        Example:
+            >>> with store.lease("smollm2"):  # doctest: +SKIP
+            ...     store.remove("smollm2")  # raises ModelInUseError
+        """
+        model = self.get(name)
+        return self._lease_folder(model.path.name)
+
+    def users(self, name: str) -> tuple[int, ...]:
+        """Process ids holding a lease on a stored model (this one included)."""
+        model = self.get(name)
+        with self.lock():
+            return self._holders(model.path.name)
+
+    def _lease_folder(self, folder: str) -> ModelLease:
+        with self.lock():
+            leases = self.home / _IN_USE_DIR
+            try:
+                leases.mkdir(exist_ok=True)
+                path = leases / f"{folder}.{os.getpid()}.{uuid.uuid4().hex[:8]}.lock"
+                fh = open(path, "w")  # held open while the lease lives
+            except OSError as exc:
+                raise io_error(exc, f"mark {folder!r} as in use") from exc
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never contended
+            fh.write(str(os.getpid()))
+            fh.flush()
+            return ModelLease(path, fh)
+
+    def _holders(self, folder: str, *, clean: bool = True) -> tuple[int, ...]:
+        """Pids with a live lease on a model folder; stale lease files are removed.
+
+        Call with the store lock held (leases are created under it).
+        """
+        pids: list[int] = []
+        for path in self._lease_files(folder):
+            if _lease_alive(path):
+                pids.append(int(path.name.rsplit(".", 3)[1]))
+            elif clean:
+                path.unlink(missing_ok=True)
+        return tuple(sorted(set(pids)))
+
+    def _lease_files(self, folder: str | None = None) -> list[Path]:
+        leases = self.home / _IN_USE_DIR
+        if not leases.is_dir():
+            return []
+        out = []
+        for path in leases.glob("*.lock"):
+            parts = path.name.rsplit(".", 3)
+            if len(parts) == 4 and parts[1].isdigit() and folder in (None, parts[0]):
+                out.append(path)
+        return sorted(out)
 
     def model_dir(self, name: str) -> Path:
         """The folder a store name lives in (whether or not it exists)."""
@@ -405,11 +501,16 @@ class ModelStore:
         model = self.get(name)
         return verify_files(model.manifest, model.path)
 
-    def remove(self, name: str, *, dry_run: bool = False) -> RemoveResult:
+    def remove(self, name: str, *, dry_run: bool = False, force: bool = False) -> RemoveResult:
         """Remove a model (and its aliases), or only an alias when ``name`` is one.
 
+        A model that a process holds (an engine, ``mlxi run``; see :meth:`lease`) is
+        kept unless ``force``: a loaded copy keeps working, but it could not load again.
         Files that a pulled model links in the Hugging Face cache stay there: other tools
         share that cache (``hf cache rm`` removes them).
+
+        Raises:
+            ModelInUseError: The model is held and ``force`` is False.
         """
         validate_name(name)
         with self.lock():
@@ -421,8 +522,19 @@ class ModelStore:
                 return RemoveResult(name, "alias", None, 0, dry_run=dry_run)
             model = self.get(name)
             freed = disk_usage(model.path)
+            users = self._holders(model.path.name, clean=not dry_run)
+            if users and not force:
+                err = ModelInUseError(
+                    f"Model {name!r} is in use by process {', '.join(map(str, users))}.",
+                    hint=f"Stop it first, or remove the files anyway: mlxi rm {name} --force "
+                    "(a loaded copy keeps working until it stops).",
+                )
+                err.pids = users
+                raise err
             if dry_run:
-                return RemoveResult(name, "model", str(model.path), freed, model.aliases, True)
+                return RemoveResult(
+                    name, "model", str(model.path), freed, model.aliases, True, users
+                )
             trash = self.models_dir / f"{_TRASH_PREFIX}{model.path.name}-{uuid.uuid4().hex[:8]}"
             try:
                 os.rename(model.path, trash)
@@ -431,7 +543,7 @@ class ModelStore:
             except OSError as exc:
                 raise io_error(exc, f"remove {name!r}") from exc
         shutil.rmtree(trash, ignore_errors=True)
-        return RemoveResult(name, "model", str(model.path), freed, model.aliases)
+        return RemoveResult(name, "model", str(model.path), freed, model.aliases, in_use_by=users)
 
     def prune(
         self,
@@ -487,6 +599,11 @@ class ModelStore:
                     items.append(PruneItem("dangling_alias", alias, 0, f"-> {target}"))
                 else:
                     kept[alias] = target
+            for lease in self._lease_files():
+                if not _lease_alive(lease):
+                    items.append(
+                        PruneItem("stale_lease", str(lease), 0, "left by a process that ended")
+                    )
             if hf_cache_dir != "":
                 cache = Path(hf_cache_dir) if hf_cache_dir else _default_hf_cache()
                 now = time.time()
@@ -507,6 +624,20 @@ class ModelStore:
                 if len(kept) != len(aliases):
                     self._write_aliases(kept)
         return PruneReport(tuple(items), dry_run)
+
+
+def _lease_alive(path: Path) -> bool:
+    """True when some process holds the flock of a lease file."""
+    try:
+        with open(path, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
 
 
 def _build_owner_alive(folder: str) -> bool:
@@ -552,10 +683,27 @@ def get_model(name: str, *, store: ModelStore | None = None) -> StoredModel:
 
 
 def remove_model(
-    name: str, *, dry_run: bool = False, store: ModelStore | None = None
+    name: str, *, dry_run: bool = False, force: bool = False, store: ModelStore | None = None
 ) -> RemoveResult:
     """Remove a model or an alias (see :meth:`ModelStore.remove`)."""
-    return (store or default_store()).remove(name, dry_run=dry_run)
+    return (store or default_store()).remove(name, dry_run=dry_run, force=force)
+
+
+def lease_model_folder(path: Path) -> ModelLease | None:
+    """Claim the model at ``path`` when it is a store model folder; None otherwise.
+
+    Engines call this when they load, so ``mlxi rm`` in any process sees the model in
+    use; folders outside a store (or a store that cannot be written) are not claimed.
+    """
+    path = Path(path)
+    models_dir = path.parent
+    if models_dir.name != "models" or not (path / MANIFEST_FILE).is_file():
+        return None
+    store = ModelStore(models_dir.parent)
+    try:
+        return store._lease_folder(path.name)
+    except StoreError:
+        return None
 
 
 def tag_model(source: str, alias: str, *, store: ModelStore | None = None) -> StoredModel:

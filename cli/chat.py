@@ -2,29 +2,76 @@
 
 from __future__ import annotations
 
-import asyncio
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 
+_HELP = "/clear forgets the conversation, Ctrl-C stops an answer, /bye or Ctrl-D leaves."
 
-async def _stream(
-    engine: Any, messages: list[dict[str, str]], max_tokens: int, temperature: float, verbose: bool
+
+def response_format_option(value: str | None) -> dict[str, Any] | None:
+    """``--format``: 'json' or a JSON Schema file, as an OpenAI-style ``response_format``."""
+    if value is None:
+        return None
+    if value.strip().lower() == "json":
+        return {"type": "json_object"}
+    path = Path(value).expanduser()
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"{value!r} is neither 'json' nor a readable JSON Schema file ({exc.strerror}).",
+            param_hint="--format",
+        ) from None
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"{value} is not valid JSON: {exc}", param_hint="--format"
+        ) from None
+    if not isinstance(schema, dict):
+        raise typer.BadParameter(
+            f"{value} holds a {type(schema).__name__}; a JSON Schema is an object.",
+            param_hint="--format",
+        )
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": path.stem or "answer", "schema": schema},
+    }
+
+
+def _stream(
+    engine: Any,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    temperature: float,
+    verbose: bool,
+    response_format: dict[str, Any] | None = None,
 ) -> str:
-    """Print the answer as it streams; return its text."""
+    """Print the answer as it streams; return its text.
+
+    Ctrl-C while it streams aborts the request in the engine and raises
+    KeyboardInterrupt here (the engine goes on serving).
+    """
+    from mlx_integrations.engine.sync import iterate_sync
+
     parts: list[str] = []
     start = time.perf_counter()
     last: Any = None
-    async for out in engine.stream_chat(messages, max_tokens=max_tokens, temperature=temperature):
-        if out.new_text:
-            parts.append(out.new_text)
-            sys.stdout.write(out.new_text)
-            sys.stdout.flush()
-        last = out
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    extra = {"response_format": response_format} if response_format else {}
+    stream = engine.stream_chat(messages, max_tokens=max_tokens, temperature=temperature, **extra)
+    try:
+        for out in iterate_sync(stream):
+            if out.new_text:
+                parts.append(out.new_text)
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            last = out
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     if verbose and last is not None:
         seconds = time.perf_counter() - start
         n = getattr(last, "completion_tokens", 0)
@@ -39,9 +86,18 @@ async def _stream(
 
 def _engine(model: str) -> Any:
     from mlx_integrations.engine.simple import SimpleEngine
+    from mlx_integrations.engine.sync import run_sync
     from mlx_integrations.models.resolve import resolve_model
 
-    return SimpleEngine(resolve_model(model))
+    engine = SimpleEngine(resolve_model(model))
+    run_sync(engine.start())
+    return engine
+
+
+def _stop(engine: Any) -> None:
+    from mlx_integrations.engine.sync import run_sync
+
+    run_sync(engine.stop())
 
 
 def one_shot(
@@ -52,48 +108,61 @@ def one_shot(
     max_tokens: int,
     temperature: float,
     verbose: bool,
+    response_format: dict[str, Any] | None = None,
 ) -> None:
-    """Answer one prompt and exit."""
+    """Answer one prompt and exit (Ctrl-C: exit code 130)."""
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}
     ]
-
-    async def main() -> None:
-        engine = _engine(model)
-        await engine.start()
-        try:
-            await _stream(engine, messages, max_tokens, temperature, verbose)
-        finally:
-            await engine.stop()
-
-    asyncio.run(main())
+    engine = _engine(model)
+    try:
+        _stream(engine, messages, max_tokens, temperature, verbose, response_format)
+    finally:
+        _stop(engine)
 
 
 def chat_session(
-    model: str, *, system: str | None, max_tokens: int, temperature: float, verbose: bool
+    model: str,
+    *,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+    verbose: bool,
+    response_format: dict[str, Any] | None = None,
 ) -> None:
-    """Read user turns from the terminal until /bye or end of input."""
-    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    """Read user turns until /bye, Ctrl-D or Ctrl-C at the prompt.
 
-    async def main() -> None:
-        engine = _engine(model)
-        await engine.start()
-        typer.echo("Type /bye or press Ctrl-D to leave.", err=True)
-        try:
-            while True:
-                try:
-                    line = await asyncio.to_thread(input, ">>> ")
-                except EOFError:
-                    typer.echo("", err=True)
-                    break
-                if line.strip() in {"/bye", "/exit", "/quit"}:
-                    break
-                if not line.strip():
-                    continue
-                history.append({"role": "user", "content": line})
-                answer = await _stream(engine, history, max_tokens, temperature, verbose)
-                history.append({"role": "assistant", "content": answer})
-        finally:
-            await engine.stop()
-
-    asyncio.run(main())
+    Ctrl-C while an answer streams stops that answer only; the turn is not kept.
+    """
+    start: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    history = list(start)
+    engine = _engine(model)
+    typer.echo(f"Type /? for help. {_HELP}", err=True)
+    try:
+        while True:
+            try:
+                line = input(">>> ")
+            except EOFError:
+                typer.echo("", err=True)
+                break
+            command = line.strip()
+            if command in {"/bye", "/exit", "/quit"}:
+                break
+            if command in {"/?", "/help"}:
+                typer.echo(_HELP, err=True)
+                continue
+            if command == "/clear":
+                history = list(start)
+                typer.echo("Conversation cleared.", err=True)
+                continue
+            if not command:
+                continue
+            turns = [*history, {"role": "user", "content": line}]
+            try:
+                text = _stream(engine, turns, max_tokens, temperature, verbose, response_format)
+            except KeyboardInterrupt:
+                typer.echo("[stopped]", err=True)
+                continue
+            history = [*turns, {"role": "assistant", "content": text}]
+    finally:
+        _stop(engine)

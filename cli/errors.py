@@ -65,8 +65,8 @@ def handle_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
+        except (typer.Exit, typer.Abort, SystemExit, typer.BadParameter):
+            raise  # Typer reports a bad value itself, as a usage error (exit code 2)
         except KeyboardInterrupt:
             typer.echo("\nInterrupted.", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None

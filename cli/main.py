@@ -343,12 +343,19 @@ def rm(
     force: bool = typer.Option(
         False, "--force", "-f", help="Remove models that a running process has loaded."
     ),
+    purge: bool = typer.Option(
+        False,
+        "--purge",
+        help="Also delete a pulled model's files from the Hugging Face cache "
+        "(unless another stored model uses them).",
+    ),
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Remove models (and their aliases) or aliases from the store.
 
     A model that a running engine or `mlxi run` has loaded is kept unless --force.
-    Files a pulled model links in the Hugging Face cache stay there (hf cache rm).
+    A pulled model's files stay in the Hugging Face cache, which other tools share,
+    unless --purge.
     """
     from mlx_integrations.models.store import default_store
 
@@ -360,7 +367,7 @@ def rm(
     if not _confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
-    results = [store.remove(n, dry_run=dry_run, force=force) for n in names]
+    results = [store.remove(n, dry_run=dry_run, force=force, purge_hf_cache=purge) for n in names]
     if json_output:
         print_json([r.__dict__ for r in results])
         return
@@ -371,6 +378,15 @@ def rm(
         if r.in_use_by:
             extra += f"; still loaded by process {', '.join(map(str, r.in_use_by))}"
         typer.echo(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
+        if r.hf_cache_freed:
+            typer.echo(f"{verb} {human_size(r.hf_cache_freed)} from the Hugging Face cache")
+        elif r.hf_cache_note:
+            typer.echo(f"{human_size(r.hf_cache_bytes)} {r.hf_cache_note}")
+        elif r.hf_cache_bytes:
+            typer.echo(
+                f"{human_size(r.hf_cache_bytes)} stays in the Hugging Face cache "
+                f"(shared with other tools); add --purge to delete it too"
+            )
 
 
 @app.command()
@@ -510,32 +526,37 @@ def run(
     max_tokens: int = typer.Option(512, "--max-tokens", "-m", help="Tokens per answer."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print timings on stderr."),
+    output_format: str | None = typer.Option(
+        None,
+        "--format",
+        help="Constrain answers: 'json' (any JSON object) or a JSON Schema file.",
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
-    Type /bye (or Ctrl-D) to leave the session.
+    In the session: /clear forgets the conversation, Ctrl-C stops the answer being
+    written, /bye (or Ctrl-D) leaves.
     """
     import sys
 
-    from mlx_integrations.cli.chat import chat_session, one_shot
+    from mlx_integrations.cli.chat import chat_session, one_shot, response_format_option
 
+    response_format = response_format_option(output_format)
     if prompt == "-" or (prompt is None and not stdin_is_tty()):
         prompt = sys.stdin.read()
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
+    options = {
+        "system": system,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "verbose": verbose,
+        "response_format": response_format,
+    }
     if prompt is not None:
-        one_shot(
-            model,
-            prompt,
-            system=system,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            verbose=verbose,
-        )
+        one_shot(model, prompt, **options)
     else:
-        chat_session(
-            model, system=system, max_tokens=max_tokens, temperature=temperature, verbose=verbose
-        )
+        chat_session(model, **options)
 
 
 @app.command()

@@ -19,6 +19,7 @@ complete, so an interrupted pull, quantize or import never looks like a model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -151,6 +152,19 @@ class RemoveResult:
     aliases_removed: tuple[str, ...] = ()
     dry_run: bool = False
     in_use_by: tuple[int, ...] = ()
+    hf_cache_bytes: int = 0
+    hf_cache_freed: int = 0
+    hf_cache_note: str = ""
+
+
+@dataclass(frozen=True)
+class _HubLinks:
+    """The Hugging Face cache files a pulled model links to."""
+
+    cache_dir: Path
+    repo_id: str
+    commit: str
+    bytes: int
 
 
 class ModelLease:
@@ -501,13 +515,21 @@ class ModelStore:
         model = self.get(name)
         return verify_files(model.manifest, model.path)
 
-    def remove(self, name: str, *, dry_run: bool = False, force: bool = False) -> RemoveResult:
+    def remove(
+        self,
+        name: str,
+        *,
+        dry_run: bool = False,
+        force: bool = False,
+        purge_hf_cache: bool = False,
+    ) -> RemoveResult:
         """Remove a model (and its aliases), or only an alias when ``name`` is one.
 
         A model that a process holds (an engine, ``mlxi run``; see :meth:`lease`) is
         kept unless ``force``: a loaded copy keeps working, but it could not load again.
-        Files that a pulled model links in the Hugging Face cache stay there: other tools
-        share that cache (``hf cache rm`` removes them).
+        The files a pulled model links in the Hugging Face cache stay there (other tools
+        share that cache; ``hf_cache_bytes`` says how much) unless ``purge_hf_cache``,
+        which deletes that revision from the cache when no other stored model uses it.
 
         Raises:
             ModelInUseError: The model is held and ``force`` is False.
@@ -531,10 +553,33 @@ class ModelStore:
                 )
                 err.pids = users
                 raise err
+            links = _hub_links(model)
+            sharing = [
+                m.name
+                for m in self.list()
+                if links is not None
+                and m.name != model.name
+                and (m.manifest.source.repo_id, m.manifest.source.commit)
+                == (links.repo_id, links.commit)
+            ]
+            note = ""
+            if links is not None and purge_hf_cache and sharing:
+                note = f"kept in the Hugging Face cache: {', '.join(sharing)} uses the same files"
+            result = RemoveResult(
+                name,
+                "model",
+                str(model.path),
+                freed,
+                model.aliases,
+                dry_run,
+                users,
+                hf_cache_bytes=links.bytes if links else 0,
+                hf_cache_note=note,
+            )
             if dry_run:
-                return RemoveResult(
-                    name, "model", str(model.path), freed, model.aliases, True, users
-                )
+                if links is not None and purge_hf_cache and not sharing:
+                    return dataclasses.replace(result, hf_cache_freed=links.bytes)
+                return result
             trash = self.models_dir / f"{_TRASH_PREFIX}{model.path.name}-{uuid.uuid4().hex[:8]}"
             try:
                 os.rename(model.path, trash)
@@ -543,7 +588,9 @@ class ModelStore:
             except OSError as exc:
                 raise io_error(exc, f"remove {name!r}") from exc
         shutil.rmtree(trash, ignore_errors=True)
-        return RemoveResult(name, "model", str(model.path), freed, model.aliases, in_use_by=users)
+        if links is not None and purge_hf_cache and not sharing:
+            result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
+        return result
 
     def prune(
         self,
@@ -626,6 +673,55 @@ class ModelStore:
         return PruneReport(tuple(items), dry_run)
 
 
+def _hub_links(model: StoredModel) -> _HubLinks | None:
+    """Where a pulled model's files live in the Hugging Face cache, and their bytes."""
+    src = model.manifest.source
+    if src.kind != "hub" or not src.repo_id or not src.commit:
+        return None
+    cache_dir: Path | None = None
+    blobs: set[Path] = set()
+    for entry in model.manifest.files:
+        link = model.path / entry.path
+        if not link.is_symlink():
+            continue
+        target = Path(os.path.join(link.parent, os.readlink(link)))
+        for parent in target.parents:
+            if parent.name.startswith("models--"):
+                cache_dir = parent.parent
+                break
+        blobs.add(Path(os.path.realpath(link)))
+    if cache_dir is None:
+        return None
+    size = 0
+    for blob in blobs:
+        with contextlib.suppress(OSError):
+            size += blob.stat().st_size
+    return _HubLinks(cache_dir, src.repo_id, src.commit, size)
+
+
+def _purge_revision(links: _HubLinks) -> int:
+    """Delete one revision of a repo from the Hugging Face cache; returns bytes freed.
+
+    huggingface_hub's own cache tools do it, so blobs that another revision still
+    uses are kept.
+    """
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(links.cache_dir)
+    except Exception:  # no cache any more, or not one huggingface_hub recognises
+        return 0
+    for repo in info.repos:
+        if repo.repo_type != "model" or repo.repo_id != links.repo_id:
+            continue
+        if any(r.commit_hash == links.commit for r in repo.revisions):
+            strategy = info.delete_revisions(links.commit)
+            freed = strategy.expected_freed_size
+            strategy.execute()
+            return freed
+    return 0
+
+
 def _lease_alive(path: Path) -> bool:
     """True when some process holds the flock of a lease file."""
     try:
@@ -683,10 +779,17 @@ def get_model(name: str, *, store: ModelStore | None = None) -> StoredModel:
 
 
 def remove_model(
-    name: str, *, dry_run: bool = False, force: bool = False, store: ModelStore | None = None
+    name: str,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    purge_hf_cache: bool = False,
+    store: ModelStore | None = None,
 ) -> RemoveResult:
     """Remove a model or an alias (see :meth:`ModelStore.remove`)."""
-    return (store or default_store()).remove(name, dry_run=dry_run, force=force)
+    return (store or default_store()).remove(
+        name, dry_run=dry_run, force=force, purge_hf_cache=purge_hf_cache
+    )
 
 
 def lease_model_folder(path: Path) -> ModelLease | None:

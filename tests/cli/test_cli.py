@@ -126,6 +126,37 @@ def test_tag_rm_dry_run_and_rm(env, tiny_llama):
     assert missing.exit_code == 1 and "not in the store" in missing.stderr
 
 
+def test_rm_keeps_the_hf_cache_unless_purged_and_never_purges_shared_files(hub, env, tiny_llama):
+    hub.add_repo("org/tiny", tiny_llama)
+    assert mlxi("pull", "org/tiny").exit_code == 0
+    assert mlxi("pull", "org/tiny", "--name", "copy").exit_code == 0
+    snapshots = Path(env["HF_HUB_CACHE"]) / "models--org--tiny" / "snapshots"
+    blob_bytes = sum(
+        p.stat().st_size for p in (snapshots.parent / "blobs").iterdir() if p.is_file()
+    )
+
+    kept = mlxi("rm", "copy", "--dry-run")
+    assert kept.exit_code == 0
+    assert "stays in the Hugging Face cache" in kept.stdout and "--purge" in kept.stdout
+
+    [shared] = ok_json("rm", "copy", "--purge")
+    assert (
+        shared["hf_cache_freed"] == 0 and "org/tiny uses the same files" in shared["hf_cache_note"]
+    )
+    assert shared["hf_cache_bytes"] == blob_bytes
+    assert any(snapshots.iterdir())
+
+    [dry] = ok_json("rm", "org/tiny", "--purge", "--dry-run")
+    assert dry["hf_cache_freed"] == blob_bytes and any(snapshots.iterdir())
+    purged = mlxi("rm", "org/tiny", "--purge")
+    assert purged.exit_code == 0, purged.stderr
+    assert "from the Hugging Face cache" in purged.stdout
+    assert not snapshots.exists() or not any(snapshots.iterdir())
+    assert not (snapshots.parent / "blobs").exists() or not any(
+        (snapshots.parent / "blobs").iterdir()
+    )
+
+
 def test_errors_are_one_line_with_a_hint_and_traceback_only_in_debug(hub, env, monkeypatch):
     result = mlxi("pull", "org/nope", "--token", "hf_SECRET_VALUE_42")
     assert result.exit_code == 1

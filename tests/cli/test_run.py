@@ -1,0 +1,132 @@
+"""``mlxi run``: one-shot answers, constrained formats, and the interactive session on a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlx_integrations.cli.main import app
+from typer.testing import CliRunner
+
+from mlx_integrations.models import ModelStore, import_model
+
+
+@pytest.fixture
+def home(tmp_path: Path, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "mlxi"
+    import_model(tiny_llama, "tiny", store=ModelStore(home))
+    monkeypatch.setenv("MLXI_HOME", str(home))
+    return home
+
+
+def test_format_json_schema_constrains_the_answer(home, tmp_path):
+    schema = tmp_path / "answer.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["calm", "busy"]}},
+                "required": ["ok", "mood"],
+            }
+        )
+    )
+    result = CliRunner().invoke(
+        app, ["run", "tiny", "How are you?", "--format", str(schema), "--max-tokens", "64"]
+    )
+    assert result.exit_code == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert set(answer) == {"ok", "mood"} and answer["mood"] in {"calm", "busy"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("yaml", "neither 'json' nor a readable JSON Schema file"),
+        ("list.json", "a JSON Schema is an object"),
+    ],
+)
+def test_a_bad_format_is_a_usage_error(home, tmp_path, monkeypatch, value, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    result = CliRunner().invoke(app, ["run", "tiny", "Hi", "--format", value])
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+class Terminal:
+    """``mlxi run`` in a pseudo-terminal, read and written like a person would."""
+
+    def __init__(self, args: list[str]) -> None:
+        master, slave = os.openpty()
+        exe = Path(sys.executable).with_name("mlxi")
+        self.proc = subprocess.Popen(
+            [str(exe), *args], stdin=slave, stdout=slave, stderr=slave, close_fds=True
+        )
+        os.close(slave)
+        self.master = master
+        self.seen = ""
+
+    def read_until(self, text: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"never saw {text!r}; output was:\n{self.seen}"
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:  # the process ended and closed the terminal
+                    chunk = b""
+                assert chunk, f"terminal closed before {text!r}; output was:\n{self.seen}"
+                self.seen += chunk.decode(errors="replace")
+        return self.seen
+
+    def send(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            os.close(self.master)
+
+
+def test_interactive_session_clear_interrupt_and_bye(home):
+    # Greedy decoding on the tiny model runs to the token limit: a long answer to stop.
+    term = Terminal(["run", "tiny", "--max-tokens", "20000", "--temperature", "0"])
+    try:
+        term.read_until(">>> ")
+        term.send("/?")
+        term.read_until("/clear forgets the conversation")
+        term.send("Tell me a long story")
+        # Wait for the answer to be under way, then press Ctrl-C: only the answer stops.
+        term.read_until("Tell me a long story\r\n")
+        time.sleep(0.5)  # 20000 tokens take far longer: Ctrl-C lands inside the answer
+        term.proc.send_signal(signal.SIGINT)
+        term.read_until("[stopped]")
+        term.read_until(">>> ")
+        term.send("/clear")
+        term.read_until("Conversation cleared.")
+        term.send("/bye")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+
+
+def test_ctrl_c_at_the_prompt_exits_130(home):
+    term = Terminal(["run", "tiny"])
+    try:
+        term.read_until(">>> ")
+        term.proc.send_signal(signal.SIGINT)
+        assert term.close() == 130
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()

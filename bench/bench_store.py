@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import shutil
 import statistics
@@ -133,19 +134,24 @@ def bench_quantize(model: Path, work: Path, repeat: int) -> tuple[list[float], l
     store = ModelStore(work / "store-q")
     for i in range(repeat):
         out = work / f"convert-{i}"
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+
+        def run_ref(o: Path = out) -> None:
             ref.append(
                 _timed(
-                    lambda o=out: convert(
-                        str(model), str(o), quantize=True, q_bits=4, q_group_size=64
-                    )
+                    lambda: convert(str(model), str(o), quantize=True, q_bits=4, q_group_size=64)
                 )
             )
+
+        def run_ours(n: str = f"q-{i}") -> None:
             ours.append(
-                _timed(
-                    lambda n=f"q-{i}": quantize_model(model, n, bits=4, group_size=64, store=store)
-                )
+                _timed(lambda: quantize_model(model, n, bits=4, group_size=64, store=store))
             )
+
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            # Alternate which goes first, as for pull.
+            for step in (run_ref, run_ours) if i % 2 == 0 else (run_ours, run_ref):
+                gc.collect()
+                step()
         shutil.rmtree(out)
         store.remove(f"q-{i}")
     return ref, ours

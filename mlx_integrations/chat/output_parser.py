@@ -20,12 +20,22 @@ from mlx_integrations.chat.tool_parsers import (
 from mlx_integrations.engine.stopping import partial_suffix_len
 
 THINK_MARKERS = ("<think>", "</think>")
+
+
+def _prefixes(literal: str) -> str:
+    """A regex matching any prefix of ``literal`` (the empty one included)."""
+    return "".join(f"(?:{re.escape(c)}" for c in literal) + ")?" * len(literal)
+
+
 # After a call of a format without end marker, what may stand before the next call,
-# what starts one (a JSON object or list, a pythonic list, Mistral's ``name[ARGS]``),
-# and what may still grow into ``name[ARGS]``.
+# what starts one (a JSON object or list, a pythonic list, Mistral's ``name[ARGS]`` or
+# ``name[CALL_ID]id[ARGS]``), and what may still grow into one of Mistral's.
 _SEPARATORS = " \t\r\n;,"
-_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*\[ARGS\]")
-_MAYBE_NEXT_CALL = re.compile(r"[\w.-]*\s*(?:\[(?:A(?:R(?:G(?:S)?)?)?)?)?")
+_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*(?:\[CALL_ID\]\s*[\w-]*\s*)?\[ARGS\]")
+_MAYBE_NEXT_CALL = re.compile(
+    rf"[\w.-]*\s*(?:{_prefixes('[ARGS]')}|{_prefixes('[CALL_ID]')}"
+    rf"|\[CALL_ID\]\s*[\w-]*\s*{_prefixes('[ARGS]')})"
+)
 
 
 @dataclass

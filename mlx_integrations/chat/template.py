@@ -7,6 +7,7 @@ them, text otherwise; tools described in the system message when it ignores them
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ class TemplateCapabilities:
     """The ``tools`` argument shows up in the prompt."""
     renders_tool_messages: bool
     """Assistant ``tool_calls`` and ``role="tool"`` messages render natively."""
+    short_call_ids: bool = False
+    """The template takes only 9-character alphanumeric tool-call ids (Mistral v0.3,
+    Nemo, Small 3.x raise on others); ids are shortened when rendering."""
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -54,6 +58,15 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
         )
     except Exception:
         renders_tools = False
+    renders_tool_messages = _renders_tool_messages(tokenizer, tool, "call_probe_1")
+    short_ids = False
+    if not renders_tool_messages and _renders_tool_messages(tokenizer, tool, "callprobe"):
+        renders_tool_messages = short_ids = True
+    return TemplateCapabilities(True, renders_tools, renders_tool_messages, short_ids)
+
+
+def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -> bool:
+    """True when a tool call and its result, with this id, both show in the prompt."""
     convo: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {
@@ -61,25 +74,47 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
             "content": "",
             "tool_calls": [
                 {
-                    "id": "call_probe",
+                    "id": call_id,
                     "type": "function",
                     "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}},
                 }
             ],
         },
-        {
-            "role": "tool",
-            "tool_call_id": "call_probe",
-            "name": _PROBE_TOOL,
-            "content": _PROBE_RESULT,
-        },
+        {"role": "tool", "tool_call_id": call_id, "name": _PROBE_TOOL, "content": _PROBE_RESULT},
     ]
     try:
         text = _render(tokenizer, convo, tools=[tool])
-        renders_tool_messages = _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
     except Exception:
-        renders_tool_messages = False
-    return TemplateCapabilities(True, renders_tools, renders_tool_messages)
+        return False
+    return _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
+
+
+def short_call_id(call_id: str) -> str:
+    """A 9-character alphanumeric id standing for ``call_id`` (the same one each time).
+
+    Example:
+        >>> short_call_id("call_0123456789abcdef"), short_call_id("abcDEF123")
+        ('aff2e571f', 'abcDEF123')
+    """
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def shorten_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose tool-call ids (calls and results alike) are :func:`short_call_id`."""
+    out = []
+    for msg in messages:
+        if msg.get("tool_calls"):
+            msg = dict(msg)
+            msg["tool_calls"] = [
+                {**call, "id": short_call_id(str(call.get("id") or ""))}
+                for call in msg["tool_calls"]
+            ]
+        elif msg.get("role") == "tool" and "tool_call_id" in msg:
+            msg = {**msg, "tool_call_id": short_call_id(str(msg.get("tool_call_id") or ""))}
+        out.append(msg)
+    return out
 
 
 def _signature(fn: dict[str, Any]) -> str:
@@ -135,6 +170,8 @@ def render_chat_prompt(
     """
     if not native_tool_format:
         messages = tool_messages_as_text(messages)
+    elif capabilities.short_call_ids:
+        messages = shorten_call_ids(messages)
     if tools and not capabilities.renders_tools:
         description = describe_tools(tools)
         if messages and messages[0]["role"] == "system":

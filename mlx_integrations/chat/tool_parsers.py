@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,6 +136,19 @@ def _literal(node: ast.expr) -> Any:
     return ast.literal_eval(_BareNames().visit(node))
 
 
+# Mistral's newer tokenizers put a call id between the name and the arguments:
+# ``[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{...}``.
+_MISTRAL_CALL_ID = re.compile(r"([\w.-]+)\s*\[CALL_ID\]\s*[\w-]*\s*(?=\[ARGS\])")
+
+
+def parse_mistral_calls(body: str, tools: Any = None) -> Any:
+    """Mistral calls: a JSON list, ``name[ARGS]{...}``, or ``name[CALL_ID]id[ARGS]{...}``.
+
+    The model's own call ids are dropped (every call gets a fresh id, as in all formats).
+    """
+    return _mlx_lm_parser("mistral")(_MISTRAL_CALL_ID.sub(r"\1", body), tools)
+
+
 def _mlx_lm_parser(module: str) -> BodyParser:
     def parse(body: str, tools: Any = None) -> Any:
         import importlib
@@ -163,7 +177,7 @@ def _registry() -> dict[str, ToolCallFormat]:
             parse_json_calls,
             bare_prefixes=('{"name"', '{"type"', '{ "name"'),
         ),
-        ToolCallFormat("mistral", "[TOOL_CALLS]", "", _mlx_lm_parser("mistral")),
+        ToolCallFormat("mistral", "[TOOL_CALLS]", "", parse_mistral_calls),
         ToolCallFormat("qwen3_coder", "<tool_call>", "</tool_call>", _mlx_lm_parser("qwen3_coder")),
         ToolCallFormat("pythonic", "", "", parse_pythonic_calls, bare_prefixes=("[",)),
         ToolCallFormat(

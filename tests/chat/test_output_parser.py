@@ -36,7 +36,7 @@ THINK = ("<think>", "</think>")
 MARKUP = {
     "hermes": ["<tool_call>", "</tool_call>"],
     "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=", "<parameter="],
-    "mistral": ["[TOOL_CALLS]", "[ARGS]"],
+    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
     "llama3_json": ["<|python_tag|>", '"parameters"'],
     "pythonic": ["get_weather(", "get_time(", "search(", "f("],
     "lfm_pythonic": ["<|tool_call_start|>", "<|tool_call_end|>"],
@@ -72,6 +72,11 @@ _json_scalar = st.one_of(
     st.none(),
     st.floats(allow_nan=False, allow_infinity=False, width=32),
     st.text(alphabet='abcXYZ 09\n\\"{}[]()<>/:,;=é東👋', max_size=12),
+)
+CALL_IDS = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
+    min_size=9,
+    max_size=9,
 )
 JSON_ARGS = st.dictionaries(
     st.sampled_from(["city", "days", "q", "x1", "unit"]),
@@ -167,15 +172,18 @@ def replies(draw: st.DrawFn, fmt: str) -> Reply:
         reply.add_text(draw(ANSWER))
     if calls:
         if fmt == "mistral":
-            form = draw(st.sampled_from(["list", "headers", "markers"]))
+            form = draw(st.sampled_from(["list", "headers", "markers", "call_ids"]))
             if form == "list":
                 items = [{"name": n, "arguments": a} for n, a in calls]
                 reply.add_calls(f"[TOOL_CALLS] {json.dumps(items, ensure_ascii=False)}", calls)
             else:
                 for i, (n, a) in enumerate(calls):
                     marker = "[TOOL_CALLS]" if form == "markers" or i == 0 else ""
+                    # Newer Mistral tokenizers write an id between name and arguments.
+                    call_id = f"[CALL_ID]{draw(CALL_IDS)}" if form == "call_ids" else ""
                     reply.add_calls(
-                        f"{marker}{n}[ARGS]{json.dumps(a, ensure_ascii=False)}", [(n, a)]
+                        f"{marker}{n}{call_id}[ARGS]{json.dumps(a, ensure_ascii=False)}",
+                        [(n, a)],
                     )
         elif fmt == "llama3_json":
             reply.text += "<|python_tag|>" if leading else draw(st.sampled_from(["", " ", "\n"]))
@@ -425,8 +433,7 @@ def test_end_marker_inside_an_argument_string_does_not_end_the_call():
     from mlx_integrations.chat.tool_parsers import FORMATS
 
     text = (
-        'Hi <tool_call>{"name": "f", "arguments": {"d": "see </tool_call> here"}}</tool_call>'
-        " bye"
+        'Hi <tool_call>{"name": "f", "arguments": {"d": "see </tool_call> here"}}</tool_call> bye'
     )
     whole = parse_output(text, tool_format=FORMATS["hermes"])
     assert [c.arguments for c in whole.tool_calls] == [{"d": "see </tool_call> here"}]

@@ -433,3 +433,65 @@ def _stream_chars(text: str, **options: Any) -> ParsedOutput:
     events += parser.finish()
     assert all(not isinstance(e, TextDelta) or e.text for e in events)
     return collect(events)
+
+
+# ------------------------------------------- templates that check call ids
+
+# Written for these tests: like Mistral v0.3, Nemo and Small 3.x templates, it raises
+# unless every tool-call id has exactly 9 characters.
+STRICT_IDS_TEMPLATE = (
+    "{%- macro check(id) %}{% if id is not defined or id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{% endif %}{% endmacro %}"
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}"
+    "{{- check(c.id) }}{{ {'name': c.function.name, 'arguments': c.function.arguments,"
+    " 'id': c.id}|tojson }}{% if not loop.last %}, {% endif %}{% endfor %}]<|im_end|>"
+    "{%- elif m.role == 'assistant' %}{{ m.content }}<|im_end|>"
+    "{%- elif m.role == 'tool' %}{{ check(m.tool_call_id) }}"
+    "[TOOL_RESULTS]{{ {'content': m.content, 'call_id': m.tool_call_id}|tojson }}[/TOOL_RESULTS]"
+    "{%- endif %}{%- endfor %}"
+)
+
+
+def test_templates_that_need_nine_character_ids_get_native_tool_messages(tmp_path: Path):
+    from mlx_lm.tokenizer_utils import load
+
+    from mlx_integrations.chat.template import short_call_id
+
+    tokenizer = load(write_tokenizer(tmp_path, STRICT_IDS_TEMPLATE))
+    caps = probe_template(tokenizer)
+    assert caps.renders_tools and caps.renders_tool_messages and caps.short_call_ids
+    history = [
+        {"role": "user", "content": "Weather in Paris and the time in CET?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                for cid, (n, a) in [("call_5f2e9a0b7c1d4e3f", WEATHER), ("call_0", TIME)]
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_5f2e9a0b7c1d4e3f", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_0", "content": "10:00"},
+    ]
+    prompt = render_chat_prompt(
+        tokenizer,
+        normalize_messages(history),
+        tools=TOOLS,
+        native_tool_format=True,
+        capabilities=caps,
+    )
+    weather_id, time_id = short_call_id("call_5f2e9a0b7c1d4e3f"), short_call_id("call_0")
+    assert weather_id != time_id and len(weather_id) == len(time_id) == 9
+    # Each result names the id of its own call, so the model can pair them.
+    assert f'"id": "{weather_id}"' in prompt and f'"call_id": "{weather_id}"' in prompt
+    assert f'"id": "{time_id}"' in prompt and f'"call_id": "{time_id}"' in prompt
+    assert "call_5f2e" not in prompt
+
+
+def test_templates_that_take_any_id_see_the_ids_unchanged(family_tokenizers: dict[str, Any]):
+    caps = probe_template(family_tokenizers["mistral_parallel"])
+    assert caps.renders_tool_messages and not caps.short_call_ids

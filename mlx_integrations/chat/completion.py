@@ -20,6 +20,7 @@ from mlx_integrations.chat.output_parser import (
     ReasoningDelta,
     TextDelta,
 )
+from mlx_integrations.chat.template import mistral_call_layout
 from mlx_integrations.chat.tool_parsers import (
     FORMATS,
     InvalidToolCall,
@@ -290,8 +291,12 @@ def constraint_processors(
         return [rf.make_processor(tokenizer)], fmt
     if not tools or choice is None:
         return [], fmt
+    layout = mistral_call_layout(tokenizer) if fmt.name == "mistral" else None
     if fmt.name in _JSON_BODY_FORMATS and fmt.start:
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
+    elif layout is not None:
+        # Mistral calls in the layout its template writes (the parser reads all three).
+        markers = constraints.ToolCallMarkers(fmt.start, "", layout=layout)  # type: ignore[arg-type]
     else:
         fmt = FORMATS["hermes"]
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)

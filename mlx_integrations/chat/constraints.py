@@ -38,7 +38,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from mlx_integrations.chat.grammar_processor import (
     GrammarLogitsProcessor,
@@ -220,16 +220,31 @@ def read_tools(tools: Sequence[Any] | None) -> tuple[ToolSpec, ...]:
 
 @dataclass(frozen=True)
 class ToolCallMarkers:
-    """The strings around one tool call in the model's output."""
+    """The strings around one tool call in the model's output, and how a call is written.
+
+    Attributes:
+        start: Opens a call (or, with ``layout="list"``, the list of calls).
+        end: Closes a call (``""`` for none).
+        layout: ``"object"``: ``{"name": ..., "arguments": {...}}`` between the markers
+            (Hermes, Qwen, Llama 3.1); ``"list"``: one JSON list of such objects after
+            ``start`` (Mistral v0.3); ``"header"``: ``name[ARGS]{...}`` after ``start``
+            (newer Mistral tokenizers); ``"header_id"``: ``name[CALL_ID]id[ARGS]{...}``
+            with a 9-character id.
+    """
 
     start: str = DEFAULT_TOOL_CALL_START
     end: str = DEFAULT_TOOL_CALL_END
+    layout: Literal["object", "list", "header", "header_id"] = "object"
 
     def __post_init__(self) -> None:
         if not isinstance(self.start, str) or not self.start:
             raise ValueError("The tool-call start marker must be a non-empty string")
         if not isinstance(self.end, str):
             raise TypeError("The tool-call end marker must be a string ('' for none)")
+        if self.layout not in ("object", "list", "header", "header_id"):
+            raise ValueError(
+                f"Unknown tool-call layout {self.layout!r}; use object, list, header or header_id"
+            )
 
 
 def tool_call_markers(tokenizer: Any) -> ToolCallMarkers:
@@ -430,12 +445,18 @@ class ToolChoiceConstraint(Constraint):
             return LLMatcher.grammar_from_lark(f"start: TEXT\n{text}")
         end = _lark_seq(_marker_pieces(tokenizer, markers.end)) if markers.end else ""
         bodies = "\n".join(
-            f"tool_{i}: %json {json.dumps({**tool.call_schema(), 'x-guidance': _COMPACT_JSON})}"
+            f"tool_{i}: {_call_lark(tokenizer, tool, markers.layout)}"
             for i, tool in enumerate(self.callable_tools)
         )
         alternatives = " | ".join(f"tool_{i}" for i in range(len(self.callable_tools)))
-        body = f'"\\n"? ({alternatives}) "\\n"? {end}'
-        more = f'("\\n"? {_lark_seq(start)} {body})*' if self.parallel else ""
+        if markers.layout == "list":
+            # One JSON list after the marker: ``[call, call]``.
+            items = f'(", " ({alternatives}))*' if self.parallel else ""
+            body = f'" "? "[" ({alternatives}) {items} "]" {end}'
+            more = ""
+        else:
+            body = f'"\\n"? ({alternatives}) "\\n"? {end}'
+            more = f'("\\n"? {_lark_seq(start)} {body})*' if self.parallel else ""
         if self.mode is ToolChoiceMode.AUTO:
             if isinstance(start[0], int):
                 rules = f"start: TEXT | TEXT {_lark_seq(start)} call_rest\n"
@@ -448,6 +469,23 @@ class ToolChoiceConstraint(Constraint):
         else:
             rules = f"start: {_lark_seq(start)} call_rest\n"
         return LLMatcher.grammar_from_lark(f"{rules}call_rest: {body} {more}\n{text}\n{bodies}")
+
+
+def _call_lark(tokenizer: Any, tool: ToolSpec, layout: str) -> str:
+    """The Lark rule body of one call of ``tool`` in the given layout."""
+    if layout in ("object", "list"):
+        return f"%json {json.dumps({**tool.call_schema(), 'x-guidance': _COMPACT_JSON})}"
+    schema = tool.call_schema()
+    arguments = dict(schema["properties"]["arguments"])
+    for key in ("$defs", "definitions"):
+        if key in schema:
+            arguments[key] = schema[key]
+    args = f"%json {json.dumps({**arguments, 'x-guidance': _COMPACT_JSON})}"
+    name = json.dumps(tool.name)
+    call_id = ""
+    if layout == "header_id":
+        call_id = f"{_lark_seq(_marker_pieces(tokenizer, '[CALL_ID]'))} /[A-Za-z0-9]{{9}}/ "
+    return f"{name} {call_id}{_lark_seq(_marker_pieces(tokenizer, '[ARGS]'))} {args}"
 
 
 def _marker_pieces(tokenizer: Any, marker: str) -> list[int | str]:

@@ -89,6 +89,37 @@ def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -
     return _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
 
 
+def mistral_call_layout(tokenizer: Any) -> str | None:
+    """How a Mistral template writes a tool call after ``[TOOL_CALLS]``.
+
+    Returns:
+        ``"list"`` (``[{"name": ..., "arguments": ...}]``, v0.3), ``"header"``
+        (``name[ARGS]{...}``), ``"header_id"`` (``name[CALL_ID]id[ARGS]{...}``), or None
+        when the template writes no ``[TOOL_CALLS]`` call.
+    """
+    call = {
+        "id": "abcDEF123",  # 9 alphanumerics: the strictest templates take it
+        "type": "function",
+        "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}},
+    }
+    convo = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=False)
+    except Exception:
+        return None
+    if "[TOOL_CALLS]" not in text:
+        return None
+    after = text.rsplit("[TOOL_CALLS]", 1)[1].lstrip()
+    if after.startswith("["):
+        return "list"
+    if after.startswith(_PROBE_TOOL):
+        return "header_id" if "[CALL_ID]" in after.split("[ARGS]", 1)[0] else "header"
+    return None
+
+
 def short_call_id(call_id: str) -> str:
     """A 9-character alphanumeric id standing for ``call_id`` (the same one each time).
 

@@ -660,18 +660,100 @@ async def test_engine_applies_tool_choice_and_response_format_itself(tiny_llama)
     }
     try:
         for seed in range(3):
-            out = await engine.chat([{"role": "user", "content": "go"}], max_tokens=60,
-                                    temperature=1.0, seed=seed, tools=tools,
-                                    tool_choice="required")
+            out = await engine.chat(
+                [{"role": "user", "content": "go"}],
+                max_tokens=60,
+                temperature=1.0,
+                seed=seed,
+                tools=tools,
+                tool_choice="required",
+            )
             parsed = parse_output(out.text, tool_format=FORMATS["hermes"], tools=tools)
             assert [c.name for c in parsed.tool_calls] == ["pick"]
-            out = await engine.chat([{"role": "user", "content": "go"}], max_tokens=30,
-                                    temperature=1.0, seed=seed,
-                                    response_format={"type": "json_schema",
-                                                     "json_schema": {"schema": schema}})
+            out = await engine.chat(
+                [{"role": "user", "content": "go"}],
+                max_tokens=30,
+                temperature=1.0,
+                seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"schema": schema}},
+            )
             jsonschema.validate(json.loads(out.text), schema)
         with pytest.raises(ValueError, match="not bound"):
-            await engine.chat([{"role": "user", "content": "go"}], tools=tools,
-                              tool_choice="nope")
+            await engine.chat([{"role": "user", "content": "go"}], tools=tools, tool_choice="nope")
+    finally:
+        await engine.stop()
+
+
+# Mistral templates, written for these tests in the three layouts Mistral models use.
+_MISTRAL_HEAD = (
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS]"
+)
+_MISTRAL_TAIL = (
+    "<|im_end|>{%- elif m.role == 'assistant' %}{{ m.content }}<|im_end|>"
+    "{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
+    "{%- endif %}{%- endfor %}"
+)
+MISTRAL_TEMPLATES = {
+    "list": _MISTRAL_HEAD
+    + "[{% for c in m.tool_calls %}{{ {'name': c.function.name, 'arguments': c.function.arguments,"
+    " 'id': c.id}|tojson }}{% if not loop.last %}, {% endif %}{% endfor %}]" + _MISTRAL_TAIL,
+    "header": _MISTRAL_HEAD
+    + "{% for c in m.tool_calls %}{% if not loop.first %}[TOOL_CALLS]{% endif %}"
+    "{{ c.function.name }}[ARGS]{{ c.function.arguments|tojson }}{% endfor %}" + _MISTRAL_TAIL,
+    "header_id": _MISTRAL_HEAD
+    + "{% for c in m.tool_calls %}{% if not loop.first %}[TOOL_CALLS]{% endif %}"
+    "{{ c.function.name }}[CALL_ID]{{ c.id }}[ARGS]{{ c.function.arguments|tojson }}{% endfor %}"
+    + _MISTRAL_TAIL,
+}
+_MISTRAL_AFTER_MARKER = {"list": "[{", "header": "", "header_id": ""}
+
+
+@pytest.mark.parametrize("layout", list(MISTRAL_TEMPLATES))
+async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_path):
+    """Forced calls come out as the template writes them, and parse back to valid calls."""
+    from mlx_integrations.chat.output_parser import parse_output
+    from mlx_integrations.chat.template import mistral_call_layout
+    from mlx_integrations.chat.tool_parsers import FORMATS, detect_format
+    from tests.support.tiny_models import build_tiny_model
+
+    path = build_tiny_model(
+        tmp_path / layout, arch="llama", chat_template=MISTRAL_TEMPLATES[layout]
+    )
+    engine = SimpleEngine(path)
+    await engine.start()
+    try:
+        assert detect_format(engine.tokenizer).name == "mistral"
+        assert mistral_call_layout(engine.tokenizer) == layout
+        for seed in SEEDS[:3]:
+            for choice, parallel in (("required", False), ("add", False), ("add", True)):
+                out = await engine.chat(
+                    MESSAGES,
+                    tools=TOOLS,
+                    max_tokens=120,
+                    temperature=1.0,
+                    seed=seed,
+                    tool_choice=choice,
+                    parallel_tool_calls=parallel,
+                )
+                # A random model may go on adding parallel calls until the token limit.
+                assert out.finish_reason == "stop" or parallel, out.text
+                assert out.text.startswith("[TOOL_CALLS]"), out.text
+                after = out.text.removeprefix("[TOOL_CALLS]").lstrip()
+                assert after.startswith(_MISTRAL_AFTER_MARKER[layout]), out.text
+                assert ("[CALL_ID]" in out.text) == (layout == "header_id"), out.text
+                assert "<tool_call>" not in out.text
+                parsed = parse_output(out.text, tool_format=FORMATS["mistral"], tools=TOOLS)
+                if out.finish_reason != "stop":
+                    continue  # cut short: a list layout's last call (or whole list) is cut
+                assert parsed.tool_calls and not parsed.invalid_tool_calls, out.text
+                if choice == "add":
+                    assert {c.name for c in parsed.tool_calls} == {"add"}
+                if not parallel:
+                    assert len(parsed.tool_calls) == 1
+                for call in parsed.tool_calls:
+                    schema = next(t for t in TOOLS if t["function"]["name"] == call.name)
+                    jsonschema.validate(call.arguments, schema["function"]["parameters"])
     finally:
         await engine.stop()

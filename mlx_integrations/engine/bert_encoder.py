@@ -1,8 +1,10 @@
 """A BERT encoder in MLX: the forward pass of BERT-family sentence-embedding models.
 
-Covers the checkpoints that retrieval uses most (all-MiniLM, bge, e5, gte, ...), which
-are plain ``BertModel`` weights. The module names mirror Hugging Face's ``BertModel`` so
-a ``model.safetensors`` loads without renaming beyond dropping a ``bert.`` prefix.
+Covers the checkpoints that retrieval uses most: plain ``BertModel`` weights
+(all-MiniLM, bge, e5, gte, ...) and RoBERTa / XLM-RoBERTa ones (multilingual-e5,
+bge-m3, paraphrase-multilingual-mpnet's kin), which differ only in where position ids
+start. The module names mirror Hugging Face's ``BertModel`` so a ``model.safetensors``
+loads without renaming beyond dropping a ``bert.``/``roberta.`` prefix.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-SUPPORTED_MODEL_TYPES = ("bert",)
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+# RoBERTa's family numbers positions from ``pad_token_id + 1``, skipping padding.
+_PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*poly(t)*exp(-z^2), t = 1/(1 + p*z), z >= 0.
 _AS_P = 0.3275911
@@ -64,6 +68,12 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     model_type: str = "bert"
+    pad_token_id: int = 0
+
+    @property
+    def positions_after_padding_id(self) -> bool:
+        """Positions count from ``pad_token_id + 1`` over non-padding tokens (RoBERTa)."""
+        return self.model_type in _PADDING_OFFSET_TYPES
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BertConfig:
@@ -76,8 +86,9 @@ class BertConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"Model type {model_type!r} is not supported by the MLX embedding engine; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (BERT-family "
-                "sentence-transformers models such as all-MiniLM-L6-v2, bge, e5)."
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (BERT and RoBERTa-family "
+                "sentence-transformers models such as all-MiniLM-L6-v2, bge, e5, "
+                "multilingual-e5, bge-m3)."
             )
         act = raw.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
@@ -105,16 +116,22 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._pad = config.pad_token_id if config.positions_after_padding_id else None
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, token_type_ids: mx.array) -> mx.array:
-        positions = mx.arange(input_ids.shape[1])
+        if self._pad is None:
+            positions = mx.arange(input_ids.shape[1])[None]
+        else:
+            # pad + 1, pad + 2, ... over real tokens; padding keeps position ``pad``.
+            real = (input_ids != self._pad).astype(mx.int32)
+            positions = mx.cumsum(real, axis=1) * real + self._pad
         x = (
             self.word_embeddings(input_ids)
-            + self.position_embeddings(positions)[None]
+            + self.position_embeddings(positions)
             + self.token_type_embeddings(token_type_ids)
         )
         return self.LayerNorm(x)
@@ -256,12 +273,12 @@ class BertModel(nn.Module):
 def sanitize_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Map a Hugging Face BERT checkpoint onto :class:`BertModel`'s parameter names.
 
-    Drops the ``bert.`` prefix of models saved with a head, the pooler, buffers such as
+    Drops the ``bert.``/``roberta.`` prefix of models saved with a head, the pooler, buffers such as
     ``position_ids``, heads (``cls.*``) and renames old ``gamma``/``beta`` LayerNorm names.
     """
     out: dict[str, mx.array] = {}
     for key, value in weights.items():
-        name = key.removeprefix("bert.").removeprefix("model.")
+        name = key.removeprefix("bert.").removeprefix("roberta.").removeprefix("model.")
         if not name.startswith(("embeddings.", "encoder.")) or name.endswith("position_ids"):
             continue
         if name.endswith(".gamma"):

@@ -295,6 +295,8 @@ class EmbeddingEngine:
         self._tokenizer = AutoTokenizer.from_pretrained(str(folder))
         config = self._model.config
         max_length = config.max_position_embeddings
+        if config.positions_after_padding_id:  # positions pad+1 ... pad+n must exist
+            max_length -= config.pad_token_id + 1
         if st_config.max_seq_length:
             max_length = min(max_length, int(st_config.max_seq_length))
         else:

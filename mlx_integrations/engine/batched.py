@@ -182,6 +182,7 @@ class BatchedEngine(MLXEngine):
         max_cache_entries: Most prefixes kept.
         prefill_step_size: Prompt tokens processed per forward pass; a long prompt
             is prefilled in pieces, with decode steps of the others in between.
+            Default: 2048 on a GPU, 512 on the CPU (where smaller pieces run faster).
         preserve_native_tool_format: Override the flag probed from the template.
         chat_template_kwargs: Variables passed to the chat template on every call.
         load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
@@ -197,7 +198,7 @@ class BatchedEngine(MLXEngine):
         admission: Admission = "wait",
         cache_memory_mb: float = 1024,
         max_cache_entries: int = 8,
-        prefill_step_size: int = 2048,
+        prefill_step_size: int | None = None,
         preserve_native_tool_format: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         load_warm_caches: bool = True,

@@ -73,6 +73,17 @@ class Job:
     abort: threading.Event = field(default_factory=threading.Event)
 
 
+def default_prefill_step_size() -> int:
+    """Prompt tokens per prefill forward pass for the default MLX device.
+
+    mlx-lm's 2048 suits GPUs; on the CPU 512-token pieces keep the attention scores in
+    cache and prefill a 1,500-token prompt about 25% faster (measured on SmolLM2-135M).
+    """
+    import mlx.core as mx
+
+    return 512 if mx.default_device().type == mx.cpu else 2048
+
+
 class MLXEngine(BaseEngine):
     """An engine serving one mlx-lm model from the thread that owns it.
 
@@ -89,7 +100,8 @@ class MLXEngine(BaseEngine):
             ``"fail_fast"`` raises :class:`EngineBusy` instead.
         cache_memory_mb: Budget of the prefix cache (KV of earlier prompts).
         max_cache_entries: Most prefixes kept.
-        prefill_step_size: Prompt tokens processed per forward pass.
+        prefill_step_size: Prompt tokens processed per forward pass. Default: 2048 on
+            a GPU, 512 on the CPU (where smaller pieces run faster).
         preserve_native_tool_format: Override the flag probed from the template.
         chat_template_kwargs: Variables passed to the chat template on every call.
         load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
@@ -104,7 +116,7 @@ class MLXEngine(BaseEngine):
         admission: Admission = "wait",
         cache_memory_mb: float = 1024,
         max_cache_entries: int = 8,
-        prefill_step_size: int = 2048,
+        prefill_step_size: int | None = None,
         preserve_native_tool_format: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         load_warm_caches: bool = True,
@@ -113,6 +125,8 @@ class MLXEngine(BaseEngine):
             raise ValueError(f"admission must be 'wait' or 'fail_fast', got {admission!r}")
         if cache_memory_mb < 0:
             raise ValueError(f"cache_memory_mb must be >= 0, got {cache_memory_mb}")
+        if prefill_step_size is None:
+            prefill_step_size = default_prefill_step_size()
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
         self._name = str(model)

@@ -71,7 +71,7 @@ from mlx_integrations.runtime import preload_cpu_blas
 WORKER = Path(__file__).resolve().parent / "_vllm_mlx_worker.py"
 DEFAULT_PEER_PYTHON = "/tmp/vllm-venv/bin/python"
 SETUP = f"""\
-The vllm-mlx virtualenv is missing. Create it with:
+The vllm-mlx virtualenv is missing or incomplete. Create it with:
 
     python3.11 -m venv /tmp/vllm-venv
     /tmp/vllm-venv/bin/pip install --no-deps "vllm-mlx==0.6.0"

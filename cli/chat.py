@@ -36,6 +36,15 @@ def response_format_option(value: str | None) -> dict[str, Any] | None:
             f"{value} holds a {type(schema).__name__}; a JSON Schema is an object.",
             param_hint="--format",
         )
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(map(str, exc.path)) or "the top level"
+        raise typer.BadParameter(
+            f"{value} is not a valid JSON Schema at {where}: {exc.message}", param_hint="--format"
+        ) from None
     return {
         "type": "json_schema",
         "json_schema": {"name": path.stem or "answer", "schema": schema},

@@ -362,8 +362,8 @@ def rm(
     store = default_store()
     for n in names:
         store.get(n)  # fail before removing anything when a name is unknown
-        if not force and n not in store.aliases():
-            store.remove(n, dry_run=True)  # fail before asking when a model is in use
+        if not force and not dry_run and n not in store.aliases() and store.users(n):
+            store.remove(n)  # in use: fails with the holders and the hint, before asking
     if not _confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
@@ -376,7 +376,8 @@ def rm(
         extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
         what = "alias " if r.kind == "alias" else ""
         if r.in_use_by:
-            extra += f"; still loaded by process {', '.join(map(str, r.in_use_by))}"
+            state = "loaded" if dry_run and not force else "still loaded"
+            extra += f"; {state} by process {', '.join(map(str, r.in_use_by))}"
         typer.echo(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
         if r.hf_cache_freed:
             typer.echo(f"{verb} {human_size(r.hf_cache_freed)} from the Hugging Face cache")

@@ -461,15 +461,15 @@ class MLXEngine(BaseEngine):
         self._lease = lease_model(self._path)
         try:
             loaded = mlx_lm.load(str(self._path))
+            model, tokenizer = loaded[0], loaded[1]
+            self._capabilities = probe_template(tokenizer)
+            if self._native_override is None:
+                self._preserve_native_tool_format = self._capabilities.renders_tool_messages
+            if self._load_warm:
+                self._load_warm_caches()
         except BaseException:
             self._release_lease()
             raise
-        model, tokenizer = loaded[0], loaded[1]
-        self._capabilities = probe_template(tokenizer)
-        if self._native_override is None:
-            self._preserve_native_tool_format = self._capabilities.renders_tool_messages
-        if self._load_warm:
-            self._load_warm_caches()
         self._model, self._tokenizer = model, tokenizer
 
     def _load_warm_caches(self) -> None:

@@ -42,12 +42,17 @@ class HashedFile:
     mtime_ns: int
 
 
+class _Aborted(Exception):
+    """The owner of a background hasher no longer wants its results."""
+
+
 class _BackgroundWorker:
     """A daemon thread running ``self._run`` until ``stop``; errors end it quietly."""
 
     def __init__(self, poll_s: float) -> None:
         self.poll_s = poll_s
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._thread = threading.Thread(target=self._guarded, name=type(self).__name__, daemon=True)
 
     def __enter__(self) -> Self:
@@ -60,10 +65,13 @@ class _BackgroundWorker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        # After an error (or Ctrl-C) nobody needs the hashes: give up at once.
+        self.stop(abort=exc_type is not None)
 
-    def stop(self) -> None:
-        """Let the thread finish what it can read now, and wait for it."""
+    def stop(self, abort: bool = False) -> None:
+        """Let the thread finish what it can read now (or drop it all), and wait for it."""
+        if abort:
+            self._abort.set()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -71,9 +79,13 @@ class _BackgroundWorker:
     def _guarded(self) -> None:
         try:
             self._run()
-        except OSError:
+        except (OSError, _Aborted):
             # A file vanished or cannot be read: the caller hashes it afterwards.
             return
+
+    def _check_abort(self) -> None:
+        if self._abort.is_set():
+            raise _Aborted
 
     def _run(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -111,9 +123,9 @@ class _Tail:
             self.offset += got
         return self.offset - start
 
-    def finish(self) -> HashedFile:
+    def finish(self, check: Callable[[], None]) -> HashedFile:
         while self.pump(_PASS_LIMIT):
-            pass
+            check()
         st = os.fstat(self.fh.fileno())
         self.fh.close()
         return HashedFile(self.hash.hexdigest(), self.offset, self.inode, st.st_mtime_ns)
@@ -140,6 +152,11 @@ class DownloadHasher(_BackgroundWorker):
         self._tails: dict[str, _Tail] = {}
         self._done: dict[tuple[int, int], HashedFile] = {}
         self._lock = threading.Lock()
+        # Partial files of earlier, killed downloads: not this download's to hash.
+        try:
+            self._old = {n for n in os.listdir(self.folder) if n.endswith(suffix)}
+        except OSError:
+            self._old = set()
 
     def result_for(self, path: Path) -> HashedFile | None:
         """What was hashed of the file now at ``path``, when it covered the whole file."""
@@ -149,7 +166,8 @@ class DownloadHasher(_BackgroundWorker):
             return None
         with self._lock:
             found = self._done.get((st.st_dev, st.st_ino))
-        if found is None or found.size != st.st_size:
+        # Size and modification time too: an inode number is reused once freed.
+        if found is None or (found.size, found.mtime_ns) != (st.st_size, st.st_mtime_ns):
             return None
         return found
 
@@ -161,16 +179,17 @@ class DownloadHasher(_BackgroundWorker):
                 for name, tail in list(self._tails.items()):
                     if not os.path.exists(tail.path):
                         # Renamed into place (or removed): the writer closed it.
-                        self._record(tail.finish())
+                        self._record(tail.finish(self._check_abort))
                         del self._tails[name]
                     else:
                         # Big reads only: many small ones would cost more than the hash.
                         tail.pump(_PASS_LIMIT, at_least=_MIN_READ)
                 if stopping:
                     break
+                self._check_abort()
                 self._stop.wait(self.poll_s)
             for tail in self._tails.values():
-                self._record(tail.finish())
+                self._record(tail.finish(self._check_abort))
         finally:
             for tail in self._tails.values():
                 if not tail.fh.closed:
@@ -183,7 +202,7 @@ class DownloadHasher(_BackgroundWorker):
         except FileNotFoundError:
             return
         for name in names:
-            if name.endswith(self.suffix) and name not in self._tails:
+            if name.endswith(self.suffix) and name not in self._tails and name not in self._old:
                 try:
                     self._tails[name] = _Tail(self.folder / name)
                 except OSError:
@@ -269,8 +288,9 @@ class FinishedFilesHasher(_BackgroundWorker):
     def _hash(self, name: str) -> HashedFile | None:
         path = self.folder / name
         try:
+            self._check_abort()
             before = os.stat(path)
-            digest = sha256_file(path)
+            digest = sha256_file(path, check=self._check_abort)
             after = os.stat(path)
         except OSError:
             return None

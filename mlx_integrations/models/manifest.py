@@ -135,7 +135,9 @@ class Manifest:
         return cls.from_json((Path(model_dir) / MANIFEST_FILE).read_text())
 
 
-def sha256_file(path: Path, chunk_size: int = 4 << 20) -> str:
+def sha256_file(
+    path: Path, chunk_size: int = 4 << 20, check: Callable[[], None] | None = None
+) -> str:
     """The sha256 of a file, read into one reused buffer of ``chunk_size`` bytes.
 
     Big reads keep the GIL changes rare (hashlib and the read release it), so hashing
@@ -147,6 +149,8 @@ def sha256_file(path: Path, chunk_size: int = 4 << 20) -> str:
     with open(path, "rb", buffering=0) as fh:
         while got := fh.readinto(view):
             h.update(view[:got])
+            if check is not None:
+                check()  # may raise to stop early
     return h.hexdigest()
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -42,6 +43,8 @@ from mlx_integrations.models.errors import (
 )
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest, VerifyReport, verify_files
 from mlx_integrations.models.names import folder_name, validate_name
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_HOME = "~/.cache/mlxi"
 _TMP_PREFIX = ".tmp-"
@@ -178,6 +181,7 @@ class ModelLease:
     def __init__(self, path: Path, fh: Any) -> None:
         self.path = path
         self._fh = fh
+        self._pid = os.getpid()
 
     @property
     def held(self) -> bool:
@@ -185,11 +189,15 @@ class ModelLease:
         return not self._fh.closed
 
     def release(self) -> None:
-        """Give the claim up. Idempotent."""
+        """Give the claim up. Idempotent.
+
+        In a forked child the file is only closed: the claim is the parent's.
+        """
         if self._fh.closed:
             return
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        if os.getpid() == self._pid:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
         self._fh.close()
 
     def __enter__(self) -> ModelLease:
@@ -260,6 +268,16 @@ class ModelBuild:
                         f"Model {self.name!r} is already in the store.",
                         hint="Pass --force (overwrite=True) to replace it.",
                     )
+                users = self.store._holders(target.name, clean=True)
+                if users:
+                    err = ModelInUseError(
+                        f"Model {self.name!r} is in use by process "
+                        f"{', '.join(map(str, users))}; it was not replaced.",
+                        hint=f"Stop it first, or remove it anyway (mlxi rm {self.name} --force) "
+                        "and run the command again.",
+                    )
+                    err.pids = users
+                    raise err
                 trash = (
                     self.store.models_dir / f"{_TRASH_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
                 )
@@ -324,23 +342,38 @@ class ModelStore:
         return self._lease_folder(model.path.name)
 
     def users(self, name: str) -> tuple[int, ...]:
-        """Process ids holding a lease on a stored model (this one included)."""
+        """Process ids holding a lease on a stored model (this one included).
+
+        A store this process cannot write to (read-only disk, another user's) is read
+        without its lock, and stale lease files stay.
+        """
         model = self.get(name)
-        with self.lock():
-            return self._holders(model.path.name)
+        try:
+            with self.lock():
+                return self._holders(model.path.name)
+        except OSError:
+            return self._holders(model.path.name, clean=False)
 
     def _lease_folder(self, folder: str) -> ModelLease:
+        """Claim a model folder; raises OSError where the store cannot be written."""
         with self.lock():
+            identity = _model_identity(self.models_dir / folder)
+            if identity is None:
+                raise FileNotFoundError(f"{self.models_dir / folder} is no longer in the store")
             leases = self.home / _IN_USE_DIR
+            leases.mkdir(exist_ok=True)
+            path = leases / f"{folder}.{os.getpid()}.{uuid.uuid4().hex[:8]}.lock"
+            fh = open(path, "w")  # held open while the lease lives
             try:
-                leases.mkdir(exist_ok=True)
-                path = leases / f"{folder}.{os.getpid()}.{uuid.uuid4().hex[:8]}.lock"
-                fh = open(path, "w")  # held open while the lease lives
-            except OSError as exc:
-                raise io_error(exc, f"mark {folder!r} as in use") from exc
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never contended
-            fh.write(str(os.getpid()))
-            fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never contended
+                # Which model: one removed with --force and made again under the same
+                # name is not held by the old one's users.
+                fh.write(f"{os.getpid()} {identity}")
+                fh.flush()
+            except BaseException:
+                fh.close()
+                path.unlink(missing_ok=True)
+                raise
             return ModelLease(path, fh)
 
     def _holders(self, folder: str, *, clean: bool = True) -> tuple[int, ...]:
@@ -348,12 +381,16 @@ class ModelStore:
 
         Call with the store lock held (leases are created under it).
         """
+        identity = _model_identity(self.models_dir / folder)
         pids: list[int] = []
         for path in self._lease_files(folder):
-            if _lease_alive(path):
-                pids.append(int(path.name.rsplit(".", 3)[1]))
-            elif clean:
-                path.unlink(missing_ok=True)
+            if not _lease_alive(path):
+                if clean:
+                    path.unlink(missing_ok=True)
+                continue
+            if _lease_identity(path) not in (None, identity):
+                continue  # held on an earlier model of that name, removed with --force
+            pids.append(int(path.name.rsplit(".", 3)[1]))
         return tuple(sorted(set(pids)))
 
     def _lease_files(self, folder: str | None = None) -> list[Path]:
@@ -545,7 +582,7 @@ class ModelStore:
             model = self.get(name)
             freed = disk_usage(model.path)
             users = self._holders(model.path.name, clean=not dry_run)
-            if users and not force:
+            if users and not force and not dry_run:
                 err = ModelInUseError(
                     f"Model {name!r} is in use by process {', '.join(map(str, users))}.",
                     hint=f"Stop it first, or remove the files anyway: mlxi rm {name} --force "
@@ -723,17 +760,48 @@ def _purge_revision(links: _HubLinks) -> int:
 
 
 def _lease_alive(path: Path) -> bool:
-    """True when some process holds the flock of a lease file."""
+    """True when some process holds the flock of a lease file.
+
+    Opened read-only (flock needs no write access); a file that cannot be checked
+    counts as held, so a lease is never taken for stale by mistake.
+    """
     try:
-        with open(path, "a") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            return False
-    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _model_identity(model_dir: Path) -> str | None:
+    """Which model a folder holds now: its manifest's inode and modification time.
+
+    (Inode numbers alone are reused once a removed folder is freed.)
+    """
+    try:
+        st = os.stat(model_dir / MANIFEST_FILE)
+    except OSError:
+        return None
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
+def _lease_identity(path: Path) -> str | None:
+    """The model identity a lease file records (None for an unreadable one)."""
+    try:
+        return path.read_text().split()[1]
+    except (OSError, IndexError):
+        return None
 
 
 def _build_owner_alive(folder: str) -> bool:
@@ -800,12 +868,18 @@ def lease_model_folder(path: Path) -> ModelLease | None:
     """
     path = Path(path)
     models_dir = path.parent
-    if models_dir.name != "models" or not (path / MANIFEST_FILE).is_file():
+    # A store folder: models/<folder>/manifest beside the store's own lock file.
+    if (
+        models_dir.name != "models"
+        or not (path / MANIFEST_FILE).is_file()
+        or not (models_dir.parent / ".lock").is_file()
+    ):
         return None
     store = ModelStore(models_dir.parent)
     try:
         return store._lease_folder(path.name)
-    except StoreError:
+    except OSError as exc:  # read-only store, another user's, no flock on a network disk
+        logger.warning("Cannot mark %s as in use (%s); mlxi rm will not see it loaded.", path, exc)
         return None
 
 

@@ -50,11 +50,13 @@ def test_format_json_schema_constrains_the_answer(home, tmp_path):
     [
         ("yaml", "neither 'json' nor a readable JSON Schema file"),
         ("list.json", "a JSON Schema is an object"),
+        ("bad.json", "not a valid JSON Schema at properties/n/type"),
     ],
 )
 def test_a_bad_format_is_a_usage_error(home, tmp_path, monkeypatch, value, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bad.json").write_text('{"type": "object", "properties": {"n": {"type": 5}}}')
     result = CliRunner().invoke(app, ["run", "tiny", "Hi", "--format", value])
     assert result.exit_code == 2
     assert message in result.stderr
@@ -125,6 +127,9 @@ def test_ctrl_c_at_the_prompt_exits_130(home):
     term = Terminal(["run", "tiny"])
     try:
         term.read_until(">>> ")
+        # Let input() reach its wait for a key: a signal that lands while readline is
+        # still drawing the prompt is only noticed at the next key press.
+        time.sleep(0.5)
         term.proc.send_signal(signal.SIGINT)
         assert term.close() == 130
     finally:

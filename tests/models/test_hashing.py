@@ -114,3 +114,36 @@ def test_stop_waits_for_the_background_thread(tmp_path):
     with DownloadHasher(tmp_path):
         (tmp_path / "a.incomplete").write_bytes(b"a")
     assert threading.active_count() == before
+
+
+def test_partial_files_of_earlier_downloads_are_not_hashed(tmp_path):
+    (tmp_path / "old.1.incomplete").write_bytes(os.urandom(1 << 20))  # a killed pull's
+    with DownloadHasher(tmp_path) as hasher:
+        time.sleep(0.05)
+        (tmp_path / "old.1.incomplete").rename(tmp_path / "old")
+    assert hasher.result_for(tmp_path / "old") is None
+
+
+def test_a_new_file_on_a_reused_inode_is_not_taken_for_the_old_one(tmp_path):
+    with DownloadHasher(tmp_path) as hasher:
+        partial = tmp_path / "a.1.incomplete"
+        partial.write_bytes(b"A" * 4096)
+        time.sleep(0.05)
+        partial.unlink()  # failed download; its inode is free again
+        time.sleep(0.05)
+    new = tmp_path / "b"
+    new.write_bytes(b"B" * 4096)  # same size, likely the same inode
+    os.utime(new, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert hasher.result_for(new) is None
+
+
+def test_an_error_in_the_with_block_stops_hashing_at_once(tmp_path):
+    (tmp_path / "w.bin").write_bytes(os.urandom(8 << 20))
+    hasher = FinishedFilesHasher(tmp_path, "done", lambda n: n == "w.bin")
+    try:
+        with hasher:
+            (tmp_path / "done").write_text("")
+            raise RuntimeError("disk full")
+    except RuntimeError:
+        pass
+    assert not hasher._thread.is_alive()

@@ -107,10 +107,20 @@ def test_lease_names_do_not_mix_up_models_with_similar_names(store, tiny_llama):
     assert store.remove("tiny.v2").kind == "model"
 
 
-def test_a_folder_outside_the_store_is_not_claimed(tiny_llama, tmp_path):
+def test_a_folder_outside_the_store_is_not_claimed(store, tiny_llama, tmp_path):
+    import shutil
+
     from mlx_integrations.models import lease_model_folder
 
     assert lease_model_folder(tiny_llama) is None
+    # A models/<x>/ folder with a manifest, copied out of a store, is still not one.
+    model = import_model(tiny_llama, "tiny", store=store)
+    lookalike = tmp_path / "elsewhere" / "models" / "tiny"
+    shutil.copytree(model.path, lookalike)
+    assert lease_model_folder(lookalike) is None
+    assert not (lookalike.parent.parent / "in-use").exists()
+    with lease_model_folder(model.path) as lease:  # the real one is claimed
+        assert lease is not None and store.users("tiny") == (os.getpid(),)
 
 
 def test_cli_rm_refuses_a_model_in_use_and_force_removes_it(
@@ -134,3 +144,67 @@ def test_cli_rm_refuses_a_model_in_use_and_force_removes_it(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_store_that_cannot_record_leases_still_serves_its_models(
+    store, tiny_llama, caplog: pytest.LogCaptureFixture
+):
+    import asyncio
+
+    import_model(tiny_llama, "tiny", store=store)
+    (store.home / "in-use").write_text("not a folder")  # lease files cannot be made
+    engine = SimpleEngine(store.get("tiny").path)
+
+    async def run() -> int:
+        await engine.start()
+        try:
+            out = await engine.generate("Hello", max_tokens=3, temperature=0.0)
+            return out.completion_tokens
+        finally:
+            await engine.stop()
+
+    with caplog.at_level("WARNING"):
+        assert asyncio.run(run()) > 0
+    assert "Cannot mark" in caplog.text and "in use" in caplog.text
+    assert store.users("tiny") == ()
+    assert show_model("tiny", store=store).in_use_by == ()
+
+
+def test_a_forked_child_leaves_its_parents_lease_alone(store, tiny_llama):
+    import_model(tiny_llama, "tiny", store=store)
+    lease = store.lease("tiny")
+    lease._pid = -1  # as if this process were a fork of the one that took it
+    lease.release()
+    assert lease.path.exists()  # the parent's claim file stays
+    lease.path.unlink()
+
+
+def test_replacing_a_model_in_use_is_refused(store, tiny_llama, tiny_qwen2):
+    import_model(tiny_llama, "tiny", store=store)
+    before = store.get("tiny").manifest.digest
+    with store.lease("tiny"):
+        with pytest.raises(ModelInUseError, match="was not replaced"):
+            import_model(tiny_qwen2, "tiny", store=store, overwrite=True)
+        assert store.get("tiny").manifest.digest == before
+    assert import_model(tiny_qwen2, "tiny", store=store, overwrite=True).manifest.digest != before
+
+
+def test_a_model_made_again_under_a_removed_name_is_not_held_by_old_users(store, tiny_llama):
+    import_model(tiny_llama, "tiny", store=store)
+    proc = _holder(store, "tiny")
+    try:
+        assert store.remove("tiny", force=True).in_use_by == (proc.pid,)
+        import_model(tiny_llama, "tiny", store=store)
+        assert store.users("tiny") == ()
+        assert store.remove("tiny").kind == "model"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_dry_run_reports_a_model_in_use_without_failing(store, tiny_llama):
+    import_model(tiny_llama, "tiny", store=store)
+    with store.lease("tiny"):
+        dry = store.remove("tiny", dry_run=True)
+        assert dry.dry_run and dry.in_use_by == (os.getpid(),)
+        assert store.contains("tiny")

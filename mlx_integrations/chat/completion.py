@@ -291,7 +291,11 @@ def constraint_processors(
         return [rf.make_processor(tokenizer)], fmt
     if not tools or choice is None:
         return [], fmt
-    layout = mistral_call_layout(tokenizer) if fmt.name == "mistral" else None
+    layout = None
+    if fmt.name == "mistral":
+        # Probed once at load by our engines; other engines' templates are probed here.
+        caps = getattr(engine, "template_capabilities", None)
+        layout = caps.mistral_layout if caps is not None else mistral_call_layout(tokenizer)
     if fmt.name in _JSON_BODY_FORMATS and fmt.start:
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
     elif layout is not None:

@@ -30,6 +30,9 @@ class TemplateCapabilities:
     short_call_ids: bool = False
     """The template takes only 9-character alphanumeric tool-call ids (Mistral v0.3,
     Nemo, Small 3.x raise on others); ids are shortened when rendering."""
+    mistral_layout: str | None = None
+    """How the template writes a call after ``[TOOL_CALLS]`` (see
+    :func:`mistral_call_layout`); None for other templates."""
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -62,7 +65,13 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
     short_ids = False
     if not renders_tool_messages and _renders_tool_messages(tokenizer, tool, "callprobe"):
         renders_tool_messages = short_ids = True
-    return TemplateCapabilities(True, renders_tools, renders_tool_messages, short_ids)
+    template = getattr(tokenizer, "chat_template", None)
+    layout = (
+        mistral_call_layout(tokenizer)
+        if isinstance(template, str) and "[TOOL_CALLS]" in template
+        else None
+    )
+    return TemplateCapabilities(True, renders_tools, renders_tool_messages, short_ids, layout)
 
 
 def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -> bool:

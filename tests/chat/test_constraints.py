@@ -726,6 +726,7 @@ async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_pa
     try:
         assert detect_format(engine.tokenizer).name == "mistral"
         assert mistral_call_layout(engine.tokenizer) == layout
+        assert engine.template_capabilities.mistral_layout == layout  # probed once, at load
         for seed in SEEDS[:3]:
             for choice, parallel in (("required", False), ("add", False), ("add", True)):
                 out = await engine.chat(

@@ -172,6 +172,10 @@ def chat_session(
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue
+            except ValueError as exc:  # e.g. the conversation outgrew the context
+                typer.echo(f"Error: {exc}", err=True)
+                typer.echo("Hint: /clear starts the conversation afresh.", err=True)
+                continue
             history = [*turns, {"role": "assistant", "content": text}]
     finally:
         _stop(engine)

@@ -75,9 +75,10 @@ class Terminal:
         self.master = master
         self.seen = ""
 
-    def read_until(self, text: str, timeout: float = 60.0) -> str:
+    def read_until(self, text: str, timeout: float = 60.0, start: int = 0) -> str:
+        """Read until ``text`` shows at or after offset ``start`` of the output."""
         deadline = time.monotonic() + timeout
-        while text not in self.seen:
+        while text not in self.seen[start:]:
             left = deadline - time.monotonic()
             assert left > 0, f"never saw {text!r}; output was:\n{self.seen}"
             ready, _, _ = select.select([self.master], [], [], left)
@@ -132,6 +133,34 @@ def test_ctrl_c_at_the_prompt_exits_130(home):
         time.sleep(0.5)
         term.proc.send_signal(signal.SIGINT)
         assert term.close() == 130
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+
+
+def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from tests.support.tiny_models import build_tiny_model
+
+    home = tmp_path / "mlxi"
+    small = build_tiny_model(tmp_path / "small", arch="llama", max_position_embeddings=64)
+    import_model(small, "small", store=ModelStore(home))
+    monkeypatch.setenv("MLXI_HOME", str(home))
+    term = Terminal(["run", "small", "--max-tokens", "4", "--temperature", "0"])
+    try:
+        term.read_until(">>> ")
+        mark = len(term.seen)
+        term.send("tell me more " * 40)
+        term.read_until("more than the context window", start=mark)
+        term.read_until("/clear starts the conversation afresh", start=mark)
+        term.read_until(">>> ", start=mark)
+        mark = len(term.seen)
+        term.send("hi")
+        term.read_until("hi\r\n", start=mark)
+        term.read_until(">>> ", start=mark + 4)  # answered; the session is still there
+        term.send("/bye")
+        assert term.close() == 0
     finally:
         if term.proc.poll() is None:
             term.proc.kill()

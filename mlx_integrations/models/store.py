@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +46,8 @@ from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest, VerifyRepo
 from mlx_integrations.models.names import folder_name, validate_name
 
 logger = logging.getLogger(__name__)
+# Store locks this thread holds (folder -> depth), so lock() can be nested.
+_HELD_LOCKS = threading.local()
 
 DEFAULT_HOME = "~/.cache/mlxi"
 _TMP_PREFIX = ".tmp-"
@@ -320,13 +323,28 @@ class ModelStore:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the store's lock (an flock across processes) while changing names."""
-        self.ensure()
-        with open(self.home / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        """Hold the store's lock (an flock across processes) while changing names.
+
+        Re-entrant within a thread: a nested ``lock()`` of the same store folder
+        does not wait for itself.
+        """
+        key = str(self.home.resolve())
+        held = _HELD_LOCKS.__dict__.setdefault("counts", {})
+        if held.get(key):
+            held[key] += 1
             try:
                 yield
             finally:
+                held[key] -= 1
+            return
+        self.ensure()
+        with open(self.home / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            held[key] = 1
+            try:
+                yield
+            finally:
+                held[key] = 0
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     # Models in use

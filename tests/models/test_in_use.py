@@ -208,3 +208,13 @@ def test_dry_run_reports_a_model_in_use_without_failing(store, tiny_llama):
         dry = store.remove("tiny", dry_run=True)
         assert dry.dry_run and dry.in_use_by == (os.getpid(),)
         assert store.contains("tiny")
+
+
+def test_the_store_lock_can_be_taken_inside_itself(store, tiny_llama):
+    import_model(tiny_llama, "tiny", store=store)
+    with store.lock(), store.lock():
+        assert store.users("tiny") == ()  # takes the lock once more
+        with store.lease("tiny"):
+            assert store.users("tiny") == (os.getpid(),)
+    with store.lease("tiny"):  # and it was given back
+        assert store.users("tiny") == (os.getpid(),)

@@ -245,6 +245,23 @@ app.command("ls", help="List the models of the store (same as list).")(list_)
 
 @app.command()
 @handle_errors
+def ps(json_output: bool = JSON_OPTION) -> None:
+    """List the stored models that running processes have loaded (engines, mlxi run)."""
+    from mlx_integrations.models.store import default_store
+
+    loaded = default_store().in_use()
+    if json_output:
+        print_json([{**m.summary(), "pids": list(pids)} for m, pids in loaded])
+        return
+    rows = [
+        [m.name, m.summary()["id"], human_size(m.manifest.size_bytes), ", ".join(map(str, pids))]
+        for m, pids in loaded
+    ]
+    print_table(["NAME", "ID", "SIZE", "PROCESSES"], rows)
+
+
+@app.command()
+@handle_errors
 def show(
     name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
     json_output: bool = JSON_OPTION,

@@ -372,6 +372,15 @@ class ModelStore:
         except OSError:
             return self._holders(model.path.name, clean=False)
 
+    def in_use(self) -> list[tuple[StoredModel, tuple[int, ...]]]:
+        """The stored models that some process has loaded, with those processes' ids."""
+        out = []
+        for model in self.list():
+            users = self._holders(model.path.name, clean=False)
+            if users:
+                out.append((model, users))
+        return out
+
     def _lease_folder(self, folder: str) -> ModelLease:
         """Claim a model folder; raises OSError where the store cannot be written."""
         with self.lock():

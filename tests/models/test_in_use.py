@@ -137,10 +137,16 @@ def test_cli_rm_refuses_a_model_in_use_and_force_removes_it(
         assert store.contains("tiny")
         shown = json.loads(CliRunner().invoke(app, ["show", "tiny", "--json"]).stdout)
         assert shown["in_use_by"] == [proc.pid]
+        [loaded] = json.loads(CliRunner().invoke(app, ["ps", "--json"]).stdout)
+        assert loaded["name"] == "tiny" and loaded["pids"] == [proc.pid]
+        table = CliRunner().invoke(app, ["ps"]).stdout.splitlines()
+        assert table[0].split() == ["NAME", "ID", "SIZE", "PROCESSES"]
+        assert table[1].split()[0] == "tiny" and table[1].split()[-1] == str(proc.pid)
         forced = CliRunner().invoke(app, ["rm", "tiny", "--yes", "--force"])
         assert forced.exit_code == 0, forced.stderr
         assert f"still loaded by process {proc.pid}" in forced.stdout
         assert not store.contains("tiny")
+        assert json.loads(CliRunner().invoke(app, ["ps", "--json"]).stdout) == []
     finally:
         proc.kill()
         proc.wait()

@@ -58,36 +58,57 @@ def _stream(
     temperature: float,
     verbose: bool,
     response_format: dict[str, Any] | None = None,
+    show_thinking: bool = True,
 ) -> str:
-    """Print the answer as it streams; return its text.
+    """Print the answer as it streams (reasoning on stderr, dimmed); return its text.
 
     Ctrl-C while it streams aborts the request in the engine and raises
     KeyboardInterrupt here (the engine goes on serving).
     """
+    from mlx_integrations.chat.completion import ChatRequest, Finished, stream_chat_events
+    from mlx_integrations.chat.output_parser import ReasoningDelta, TextDelta
     from mlx_integrations.engine.sync import iterate_sync
 
+    request = ChatRequest(
+        messages,
+        response_format=response_format,
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )
+    dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     parts: list[str] = []
+    thinking = False
     start = time.perf_counter()
-    last: Any = None
-    extra = {"response_format": response_format} if response_format else {}
-    stream = engine.stream_chat(messages, max_tokens=max_tokens, temperature=temperature, **extra)
+    last: Finished | None = None
     try:
-        for out in iterate_sync(stream):
-            if out.new_text:
-                parts.append(out.new_text)
-                sys.stdout.write(out.new_text)
+        for event in iterate_sync(stream_chat_events(engine, request)):
+            if isinstance(event, ReasoningDelta) and show_thinking:
+                if not thinking:
+                    sys.stderr.write(dim)
+                    thinking = True
+                sys.stderr.write(event.text)
+                sys.stderr.flush()
+            elif isinstance(event, TextDelta):
+                if thinking:
+                    sys.stderr.write(plain + "\n")
+                    thinking = False
+                parts.append(event.text)
+                sys.stdout.write(event.text)
                 sys.stdout.flush()
-            last = out
+            elif isinstance(event, Finished):
+                last = event
     finally:
+        if thinking:
+            sys.stderr.write(plain + "\n")
         sys.stdout.write("\n")
         sys.stdout.flush()
     if verbose and last is not None:
         seconds = time.perf_counter() - start
-        n = getattr(last, "completion_tokens", 0)
+        n = last.completion_tokens
         typer.echo(
-            f"[{getattr(last, 'prompt_tokens', 0)} prompt tokens, {n} tokens in "
+            f"[{last.prompt_tokens} prompt tokens, {n} tokens in "
             f"{seconds:.2f} s, {n / max(seconds, 1e-9):.1f} tok/s, "
-            f"finish: {getattr(last, 'finish_reason', None)}]",
+            f"finish: {last.finish_reason}]",
             err=True,
         )
     return "".join(parts)
@@ -118,6 +139,7 @@ def one_shot(
     temperature: float,
     verbose: bool,
     response_format: dict[str, Any] | None = None,
+    show_thinking: bool = True,
 ) -> None:
     """Answer one prompt and exit (Ctrl-C: exit code 130)."""
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -125,7 +147,7 @@ def one_shot(
     ]
     engine = _engine(model)
     try:
-        _stream(engine, messages, max_tokens, temperature, verbose, response_format)
+        _stream(engine, messages, max_tokens, temperature, verbose, response_format, show_thinking)
     finally:
         _stop(engine)
 
@@ -138,6 +160,7 @@ def chat_session(
     temperature: float,
     verbose: bool,
     response_format: dict[str, Any] | None = None,
+    show_thinking: bool = True,
 ) -> None:
     """Read user turns until /bye, Ctrl-D or Ctrl-C at the prompt.
 
@@ -168,7 +191,15 @@ def chat_session(
                 continue
             turns = [*history, {"role": "user", "content": line}]
             try:
-                text = _stream(engine, turns, max_tokens, temperature, verbose, response_format)
+                text = _stream(
+                    engine,
+                    turns,
+                    max_tokens,
+                    temperature,
+                    verbose,
+                    response_format,
+                    show_thinking,
+                )
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue

@@ -549,9 +549,13 @@ def run(
         "--format",
         help="Constrain answers: 'json' (any JSON object) or a JSON Schema file.",
     ),
+    hide_thinking: bool = typer.Option(
+        False, "--hide-thinking", help="Do not print a reasoning model's thinking (stderr)."
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
+    The answer goes to stdout; a reasoning model's thinking goes to stderr, dimmed.
     In the session: /clear forgets the conversation, Ctrl-C stops the answer being
     written, /bye (or Ctrl-D) leaves.
     """
@@ -570,6 +574,7 @@ def run(
         "temperature": temperature,
         "verbose": verbose,
         "response_format": response_format,
+        "show_thinking": not hide_thinking,
     }
     if prompt is not None:
         one_shot(model, prompt, **options)

@@ -164,3 +164,24 @@ def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
     finally:
         if term.proc.poll() is None:
             term.proc.kill()
+
+
+def test_a_reasoning_models_thinking_goes_to_stderr_or_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from tests.chat.test_chat_engine import THINKING_TEMPLATE
+    from tests.support.tiny_models import build_tiny_model
+
+    home = tmp_path / "mlxi"
+    # The template opens a <think> block: what the model writes first is its thinking.
+    thinker = build_tiny_model(tmp_path / "thinker", arch="qwen2", chat_template=THINKING_TEMPLATE)
+    import_model(thinker, "thinker", store=ModelStore(home))
+    monkeypatch.setenv("MLXI_HOME", str(home))
+    args = ["run", "thinker", "Hi", "--max-tokens", "12", "--temperature", "0"]
+    shown = CliRunner().invoke(app, args)
+    assert shown.exit_code == 0, shown.stderr
+    thought = shown.stderr.strip()
+    assert thought and thought not in shown.stdout
+    hidden = CliRunner().invoke(app, [*args, "--hide-thinking"])
+    assert hidden.exit_code == 0, hidden.stderr
+    assert thought not in hidden.stderr and hidden.stdout == shown.stdout

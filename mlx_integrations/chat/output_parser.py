@@ -31,7 +31,7 @@ def _prefixes(literal: str) -> str:
 # what starts one (a JSON object or list, a pythonic list, Mistral's ``name[ARGS]`` or
 # ``name[CALL_ID]id[ARGS]``), and what may still grow into one of Mistral's.
 _SEPARATORS = " \t\r\n;,"
-_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*(?:\[CALL_ID\]\s*[\w-]*\s*)?\[ARGS\]")
+_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*\[(?:CALL_ID|ARGS)\]")
 _MAYBE_NEXT_CALL = re.compile(
     rf"[\w.-]*\s*(?:{_prefixes('[ARGS]')}|{_prefixes('[CALL_ID]')}"
     rf"|\[CALL_ID\]\s*[\w-]*\s*{_prefixes('[ARGS]')})"

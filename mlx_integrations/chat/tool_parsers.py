@@ -138,15 +138,30 @@ def _literal(node: ast.expr) -> Any:
 
 # Mistral's newer tokenizers put a call id between the name and the arguments:
 # ``[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{...}``.
-_MISTRAL_CALL_ID = re.compile(r"([\w.-]+)\s*\[CALL_ID\]\s*[\w-]*\s*(?=\[ARGS\])")
+_MISTRAL_HEADER = re.compile(r"[\s,;]*([\w.-]+)\s*(?:\[CALL_ID\]\s*[\w-]*\s*)?\[ARGS\]\s*")
 
 
 def parse_mistral_calls(body: str, tools: Any = None) -> Any:
     """Mistral calls: a JSON list, ``name[ARGS]{...}``, or ``name[CALL_ID]id[ARGS]{...}``.
 
-    The model's own call ids are dropped (every call gets a fresh id, as in all formats).
+    Calls with an id are read one after the other from the start (the arguments as one
+    JSON value each), so ``[CALL_ID]`` inside an argument string is left alone. The
+    model's own ids are dropped: every call gets a fresh id, as in all formats.
     """
-    return _mlx_lm_parser("mistral")(_MISTRAL_CALL_ID.sub(r"\1", body), tools)
+    if "[CALL_ID]" not in body or body.lstrip().startswith(("[", "{")):
+        return _mlx_lm_parser("mistral")(body, tools)
+    decoder = json.JSONDecoder()
+    text = body.rstrip()
+    calls, pos = [], 0
+    while pos < len(text):
+        header = _MISTRAL_HEADER.match(text, pos)
+        if header is None:
+            raise ValueError(f"Could not parse tool call from: {body}")
+        arguments, pos = decoder.raw_decode(text, header.end())
+        if not isinstance(arguments, dict):
+            raise ValueError(f"Tool call arguments must be a JSON object: {body}")
+        calls.append({"name": header.group(1), "arguments": arguments})
+    return calls[0] if len(calls) == 1 else calls
 
 
 def _mlx_lm_parser(module: str) -> BodyParser:

@@ -495,3 +495,16 @@ def test_templates_that_need_nine_character_ids_get_native_tool_messages(tmp_pat
 def test_templates_that_take_any_id_see_the_ids_unchanged(family_tokenizers: dict[str, Any]):
     caps = probe_template(family_tokenizers["mistral_parallel"])
     assert caps.renders_tool_messages and not caps.short_call_ids
+
+
+def test_mistral_call_ids_and_the_same_words_inside_arguments():
+    text = (
+        '[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "x[CALL_ID]y[ARGS]z"}'
+        '[TOOL_CALLS]get_time[CALL_ID]f5g6h7i8j[ARGS]{"zone": "CET"}'
+    )
+    streaming = ChatOutputParser(tool_format=FORMATS["mistral"])
+    for out in (
+        parse_output(text, tool_format=FORMATS["mistral"]),
+        collect(streaming.feed(text) + streaming.finish()),
+    ):
+        assert as_pairs(out.tool_calls) == [("get_weather", {"city": "x[CALL_ID]y[ARGS]z"}), TIME]

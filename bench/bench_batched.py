@@ -22,21 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _streams import QUESTIONS
+
 import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from tests.support.tiny_models import build_tiny_model
-
-QUESTIONS = [
-    "What is the weather in Paris?",
-    "Hello! How can I help you today?",
-    "The capital of France is Paris. The capital of Italy is",
-    "Call get_weather for Rome, in celsius please.",
-    "The quick brown fox jumps over the lazy dog.",
-    "0123456789 + - * / = ( ) [ ] { }",
-    "Tools: You may call one or more functions.",
-    "Unicode: café, naïve, 東京, Привет",
-]
 
 
 async def run_once(

@@ -63,6 +63,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _streams import QUESTIONS, timed_stream
+
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx.core)
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.mlx_engine import MLXEngine
@@ -83,16 +85,6 @@ or pass --peer-python PATH of an interpreter that has vllm-mlx 0.6.0."""
 
 # A continuation that does not end early, so both sides decode the same count.
 DECODE_PROMPT = "Count from one to one thousand: one, two, three, four, five, six,"
-QUESTIONS = [
-    "What is the weather in Paris?",
-    "Hello! How can I help you today?",
-    "The capital of France is Paris. The capital of Italy is",
-    "Call get_weather for Rome, in celsius please.",
-    "The quick brown fox jumps over the lazy dog.",
-    "0123456789 + - * / = ( ) [ ] { }",
-    "Tools: You may call one or more functions.",
-    "Unicode: café, naïve, 東京, Привет",
-]
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
 Sample = dict[str, Any]
 
@@ -202,32 +194,6 @@ class Peer:
 # ------------------------------------------------------------------------ our side
 
 
-async def timed_stream(stream: Any) -> Sample:
-    """Consume one output stream as the worker does: first chunk, then the rest."""
-    start = time.perf_counter()
-    first = last = None
-    out = None
-    chunks = 0
-    async for chunk in stream:
-        out = chunk
-        last = time.perf_counter()
-        if first is None:
-            first = last
-        chunks += 1
-    assert out is not None and first is not None and last is not None
-    return {
-        "text": out.text,
-        "completion_tokens": out.completion_tokens,
-        "prompt_tokens": out.prompt_tokens,
-        "cached_tokens": getattr(out, "cached_tokens", None),
-        "finish_reason": out.finish_reason,
-        "chunks": chunks,
-        "ttft_s": first - start,
-        "decode_s": last - first,
-        "total_s": last - start,
-    }
-
-
 async def ours_batch(engine: MLXEngine, requests: list[list[dict]], max_tokens: int) -> Sample:
     calls = [timed_stream(engine.stream_chat(m, max_tokens=max_tokens, **GREEDY)) for m in requests]
     start = time.perf_counter()
@@ -270,6 +236,49 @@ def print_failure(what: str, exc: PeerError) -> None:
     print(f"    vllm-mlx FAILED ({what}): {exc}")
     for line in exc.detail.strip().splitlines()[-6:]:
         print(f"      | {line}")
+
+
+class PeerEngine:
+    """One vllm-mlx engine in the worker, started (and warmed up) on creation.
+
+    Calling it sends a command to that engine; once its start failed (printed then),
+    every call raises PeerError, so the figures that need it print the failure.
+    """
+
+    def __init__(
+        self,
+        peer: Peer,
+        name: str,
+        kind: str,
+        model: Path,
+        options: dict[str, Any],
+        warmup: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.peer, self.name = peer, name
+        self.label = "SimpleEngine" if kind == "simple" else "BatchedEngine"
+        self.ok = True
+        try:
+            peer.call("start", name=name, kind=kind, model=str(model), options=options)
+            if warmup is not None:
+                self(warmup[0], **warmup[1])
+        except PeerError as exc:
+            print_failure(f"start {self.label}", exc)
+            self.ok = False
+
+    def __call__(self, cmd: str, **fields: Any) -> Sample:
+        if not self.ok:
+            raise PeerError(f"{self.label} did not start")
+        return self.peer.call(cmd, name=self.name, **fields)
+
+    def stop(self, report: Callable[[], None]) -> None:
+        """Run ``report`` (which may ask the engine for stats), then stop the engine."""
+        if not self.ok:
+            return
+        try:
+            report()
+            self("stop")
+        except PeerError as exc:
+            print_failure(f"{self.label} stats/stop", exc)
 
 
 def figure(
@@ -373,31 +382,15 @@ class Settings:
 async def bench_simple(peer: Peer, s: Settings) -> None:
     """Figures 1 and 2 on SimpleEngine against vllm-mlx SimpleEngine."""
     ours = SimpleEngine(s.model)
-    peer_ok = True
-    try:
-        peer.call(
-            "start",
-            name="simple",
-            kind="simple",
-            model=str(s.model),
-            options={"prefix_trie_cache": True},
-        )
-        peer.call("generate", name="simple", prompt=DECODE_PROMPT, max_tokens=8, **GREEDY)
-    except PeerError as exc:
-        print_failure("start SimpleEngine", exc)
-        peer_ok = False
+    warmup = ("generate", {"prompt": DECODE_PROMPT, "max_tokens": 8, **GREEDY})
+    theirs = PeerEngine(peer, "simple", "simple", s.model, {"prefix_trie_cache": True}, warmup)
     await ours.start()
     await timed_stream(ours.stream_generate(DECODE_PROMPT, max_tokens=8, **GREEDY))
-
-    def peer_or_fail(cmd: str, **fields: Any) -> Sample:
-        if not peer_ok:
-            raise PeerError("SimpleEngine did not start")
-        return peer.call(cmd, name="simple", **fields)
 
     # 1. decode tokens/s
     pair = await alternate(
         s.rounds,
-        lambda r: peer_or_fail("generate", prompt=DECODE_PROMPT, max_tokens=s.tokens, **GREEDY),
+        lambda r: theirs("generate", prompt=DECODE_PROMPT, max_tokens=s.tokens, **GREEDY),
         lambda r: timed_stream(ours.stream_generate(DECODE_PROMPT, max_tokens=s.tokens, **GREEDY)),
     )
     note = ""
@@ -418,14 +411,11 @@ async def bench_simple(peer: Peer, s: Settings) -> None:
     )
 
     # 2. second-turn TTFT with the first turn cached
-    await bench_second_turn(s, ours, "SimpleEngine", peer_or_fail)
+    await bench_second_turn(s, ours, "SimpleEngine", theirs)
     await ours.stop()
-    if peer_ok:
-        try:
-            print(f"    vllm-mlx SimpleEngine caches: {peer_cache_summary(peer_or_fail('stats'))}")
-            peer.call("stop", name="simple")
-        except PeerError as exc:
-            print_failure("SimpleEngine stats/stop", exc)
+    theirs.stop(
+        lambda: print(f"    vllm-mlx SimpleEngine caches: {peer_cache_summary(theirs('stats'))}")
+    )
 
 
 async def bench_second_turn(
@@ -482,33 +472,14 @@ async def bench_second_turn(
 async def bench_batched_ttft(peer: Peer, s: Settings) -> None:
     """Figure 2 on BatchedEngine against vllm-mlx BatchedEngine, prefix caches on."""
     ours = BatchedEngine(s.model, max_num_seqs=s.concurrency)
-    peer_ok = True
-    try:
-        peer.call(
-            "start",
-            name="batched_cache",
-            kind="batched",
-            model=str(s.model),
-            options={"scheduler": {"max_num_seqs": s.concurrency}},
-        )
-    except PeerError as exc:
-        print_failure("start BatchedEngine", exc)
-        peer_ok = False
+    options = {"scheduler": {"max_num_seqs": s.concurrency}}
+    theirs = PeerEngine(peer, "batched_cache", "batched", s.model, options)
     await ours.start()
-
-    def peer_call(cmd: str, **fields: Any) -> Sample:
-        if not peer_ok:
-            raise PeerError("BatchedEngine did not start")
-        return peer.call(cmd, name="batched_cache", **fields)
-
-    await bench_second_turn(s, ours, "BatchedEngine", peer_call)
+    await bench_second_turn(s, ours, "BatchedEngine", theirs)
     await ours.stop()
-    if peer_ok:
-        try:
-            print(f"    vllm-mlx BatchedEngine caches: {peer_cache_summary(peer_call('stats'))}")
-            peer.call("stop", name="batched_cache")
-        except PeerError as exc:
-            print_failure("BatchedEngine stats/stop", exc)
+    theirs.stop(
+        lambda: print(f"    vllm-mlx BatchedEngine caches: {peer_cache_summary(theirs('stats'))}")
+    )
 
 
 async def bench_batched_throughput(peer: Peer, s: Settings) -> None:
@@ -520,28 +491,13 @@ async def bench_batched_throughput(peer: Peer, s: Settings) -> None:
         s.model, max_num_seqs=s.concurrency, cache_memory_mb=0, load_warm_caches=False
     )
     scheduler = {"max_num_seqs": s.concurrency, "enable_prefix_cache": False}
-    peer_ok = True
-    try:
-        peer.call(
-            "start",
-            name="batched",
-            kind="batched",
-            model=str(s.model),
-            options={"scheduler": scheduler},
-        )
-        peer.call("batch", name="batched", requests=requests, max_tokens=8, **GREEDY)
-    except PeerError as exc:
-        print_failure("start BatchedEngine", exc)
-        peer_ok = False
+    warmup = ("batch", {"requests": requests, "max_tokens": 8, **GREEDY})
+    theirs = PeerEngine(peer, "batched", "batched", s.model, {"scheduler": scheduler}, warmup)
     await ours.start()
     await ours_batch(ours, requests, 8)  # warm up outside the timings
 
     def peer_run(r: int) -> Sample:
-        if not peer_ok:
-            raise PeerError("BatchedEngine did not start")
-        return peer.call(
-            "batch", name="batched", requests=requests, max_tokens=s.batch_tokens, **GREEDY
-        )
+        return theirs("batch", requests=requests, max_tokens=s.batch_tokens, **GREEDY)
 
     pair = await alternate(s.rounds, peer_run, lambda r: ours_batch(ours, requests, s.batch_tokens))
 
@@ -566,15 +522,14 @@ async def bench_batched_throughput(peer: Peer, s: Settings) -> None:
     )
     steps = ours.get_stats()
     await ours.stop()
-    line = f"    ours: mean decode batch {steps['mean_batch_size']:.2f}"
-    if peer_ok:
-        try:
-            peer_steps = peer.call("stats", name="batched")["stats"].get("steps_executed")
-            line += f"; vllm-mlx: {peer_steps} scheduler steps in all"
-            peer.call("stop", name="batched")
-        except PeerError as exc:
-            print_failure("BatchedEngine stats/stop", exc)
-    print(line)
+    line = [f"    ours: mean decode batch {steps['mean_batch_size']:.2f}"]
+
+    def peer_steps() -> None:
+        done = theirs("stats")["stats"].get("steps_executed")
+        line.append(f"; vllm-mlx: {done} scheduler steps in all")
+
+    theirs.stop(peer_steps)
+    print("".join(line))
 
 
 async def bench_model(peer: Peer, s: Settings) -> None:

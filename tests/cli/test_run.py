@@ -94,17 +94,30 @@ class Terminal:
     def send(self, line: str) -> None:
         os.write(self.master, line.encode() + b"\n")
 
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:  # a failed test must not leave mlxi running
+            self.proc.kill()
+            self.proc.wait()
+        self._close_master()
+
     def close(self) -> int:
         try:
             return self.proc.wait(timeout=60)
         finally:
+            self._close_master()
+
+    def _close_master(self) -> None:
+        if self.master >= 0:
             os.close(self.master)
+            self.master = -1
 
 
 def test_interactive_session_clear_interrupt_and_bye(home):
     # Greedy decoding on the tiny model runs to the token limit: a long answer to stop.
-    term = Terminal(["run", "tiny", "--max-tokens", "20000", "--temperature", "0"])
-    try:
+    with Terminal(["run", "tiny", "--max-tokens", "20000", "--temperature", "0"]) as term:
         term.read_until(">>> ")
         term.send("/?")
         term.read_until("/clear forgets the conversation")
@@ -119,23 +132,16 @@ def test_interactive_session_clear_interrupt_and_bye(home):
         term.read_until("Conversation cleared.")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
 
 
 def test_ctrl_c_at_the_prompt_exits_130(home):
-    term = Terminal(["run", "tiny"])
-    try:
+    with Terminal(["run", "tiny"]) as term:
         term.read_until(">>> ")
         # Let input() reach its wait for a key: a signal that lands while readline is
         # still drawing the prompt is only noticed at the next key press.
         time.sleep(0.5)
         term.proc.send_signal(signal.SIGINT)
         assert term.close() == 130
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
 
 
 def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
@@ -147,8 +153,7 @@ def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
     small = build_tiny_model(tmp_path / "small", arch="llama", max_position_embeddings=64)
     import_model(small, "small", store=ModelStore(home))
     monkeypatch.setenv("MLXI_HOME", str(home))
-    term = Terminal(["run", "small", "--max-tokens", "4", "--temperature", "0"])
-    try:
+    with Terminal(["run", "small", "--max-tokens", "4", "--temperature", "0"]) as term:
         term.read_until(">>> ")
         mark = len(term.seen)
         term.send("tell me more " * 40)
@@ -161,9 +166,6 @@ def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
         term.read_until(">>> ", start=mark + 4)  # answered; the session is still there
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
 
 
 def test_a_reasoning_models_thinking_goes_to_stderr_or_nowhere(

@@ -87,6 +87,30 @@ class _BackgroundWorker:
         if self._abort.is_set():
             raise _Aborted
 
+    def result_for(self, path: Path) -> HashedFile | None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def entries(
+        self,
+        model_dir: Path,
+        paths: list[str],
+        trust: Callable[[Path, HashedFile], bool] | None = None,
+    ) -> dict[str, FileEntry]:
+        """Manifest entries for those of ``paths`` (under ``model_dir``) hashed here.
+
+        Args:
+            model_dir: The folder ``paths`` are relative to.
+            paths: Files to look up.
+            trust: Also required of a result (given the file's path), when set.
+        """
+        out: dict[str, FileEntry] = {}
+        for rel in paths:
+            path = Path(model_dir) / rel
+            got = self.result_for(path)
+            if got is not None and (trust is None or trust(path, got)):
+                out[rel] = FileEntry(path=rel, size=got.size, sha256=got.sha256)
+        return out
+
     def _run(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -258,15 +282,6 @@ class FinishedFilesHasher(_BackgroundWorker):
         ):
             return None
         return found
-
-    def entries(self, model_dir: Path, paths: list[str]) -> dict[str, FileEntry]:
-        """Manifest entries for those of ``paths`` (under ``model_dir``) hashed here."""
-        out: dict[str, FileEntry] = {}
-        for rel in paths:
-            got = self.result_for(Path(model_dir) / rel)
-            if got is not None:
-                out[rel] = FileEntry(path=rel, size=got.size, sha256=got.sha256)
-        return out
 
     def _run(self) -> None:
         while not (self.folder / self.marker).exists():

@@ -27,9 +27,8 @@ from mlx_integrations.models.errors import (
     RevisionNotFoundError,
     StoreError,
 )
-from mlx_integrations.models.hashing import DownloadHasher
+from mlx_integrations.models.hashing import DownloadHasher, HashedFile
 from mlx_integrations.models.manifest import (
-    FileEntry,
     Manifest,
     ModelSource,
     QuantizationInfo,
@@ -200,7 +199,7 @@ def pull(
             done[0] += size
             report(progress, "hash", "Verifying sha256", done[0], total, "B")
 
-        known = _hashed_while_downloading(snapshot, files, hasher)
+        known = hasher.entries(snapshot, files, trust=_published_sha256)
         entries = hash_files(build.path, files, on_file=hashed, known=known)
         report(progress, "hash", "Verifying sha256", total, total, "B", done=True)
         _check_lfs_hashes(snapshot, entries)
@@ -231,21 +230,14 @@ def _blobs_folder(repo_id: str, cache_dir: str | None) -> Path:
     return root / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
 
 
-def _hashed_while_downloading(
-    snapshot: Path, files: list[str], hasher: DownloadHasher
-) -> dict[str, FileEntry]:
-    """Entries for the files whose streamed hash equals the sha256 the Hub published.
+def _published_sha256(path: Path, got: HashedFile) -> bool:
+    """True when a streamed hash equals the sha256 the Hub published for the file.
 
     An LFS blob is named by its sha256; a file without one, or whose streamed bytes do
-    not hash to it, is left out and hashed again from disk.
+    not hash to it, is hashed again from disk.
     """
-    out: dict[str, FileEntry] = {}
-    for rel in files:
-        blob = Path(os.path.realpath(snapshot / rel))
-        got = hasher.result_for(blob)
-        if got is not None and _SHA256.fullmatch(blob.name) and got.sha256 == blob.name:
-            out[rel] = FileEntry(path=rel, size=got.size, sha256=got.sha256)
-    return out
+    blob = os.path.basename(os.path.realpath(path))
+    return bool(_SHA256.fullmatch(blob)) and got.sha256 == blob
 
 
 def _existing(store: ModelStore, name: str) -> StoredModel | None:

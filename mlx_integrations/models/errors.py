@@ -37,7 +37,11 @@ class ModelInUseError(StoreError):
         pids: The processes that hold it.
     """
 
-    pids: tuple[int, ...] = ()
+    def __init__(
+        self, message: str, *, hint: str | None = None, pids: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.pids = pids
 
 
 class HubError(StoreError):

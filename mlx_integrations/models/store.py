@@ -273,14 +273,13 @@ class ModelBuild:
                     )
                 users = self.store._holders(target.name, clean=True)
                 if users:
-                    err = ModelInUseError(
+                    raise ModelInUseError(
                         f"Model {self.name!r} is in use by process "
                         f"{', '.join(map(str, users))}; it was not replaced.",
                         hint=f"Stop it first, or remove it anyway (mlxi rm {self.name} --force) "
                         "and run the command again.",
+                        pids=users,
                     )
-                    err.pids = users
-                    raise err
                 trash = (
                     self.store.models_dir / f"{_TRASH_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
                 )
@@ -374,11 +373,13 @@ class ModelStore:
 
     def in_use(self) -> list[tuple[StoredModel, tuple[int, ...]]]:
         """The stored models that some process has loaded, with those processes' ids."""
+        leased = {p.name.rsplit(".", 3)[0] for p in self._lease_files()}
         out = []
         for model in self.list():
-            users = self._holders(model.path.name, clean=False)
-            if users:
-                out.append((model, users))
+            if model.path.name in leased:  # only these can have users
+                users = self._holders(model.path.name, clean=False)
+                if users:
+                    out.append((model, users))
         return out
 
     def _lease_folder(self, folder: str) -> ModelLease:
@@ -610,22 +611,24 @@ class ModelStore:
             freed = disk_usage(model.path)
             users = self._holders(model.path.name, clean=not dry_run)
             if users and not force and not dry_run:
-                err = ModelInUseError(
+                raise ModelInUseError(
                     f"Model {name!r} is in use by process {', '.join(map(str, users))}.",
                     hint=f"Stop it first, or remove the files anyway: mlxi rm {name} --force "
                     "(a loaded copy keeps working until it stops).",
+                    pids=users,
                 )
-                err.pids = users
-                raise err
             links = _hub_links(model)
-            sharing = [
-                m.name
-                for m in self.list()
+            sharing = (
+                [
+                    m.name
+                    for m in self.list()
+                    if m.name != model.name
+                    and (m.manifest.source.repo_id, m.manifest.source.commit)
+                    == (links.repo_id, links.commit)
+                ]
                 if links is not None
-                and m.name != model.name
-                and (m.manifest.source.repo_id, m.manifest.source.commit)
-                == (links.repo_id, links.commit)
-            ]
+                else []
+            )
             note = ""
             if links is not None and purge_hf_cache and sharing:
                 note = f"kept in the Hugging Face cache: {', '.join(sharing)} uses the same files"

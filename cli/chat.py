@@ -5,12 +5,29 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
 _HELP = "/clear forgets the conversation, Ctrl-C stops an answer, /bye or Ctrl-D leaves."
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``mlxi run`` asks of every answer."""
+
+    system: str | None = None
+    max_tokens: int = 512
+    temperature: float = 0.7
+    verbose: bool = False
+    response_format: dict[str, Any] | None = None
+    show_thinking: bool = True
+
+    def first_messages(self) -> list[dict[str, str]]:
+        """The conversation before the first user turn."""
+        return [{"role": "system", "content": self.system}] if self.system else []
 
 
 def response_format_option(value: str | None) -> dict[str, Any] | None:
@@ -51,15 +68,7 @@ def response_format_option(value: str | None) -> dict[str, Any] | None:
     }
 
 
-def _stream(
-    engine: Any,
-    messages: list[dict[str, str]],
-    max_tokens: int,
-    temperature: float,
-    verbose: bool,
-    response_format: dict[str, Any] | None = None,
-    show_thinking: bool = True,
-) -> str:
+def _stream(engine: Any, messages: list[dict[str, str]], opts: RunOptions) -> str:
     """Print the answer as it streams (reasoning on stderr, dimmed); return its text.
 
     Ctrl-C while it streams aborts the request in the engine and raises
@@ -71,9 +80,9 @@ def _stream(
 
     request = ChatRequest(
         messages,
-        response_format=response_format,
-        max_tokens=max_tokens,
-        temperature=temperature,
+        response_format=opts.response_format,
+        max_tokens=opts.max_tokens,
+        temperature=opts.temperature,
     )
     dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     parts: list[str] = []
@@ -82,7 +91,7 @@ def _stream(
     last: Finished | None = None
     try:
         for event in iterate_sync(stream_chat_events(engine, request)):
-            if isinstance(event, ReasoningDelta) and show_thinking:
+            if isinstance(event, ReasoningDelta) and opts.show_thinking:
                 if not thinking:
                     sys.stderr.write(dim)
                     thinking = True
@@ -102,7 +111,7 @@ def _stream(
             sys.stderr.write(plain + "\n")
         sys.stdout.write("\n")
         sys.stdout.flush()
-    if verbose and last is not None:
+    if opts.verbose and last is not None:
         seconds = time.perf_counter() - start
         n = last.completion_tokens
         typer.echo(
@@ -130,44 +139,22 @@ def _stop(engine: Any) -> None:
     run_sync(engine.stop())
 
 
-def one_shot(
-    model: str,
-    prompt: str,
-    *,
-    system: str | None,
-    max_tokens: int,
-    temperature: float,
-    verbose: bool,
-    response_format: dict[str, Any] | None = None,
-    show_thinking: bool = True,
-) -> None:
+def one_shot(model: str, prompt: str, opts: RunOptions) -> None:
     """Answer one prompt and exit (Ctrl-C: exit code 130)."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
+    messages = [*opts.first_messages(), {"role": "user", "content": prompt}]
     engine = _engine(model)
     try:
-        _stream(engine, messages, max_tokens, temperature, verbose, response_format, show_thinking)
+        _stream(engine, messages, opts)
     finally:
         _stop(engine)
 
 
-def chat_session(
-    model: str,
-    *,
-    system: str | None,
-    max_tokens: int,
-    temperature: float,
-    verbose: bool,
-    response_format: dict[str, Any] | None = None,
-    show_thinking: bool = True,
-) -> None:
+def chat_session(model: str, opts: RunOptions) -> None:
     """Read user turns until /bye, Ctrl-D or Ctrl-C at the prompt.
 
     Ctrl-C while an answer streams stops that answer only; the turn is not kept.
     """
-    start: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    history = list(start)
+    history = opts.first_messages()
     engine = _engine(model)
     typer.echo(f"Type /? for help. {_HELP}", err=True)
     try:
@@ -184,22 +171,14 @@ def chat_session(
                 typer.echo(_HELP, err=True)
                 continue
             if command == "/clear":
-                history = list(start)
+                history = opts.first_messages()
                 typer.echo("Conversation cleared.", err=True)
                 continue
             if not command:
                 continue
             turns = [*history, {"role": "user", "content": line}]
             try:
-                text = _stream(
-                    engine,
-                    turns,
-                    max_tokens,
-                    temperature,
-                    verbose,
-                    response_format,
-                    show_thinking,
-                )
+                text = _stream(engine, turns, opts)
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue

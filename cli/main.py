@@ -561,25 +561,30 @@ def run(
     """
     import sys
 
-    from mlx_integrations.cli.chat import chat_session, one_shot, response_format_option
+    from mlx_integrations.cli.chat import (
+        RunOptions,
+        chat_session,
+        one_shot,
+        response_format_option,
+    )
 
     response_format = response_format_option(output_format)
     if prompt == "-" or (prompt is None and not stdin_is_tty()):
         prompt = sys.stdin.read()
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
-    options = {
-        "system": system,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "verbose": verbose,
-        "response_format": response_format,
-        "show_thinking": not hide_thinking,
-    }
+    options = RunOptions(
+        system=system,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        verbose=verbose,
+        response_format=response_format,
+        show_thinking=not hide_thinking,
+    )
     if prompt is not None:
-        one_shot(model, prompt, **options)
+        one_shot(model, prompt, options)
     else:
-        chat_session(model, **options)
+        chat_session(model, options)
 
 
 @app.command()

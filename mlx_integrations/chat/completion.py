@@ -300,7 +300,7 @@ def constraint_processors(
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)
     elif layout is not None:
         # Mistral calls in the layout its template writes (the parser reads all three).
-        markers = constraints.ToolCallMarkers(fmt.start, "", layout=layout)  # type: ignore[arg-type]
+        markers = constraints.ToolCallMarkers(fmt.start, "", layout=layout)
     else:
         fmt = FORMATS["hermes"]
         markers = constraints.ToolCallMarkers(fmt.start, fmt.end)

@@ -38,7 +38,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, get_args
 
 from mlx_integrations.chat.grammar_processor import (
     GrammarLogitsProcessor,
@@ -47,6 +47,7 @@ from mlx_integrations.chat.grammar_processor import (
     hf_tokenizer,
     llguidance_tokenizer,
 )
+from mlx_integrations.chat.template import ToolCallLayout
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -234,16 +235,17 @@ class ToolCallMarkers:
 
     start: str = DEFAULT_TOOL_CALL_START
     end: str = DEFAULT_TOOL_CALL_END
-    layout: Literal["object", "list", "header", "header_id"] = "object"
+    layout: ToolCallLayout = "object"
 
     def __post_init__(self) -> None:
         if not isinstance(self.start, str) or not self.start:
             raise ValueError("The tool-call start marker must be a non-empty string")
         if not isinstance(self.end, str):
             raise TypeError("The tool-call end marker must be a string ('' for none)")
-        if self.layout not in ("object", "list", "header", "header_id"):
+        if self.layout not in get_args(ToolCallLayout):
             raise ValueError(
-                f"Unknown tool-call layout {self.layout!r}; use object, list, header or header_id"
+                f"Unknown tool-call layout {self.layout!r}; "
+                f"use one of {', '.join(get_args(ToolCallLayout))}"
             )
 
 
@@ -471,16 +473,12 @@ class ToolChoiceConstraint(Constraint):
         return LLMatcher.grammar_from_lark(f"{rules}call_rest: {body} {more}\n{text}\n{bodies}")
 
 
-def _call_lark(tokenizer: Any, tool: ToolSpec, layout: str) -> str:
+def _call_lark(tokenizer: Any, tool: ToolSpec, layout: ToolCallLayout) -> str:
     """The Lark rule body of one call of ``tool`` in the given layout."""
     if layout in ("object", "list"):
         return f"%json {json.dumps({**tool.call_schema(), 'x-guidance': _COMPACT_JSON})}"
-    schema = tool.call_schema()
-    arguments = dict(schema["properties"]["arguments"])
-    for key in ("$defs", "definitions"):
-        if key in schema:
-            arguments[key] = schema[key]
-    args = f"%json {json.dumps({**arguments, 'x-guidance': _COMPACT_JSON})}"
+    # The arguments are the whole JSON value here: their own schema, local refs included.
+    args = f"%json {json.dumps({**tool.parameters, 'x-guidance': _COMPACT_JSON})}"
     name = json.dumps(tool.name)
     call_id = ""
     if layout == "header_id":

@@ -10,9 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from mlx_integrations.chat.messages import tool_messages_as_text
+
+# How a tool call is written (see ``constraints.ToolCallMarkers``): a JSON object between
+# markers, one JSON list after the marker (Mistral v0.3), ``name[ARGS]{...}`` or
+# ``name[CALL_ID]id[ARGS]{...}`` (newer Mistral tokenizers).
+ToolCallLayout = Literal["object", "list", "header", "header_id"]
 
 _PROBE_TOOL = "zq_probe_tool"
 _PROBE_RESULT = "zq_probe_result_4417"
@@ -30,7 +35,7 @@ class TemplateCapabilities:
     short_call_ids: bool = False
     """The template takes only 9-character alphanumeric tool-call ids (Mistral v0.3,
     Nemo, Small 3.x raise on others); ids are shortened when rendering."""
-    mistral_layout: str | None = None
+    mistral_layout: ToolCallLayout | None = None
     """How the template writes a call after ``[TOOL_CALLS]`` (see
     :func:`mistral_call_layout`); None for other templates."""
 
@@ -98,7 +103,7 @@ def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -
     return _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
 
 
-def mistral_call_layout(tokenizer: Any) -> str | None:
+def mistral_call_layout(tokenizer: Any) -> ToolCallLayout | None:
     """How a Mistral template writes a tool call after ``[TOOL_CALLS]``.
 
     Returns:

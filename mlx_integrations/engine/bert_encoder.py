@@ -18,9 +18,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
 # RoBERTa's family numbers positions from ``pad_token_id + 1``, skipping padding.
 _PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")
+SUPPORTED_MODEL_TYPES = ("bert", *_PADDING_OFFSET_TYPES)
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*poly(t)*exp(-z^2), t = 1/(1 + p*z), z >= 0.
 _AS_P = 0.3275911

@@ -18,9 +18,9 @@ from typing import Any
 _EXPORTS = {
     "ModelStore": "store",
     "StoredModel": "store",
-    "RemoveResult": "store",
-    "PruneReport": "store",
-    "PruneItem": "store",
+    "RemoveResult": "cleanup",
+    "PruneReport": "cleanup",
+    "PruneItem": "cleanup",
     "default_store": "store",
     "store_home": "store",
     "list_models": "store",
@@ -29,7 +29,7 @@ _EXPORTS = {
     "tag_model": "store",
     "verify_model": "store",
     "prune": "store",
-    "ModelLease": "store",
+    "ModelLease": "leases",
     "lease_model_folder": "store",
     "Manifest": "manifest",
     "ModelSource": "manifest",
@@ -64,6 +64,8 @@ _EXPORTS = {
     "OfflineError": "errors",
     "IntegrityError": "errors",
     "StoreIOError": "errors",
+    "JSONFileError": "errors",
+    "read_json": "folders",
 }
 
 __all__ = sorted(_EXPORTS)

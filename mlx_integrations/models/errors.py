@@ -74,3 +74,15 @@ class IntegrityError(StoreError):
 
 class StoreIOError(StoreError, OSError):
     """A write to the store failed (disk full, permission denied); the store is unchanged."""
+
+
+class JSONFileError(ValueError):
+    """A JSON file (config.json, a manifest, the alias file) that cannot be read or parsed.
+
+    Attributes:
+        path: The file.
+    """
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from mlx_integrations.models.errors import ModelNotFoundError
+from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub import MODEL_FILE_PATTERNS, dtype_of, quantization_of
 from mlx_integrations.models.manifest import Manifest, ModelSource, hash_files, model_files
 from mlx_integrations.models.names import validate_name
@@ -74,7 +75,7 @@ def import_model(
             done += (build.path / rel).stat().st_size
             report(progress, "import", "Copying", done, total, "B")
         report(progress, "import", "Copying", total, total, "B", done=True)
-        config = _config(build.path)
+        config = read_json_object(build.path / "config.json")
         manifest = Manifest(
             name=name,
             source=ModelSource(kind="local", path=str(src)),
@@ -105,7 +106,7 @@ def _import_gguf(
         out.rmdir()
         report(progress, "import", "Converting GGUF", 1, 1, "step", done=True)
         files = model_files(build.path)
-        config = _config(build.path)
+        config = read_json_object(build.path / "config.json")
         manifest = Manifest(
             name=name,
             # revision records the file's size and mtime, so a changed file is re-imported.
@@ -117,13 +118,3 @@ def _import_gguf(
             dtype=dtype_of(config) or dtype,
         )
         return build.commit(manifest)
-
-
-def _config(folder: Path) -> dict:
-    import json
-
-    try:
-        data = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_integrations.models.errors import ModelNotFoundError
+from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub import dtype_of, quantization_of
 from mlx_integrations.models.manifest import FileEntry, Manifest, ModelSource, QuantizationInfo
 from mlx_integrations.models.names import is_valid_name
@@ -84,7 +85,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         users = store.users(stored.name)
     else:
         path, shown = resolve_model(name, store=store), str(name)
-    config = _json(path / "config.json")
+    config = read_json_object(path / "config.json")
     if not config:
         raise ModelNotFoundError(
             f"{path} has no readable config.json.", hint="Pull or import the model again."
@@ -115,14 +116,6 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         warm_caches=tuple(sorted(p.stem for p in (path / "warm").glob("*.safetensors"))),
         in_use_by=users,
     )
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _context_length(config: dict[str, Any], text_config: dict[str, Any]) -> int | None:
@@ -172,7 +165,7 @@ def template_takes_tools(path: Path) -> bool | None:
 
     Returns None when the model has no chat template.
     """
-    tok_config = _json(path / "tokenizer_config.json")
+    tok_config = read_json_object(path / "tokenizer_config.json")
     template = tok_config.get("chat_template")
     jinja_file = path / "chat_template.jinja"
     if template is None and jinja_file.is_file():

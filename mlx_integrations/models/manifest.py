@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from mlx_integrations.models.folders import read_json
+
 MANIFEST_FILE = "mlxi-manifest.json"
 SCHEMA_VERSION = 1
 
@@ -131,8 +133,13 @@ class Manifest:
 
     @classmethod
     def read(cls, model_dir: Path) -> Manifest:
-        """Read the manifest of a model folder."""
-        return cls.from_json((Path(model_dir) / MANIFEST_FILE).read_text())
+        """Read the manifest of a model folder.
+
+        Raises:
+            FileNotFoundError: The folder has no manifest.
+            JSONFileError: The manifest cannot be read or is not JSON.
+        """
+        return cls.from_dict(read_json(Path(model_dir) / MANIFEST_FILE))
 
 
 def sha256_file(

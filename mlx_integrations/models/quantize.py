@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hashing import FinishedFilesHasher
 from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
 from mlx_integrations.models.manifest import model_files as list_model_files
@@ -148,6 +149,6 @@ def _is_weights(name: str) -> bool:
 
 
 def _dtype(folder: Path) -> str | None:
-    from mlx_integrations.models.hub import _read_json, dtype_of
+    from mlx_integrations.models.hub import dtype_of
 
-    return dtype_of(_read_json(folder / "config.json"))
+    return dtype_of(read_json_object(folder / "config.json"))

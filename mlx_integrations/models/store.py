@@ -9,38 +9,53 @@ Layout::
         warm/<prefix>.safetensors     stored prefix KV caches
       models/.tmp-<folder>-<pid>-<x>/ a model being built (pull, quantize, import)
       aliases.json                    alias -> store name
-      in-use/<folder>.<pid>.<x>.lock  one per process holding a model (flock'ed while held)
+      in-use/<folder>.<pid>.<x>.lock  one per process holding a model (see leases.py)
       .lock                           serializes changes to names
 
 A model is built in a temporary folder next to its target and renamed into place once
 complete, so an interrupted pull, quantize or import never looks like a model.
+Removing and pruning live in cleanup.py, models in use in leases.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import fcntl
-import json
 import logging
 import os
-import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from mlx_integrations.models import cleanup
+from mlx_integrations.models.cleanup import PruneItem, PruneReport, RemoveResult
 from mlx_integrations.models.errors import (
     InvalidNameError,
+    JSONFileError,
     ModelExistsError,
     ModelInUseError,
     ModelNotFoundError,
     StoreError,
-    StoreIOError,
+)
+from mlx_integrations.models.folders import (
+    TMP_PREFIX,
+    atomic_write_text,
+    building_folder,
+    discard,
+    disk_usage,
+    io_error,
+    read_json,
+    rename_into_place,
+    write_json,
+)
+from mlx_integrations.models.leases import (
+    ModelLease,
+    holders,
+    leased_folders,
+    take_lease,
 )
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest, VerifyReport, verify_files
 from mlx_integrations.models.names import folder_name, validate_name
@@ -50,61 +65,11 @@ logger = logging.getLogger(__name__)
 _HELD_LOCKS = threading.local()
 
 DEFAULT_HOME = "~/.cache/mlxi"
-_TMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
-_IN_USE_DIR = "in-use"
 
 
 def store_home() -> Path:
     """The store folder: ``$MLXI_HOME`` or ``~/.cache/mlxi``."""
     return Path(os.environ.get("MLXI_HOME") or DEFAULT_HOME).expanduser()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file by writing a sibling temporary file and renaming it over."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def disk_usage(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (symlinks are not followed or counted)."""
-    path = Path(path)
-    if path.is_symlink() or path.is_file():
-        return 0 if path.is_symlink() else path.stat().st_size
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            p = os.path.join(root, name)
-            if not os.path.islink(p):
-                with contextlib.suppress(OSError):
-                    total += os.stat(p).st_size
-    return total
-
-
-def io_error(exc: OSError, action: str) -> StoreIOError:
-    """Turn an OSError into a StoreIOError with a hint for the usual causes."""
-    hints = {
-        errno.ENOSPC: "Free some disk space (mlxi prune, mlxi rm) or set MLXI_HOME to a larger disk.",
-        errno.EACCES: "Check the permissions of the store folder, or set MLXI_HOME to a writable folder.",
-        errno.EROFS: "The store is on a read-only file system; set MLXI_HOME to a writable folder.",
-        errno.EDQUOT: "Your disk quota is exhausted; free space or set MLXI_HOME elsewhere.",
-    }
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    err = StoreIOError(
-        f"Could not {action}: {reason} ({exc.filename or ''}). The store was left as it was.",
-        hint=hints.get(exc.errno or 0),
-    )
-    err.errno = exc.errno
-    return err
 
 
 @dataclass(frozen=True)
@@ -147,103 +112,6 @@ class StoredModel:
         }
 
 
-@dataclass(frozen=True)
-class RemoveResult:
-    """What :meth:`ModelStore.remove` removed."""
-
-    name: str
-    kind: Literal["model", "alias"]
-    path: str | None
-    freed_bytes: int
-    aliases_removed: tuple[str, ...] = ()
-    dry_run: bool = False
-    in_use_by: tuple[int, ...] = ()
-    hf_cache_bytes: int = 0
-    hf_cache_freed: int = 0
-    hf_cache_note: str = ""
-
-
-@dataclass(frozen=True)
-class _HubLinks:
-    """The Hugging Face cache files a pulled model links to."""
-
-    cache_dir: Path
-    repo_id: str
-    commit: str
-    bytes: int
-
-
-class ModelLease:
-    """This process's claim on a stored model; ``mlxi rm`` refuses to remove it meanwhile.
-
-    The claim is an exclusive ``flock`` on a file of its own under ``in-use/``; the
-    system drops it when the process ends, however it ends, so a crash leaves no claim.
-    Release it with :meth:`release` (engines do when they stop) or by ``with``.
-    """
-
-    def __init__(self, path: Path, fh: Any) -> None:
-        self.path = path
-        self._fh = fh
-        self._pid = os.getpid()
-
-    @property
-    def held(self) -> bool:
-        """True until released."""
-        return not self._fh.closed
-
-    def release(self) -> None:
-        """Give the claim up. Idempotent.
-
-        In a forked child the file is only closed: the claim is the parent's.
-        """
-        if self._fh.closed:
-            return
-        if os.getpid() == self._pid:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        self._fh.close()
-
-    def __enter__(self) -> ModelLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        self.release()
-
-
-@dataclass(frozen=True)
-class PruneItem:
-    """One thing :meth:`ModelStore.prune` removes (or would remove)."""
-
-    kind: Literal[
-        "incomplete_build",
-        "trash",
-        "dangling_alias",
-        "orphan_folder",
-        "broken_model",
-        "incomplete_download",
-        "stale_lease",
-    ]
-    path: str
-    bytes: int
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class PruneReport:
-    """The result of :meth:`ModelStore.prune`."""
-
-    items: tuple[PruneItem, ...]
-    dry_run: bool
-
-    @property
-    def freed_bytes(self) -> int:
-        """Bytes freed (or that would be freed)."""
-        return sum(i.bytes for i in self.items)
-
-
 class ModelBuild:
     """A model folder under construction; see :meth:`ModelStore.building`."""
 
@@ -264,14 +132,13 @@ class ModelBuild:
                     f"{self.name!r} is an alias; a model cannot take its name.",
                     hint=f"Remove the alias first: mlxi rm {self.name}",
                 )
-            trash = None
             if target.exists():
                 if not self.overwrite:
                     raise ModelExistsError(
                         f"Model {self.name!r} is already in the store.",
                         hint="Pass --force (overwrite=True) to replace it.",
                     )
-                users = self.store._holders(target.name, clean=True)
+                users = holders(self.store.home, target)
                 if users:
                     raise ModelInUseError(
                         f"Model {self.name!r} is in use by process "
@@ -280,13 +147,8 @@ class ModelBuild:
                         "and run the command again.",
                         pids=users,
                     )
-                trash = (
-                    self.store.models_dir / f"{_TRASH_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
-                )
-                os.rename(target, trash)
-            os.rename(self.path, target)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+            replaced = rename_into_place(self.path, target, replace=self.overwrite)
+        discard(replaced)
         self.committed = self.store.get(self.name)
         return self.committed
 
@@ -346,7 +208,7 @@ class ModelStore:
                 held[key] = 0
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    # Models in use
+    # Models in use (leases.py)
 
     def lease(self, name: str) -> ModelLease:
         """Claim a stored model for this process until the lease is released.
@@ -355,8 +217,12 @@ class ModelStore:
             >>> with store.lease("smollm2"):  # doctest: +SKIP
             ...     store.remove("smollm2")  # raises ModelInUseError
         """
-        model = self.get(name)
-        return self._lease_folder(model.path.name)
+        return self.lease_folder(self.get(name).path)
+
+    def lease_folder(self, model_dir: Path) -> ModelLease:
+        """Claim a model folder of this store; raises OSError where it cannot be written."""
+        with self.lock():
+            return take_lease(self.home, model_dir)
 
     def users(self, name: str) -> tuple[int, ...]:
         """Process ids holding a lease on a stored model (this one included).
@@ -367,70 +233,20 @@ class ModelStore:
         model = self.get(name)
         try:
             with self.lock():
-                return self._holders(model.path.name)
+                return holders(self.home, model.path)
         except OSError:
-            return self._holders(model.path.name, clean=False)
+            return holders(self.home, model.path, clean=False)
 
     def in_use(self) -> list[tuple[StoredModel, tuple[int, ...]]]:
         """The stored models that some process has loaded, with those processes' ids."""
-        leased = {p.name.rsplit(".", 3)[0] for p in self._lease_files()}
+        leased = leased_folders(self.home)
         out = []
         for model in self.list():
             if model.path.name in leased:  # only these can have users
-                users = self._holders(model.path.name, clean=False)
+                users = holders(self.home, model.path, clean=False)
                 if users:
                     out.append((model, users))
         return out
-
-    def _lease_folder(self, folder: str) -> ModelLease:
-        """Claim a model folder; raises OSError where the store cannot be written."""
-        with self.lock():
-            identity = _model_identity(self.models_dir / folder)
-            if identity is None:
-                raise FileNotFoundError(f"{self.models_dir / folder} is no longer in the store")
-            leases = self.home / _IN_USE_DIR
-            leases.mkdir(exist_ok=True)
-            path = leases / f"{folder}.{os.getpid()}.{uuid.uuid4().hex[:8]}.lock"
-            fh = open(path, "w")  # held open while the lease lives
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never contended
-                # Which model: one removed with --force and made again under the same
-                # name is not held by the old one's users.
-                fh.write(f"{os.getpid()} {identity}")
-                fh.flush()
-            except BaseException:
-                fh.close()
-                path.unlink(missing_ok=True)
-                raise
-            return ModelLease(path, fh)
-
-    def _holders(self, folder: str, *, clean: bool = True) -> tuple[int, ...]:
-        """Pids with a live lease on a model folder; stale lease files are removed.
-
-        Call with the store lock held (leases are created under it).
-        """
-        identity = _model_identity(self.models_dir / folder)
-        pids: list[int] = []
-        for path in self._lease_files(folder):
-            if not _lease_alive(path):
-                if clean:
-                    path.unlink(missing_ok=True)
-                continue
-            if _lease_identity(path) not in (None, identity):
-                continue  # held on an earlier model of that name, removed with --force
-            pids.append(int(path.name.rsplit(".", 3)[1]))
-        return tuple(sorted(set(pids)))
-
-    def _lease_files(self, folder: str | None = None) -> list[Path]:
-        leases = self.home / _IN_USE_DIR
-        if not leases.is_dir():
-            return []
-        out = []
-        for path in leases.glob("*.lock"):
-            parts = path.name.rsplit(".", 3)
-            if len(parts) == 4 and parts[1].isdigit() and folder in (None, parts[0]):
-                out.append(path)
-        return sorted(out)
 
     def model_dir(self, name: str) -> Path:
         """The folder a store name lives in (whether or not it exists)."""
@@ -441,18 +257,19 @@ class ModelStore:
     def aliases(self) -> dict[str, str]:
         """All aliases, alias -> store name."""
         try:
-            data = json.loads(self.aliases_file.read_text())
+            data = read_json(self.aliases_file)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except JSONFileError as exc:
             raise StoreError(
-                f"The alias file {self.aliases_file} is unreadable: {exc}.",
+                f"The alias file is unreadable: {exc}",
                 hint="Fix or delete that file; models are not affected.",
             ) from exc
         return {str(k): str(v) for k, v in data.items()}
 
-    def _write_aliases(self, aliases: dict[str, str]) -> None:
-        atomic_write_text(self.aliases_file, json.dumps(dict(sorted(aliases.items())), indent=2))
+    def write_aliases(self, aliases: dict[str, str]) -> None:
+        """Replace the alias file (call with the store lock held)."""
+        write_json(self.aliases_file, dict(sorted(aliases.items())))
 
     def tag(self, source: str, alias: str) -> StoredModel:
         """Give a stored model another name.
@@ -475,7 +292,7 @@ class ModelStore:
             aliases = self.aliases()
             aliases[alias] = model.name
             try:
-                self._write_aliases(aliases)
+                self.write_aliases(aliases)
             except OSError as exc:
                 raise io_error(exc, "write the alias file") from exc
         return self.get(model.name)
@@ -558,22 +375,18 @@ class ModelStore:
             )
         self.ensure()
         tmp = self.models_dir / (
-            f"{_TMP_PREFIX}{folder_name(name)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            f"{TMP_PREFIX}{folder_name(name)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
+        made = False
         try:
-            tmp.mkdir()
+            with building_folder(tmp):
+                made = True
+                yield ModelBuild(self, name, tmp, overwrite)
         except OSError as exc:
-            raise io_error(exc, f"create a build folder in {self.models_dir}") from exc
-        build = ModelBuild(self, name, tmp, overwrite)
-        try:
-            yield build
-        except OSError as exc:
-            if isinstance(exc, StoreError) or exc.errno is None:
+            if made and (isinstance(exc, StoreError) or exc.errno is None):
                 raise
-            raise io_error(exc, f"build model {name!r}") from exc
-        finally:
-            if build.committed is None:
-                shutil.rmtree(tmp, ignore_errors=True)
+            action = f"build model {name!r}" if made else f"create a build folder in {tmp.parent}"
+            raise io_error(exc, action) from exc
 
     def verify(self, name: str) -> VerifyReport:
         """Check every file of a stored model against the sha256 in its manifest."""
@@ -599,65 +412,9 @@ class ModelStore:
         Raises:
             ModelInUseError: The model is held and ``force`` is False.
         """
-        validate_name(name)
-        with self.lock():
-            aliases = self.aliases()
-            if name in aliases:
-                if not dry_run:
-                    del aliases[name]
-                    self._write_aliases(aliases)
-                return RemoveResult(name, "alias", None, 0, dry_run=dry_run)
-            model = self.get(name)
-            freed = disk_usage(model.path)
-            users = self._holders(model.path.name, clean=not dry_run)
-            if users and not force and not dry_run:
-                raise ModelInUseError(
-                    f"Model {name!r} is in use by process {', '.join(map(str, users))}.",
-                    hint=f"Stop it first, or remove the files anyway: mlxi rm {name} --force "
-                    "(a loaded copy keeps working until it stops).",
-                    pids=users,
-                )
-            links = _hub_links(model)
-            sharing = (
-                [
-                    m.name
-                    for m in self.list()
-                    if m.name != model.name
-                    and (m.manifest.source.repo_id, m.manifest.source.commit)
-                    == (links.repo_id, links.commit)
-                ]
-                if links is not None
-                else []
-            )
-            note = ""
-            if links is not None and purge_hf_cache and sharing:
-                note = f"kept in the Hugging Face cache: {', '.join(sharing)} uses the same files"
-            result = RemoveResult(
-                name,
-                "model",
-                str(model.path),
-                freed,
-                model.aliases,
-                dry_run,
-                users,
-                hf_cache_bytes=links.bytes if links else 0,
-                hf_cache_note=note,
-            )
-            if dry_run:
-                if links is not None and purge_hf_cache and not sharing:
-                    return dataclasses.replace(result, hf_cache_freed=links.bytes)
-                return result
-            trash = self.models_dir / f"{_TRASH_PREFIX}{model.path.name}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(model.path, trash)
-                if model.aliases:
-                    self._write_aliases({a: t for a, t in aliases.items() if t != model.name})
-            except OSError as exc:
-                raise io_error(exc, f"remove {name!r}") from exc
-        shutil.rmtree(trash, ignore_errors=True)
-        if links is not None and purge_hf_cache and not sharing:
-            result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
-        return result
+        return cleanup.remove(
+            self, name, dry_run=dry_run, force=force, purge_hf_cache=purge_hf_cache
+        )
 
     def prune(
         self,
@@ -667,8 +424,8 @@ class ModelStore:
         incomplete_age_s: float = 3600.0,
     ) -> PruneReport:
         """Remove what no model needs: unfinished builds, trash, dangling aliases,
-        folders without a manifest, models whose files are all gone, and partial Hub
-        downloads older than ``incomplete_age_s``.
+        folders without a manifest, models whose files are all gone, stale leases, and
+        partial Hub downloads older than ``incomplete_age_s``.
 
         Args:
             dry_run: Report without removing.
@@ -676,189 +433,9 @@ class ModelStore:
                 (default: the one huggingface_hub uses). Pass ``""`` to skip it.
             incomplete_age_s: Partial downloads younger than this may be in progress.
         """
-        items: list[PruneItem] = []
-        with self.lock():
-            folders = sorted(self.models_dir.iterdir()) if self.models_dir.is_dir() else []
-            for folder in folders:
-                if folder.name.startswith(_TMP_PREFIX):
-                    if _build_owner_alive(folder.name):
-                        continue
-                    items.append(PruneItem("incomplete_build", str(folder), disk_usage(folder)))
-                elif folder.name.startswith(_TRASH_PREFIX):
-                    items.append(PruneItem("trash", str(folder), disk_usage(folder)))
-                elif folder.is_dir() and not (folder / MANIFEST_FILE).is_file():
-                    items.append(PruneItem("orphan_folder", str(folder), disk_usage(folder)))
-                elif folder.is_dir():
-                    try:
-                        manifest = Manifest.read(folder)
-                    except (OSError, ValueError, KeyError, TypeError):
-                        continue
-                    if manifest.files and not any(
-                        (folder / f.path).exists() for f in manifest.files
-                    ):
-                        items.append(
-                            PruneItem(
-                                "broken_model",
-                                str(folder),
-                                disk_usage(folder),
-                                f"{manifest.name}: none of its files exist any more",
-                            )
-                        )
-            aliases = self.aliases()
-            broken = {i.path for i in items if i.kind == "broken_model"}
-            kept = {}
-            for alias, target in aliases.items():
-                target_dir = self.models_dir / folder_name(target)
-                if not (target_dir / MANIFEST_FILE).is_file() or str(target_dir) in broken:
-                    items.append(PruneItem("dangling_alias", alias, 0, f"-> {target}"))
-                else:
-                    kept[alias] = target
-            for lease in self._lease_files():
-                if not _lease_alive(lease):
-                    items.append(
-                        PruneItem("stale_lease", str(lease), 0, "left by a process that ended")
-                    )
-            if hf_cache_dir != "":
-                cache = Path(hf_cache_dir) if hf_cache_dir else _default_hf_cache()
-                now = time.time()
-                for part in sorted(cache.glob("models--*/blobs/*.incomplete")):
-                    with contextlib.suppress(OSError):
-                        st = part.stat()
-                        if now - st.st_mtime >= incomplete_age_s:
-                            items.append(PruneItem("incomplete_download", str(part), st.st_size))
-            if not dry_run:
-                for item in items:
-                    if item.kind == "dangling_alias":
-                        continue
-                    path = Path(item.path)
-                    if path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
-                if len(kept) != len(aliases):
-                    self._write_aliases(kept)
-        return PruneReport(tuple(items), dry_run)
-
-
-def _hub_links(model: StoredModel) -> _HubLinks | None:
-    """Where a pulled model's files live in the Hugging Face cache, and their bytes."""
-    src = model.manifest.source
-    if src.kind != "hub" or not src.repo_id or not src.commit:
-        return None
-    cache_dir: Path | None = None
-    blobs: set[Path] = set()
-    for entry in model.manifest.files:
-        link = model.path / entry.path
-        if not link.is_symlink():
-            continue
-        target = Path(os.path.join(link.parent, os.readlink(link)))
-        for parent in target.parents:
-            if parent.name.startswith("models--"):
-                cache_dir = parent.parent
-                break
-        blobs.add(Path(os.path.realpath(link)))
-    if cache_dir is None:
-        return None
-    size = 0
-    for blob in blobs:
-        with contextlib.suppress(OSError):
-            size += blob.stat().st_size
-    return _HubLinks(cache_dir, src.repo_id, src.commit, size)
-
-
-def _purge_revision(links: _HubLinks) -> int:
-    """Delete one revision of a repo from the Hugging Face cache; returns bytes freed.
-
-    huggingface_hub's own cache tools do it, so blobs that another revision still
-    uses are kept.
-    """
-    from huggingface_hub import scan_cache_dir
-
-    try:
-        info = scan_cache_dir(links.cache_dir)
-    except Exception:  # no cache any more, or not one huggingface_hub recognises
-        return 0
-    for repo in info.repos:
-        if repo.repo_type != "model" or repo.repo_id != links.repo_id:
-            continue
-        if any(r.commit_hash == links.commit for r in repo.revisions):
-            strategy = info.delete_revisions(links.commit)
-            freed = strategy.expected_freed_size
-            strategy.execute()
-            return freed
-    return 0
-
-
-def _lease_alive(path: Path) -> bool:
-    """True when some process holds the flock of a lease file.
-
-    Opened read-only (flock needs no write access); a file that cannot be checked
-    counts as held, so a lease is never taken for stale by mistake.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _model_identity(model_dir: Path) -> str | None:
-    """Which model a folder holds now: its manifest's inode and modification time.
-
-    (Inode numbers alone are reused once a removed folder is freed.)
-    """
-    try:
-        st = os.stat(model_dir / MANIFEST_FILE)
-    except OSError:
-        return None
-    return f"{st.st_ino}:{st.st_mtime_ns}"
-
-
-def _lease_identity(path: Path) -> str | None:
-    """The model identity a lease file records (None for an unreadable one)."""
-    try:
-        return path.read_text().split()[1]
-    except (OSError, IndexError):
-        return None
-
-
-def _build_owner_alive(folder: str) -> bool:
-    """True when the process that named a ``.tmp-...-<pid>-<x>`` folder still runs."""
-    try:
-        pid = int(folder.rsplit("-", 2)[-2])
-    except (ValueError, IndexError):
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _default_hf_cache() -> Path:
-    """The Hugging Face Hub cache folder, read from the environment at call time."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
-    )
-    return Path(home).expanduser() / "hub"
+        return cleanup.prune(
+            self, dry_run=dry_run, hf_cache_dir=hf_cache_dir, incomplete_age_s=incomplete_age_s
+        )
 
 
 def default_store() -> ModelStore:
@@ -907,7 +484,7 @@ def lease_model_folder(path: Path) -> ModelLease | None:
         return None
     store = ModelStore(models_dir.parent)
     try:
-        return store._lease_folder(path.name)
+        return store.lease_folder(path)
     except OSError as exc:  # read-only store, another user's, no flock on a network disk
         logger.warning("Cannot mark %s as in use (%s); mlxi rm will not see it loaded.", path, exc)
         return None
@@ -936,6 +513,7 @@ def prune(
 __all__ = [
     "DEFAULT_HOME",
     "ModelBuild",
+    "ModelLease",
     "ModelStore",
     "PruneItem",
     "PruneReport",
@@ -945,6 +523,7 @@ __all__ = [
     "default_store",
     "disk_usage",
     "get_model",
+    "lease_model_folder",
     "list_models",
     "prune",
     "remove_model",

@@ -1,0 +1,300 @@
+"""Removing from the store: ``mlxi rm`` (with ``--purge`` of the Hugging Face cache)
+and ``mlxi prune`` (unfinished builds, trash, orphans, stale leases, partial downloads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from mlx_integrations.models.errors import ModelInUseError
+from mlx_integrations.models.folders import (
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    discard,
+    disk_usage,
+    io_error,
+)
+from mlx_integrations.models.leases import holders, lease_alive, lease_files
+from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest
+from mlx_integrations.models.names import folder_name, validate_name
+
+if TYPE_CHECKING:
+    from mlx_integrations.models.store import ModelStore, StoredModel
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    """What :meth:`ModelStore.remove` removed."""
+
+    name: str
+    kind: Literal["model", "alias"]
+    path: str | None
+    freed_bytes: int
+    aliases_removed: tuple[str, ...] = ()
+    dry_run: bool = False
+    in_use_by: tuple[int, ...] = ()
+    hf_cache_bytes: int = 0
+    hf_cache_freed: int = 0
+    hf_cache_note: str = ""
+
+
+@dataclass(frozen=True)
+class PruneItem:
+    """One thing :meth:`ModelStore.prune` removes (or would remove)."""
+
+    kind: Literal[
+        "incomplete_build",
+        "trash",
+        "dangling_alias",
+        "orphan_folder",
+        "broken_model",
+        "incomplete_download",
+        "stale_lease",
+    ]
+    path: str
+    bytes: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """The result of :meth:`ModelStore.prune`."""
+
+    items: tuple[PruneItem, ...]
+    dry_run: bool
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes freed (or that would be freed)."""
+        return sum(i.bytes for i in self.items)
+
+
+@dataclass(frozen=True)
+class _HubLinks:
+    """The Hugging Face cache files a pulled model links to."""
+
+    cache_dir: Path
+    repo_id: str
+    commit: str
+    bytes: int
+
+
+def remove(
+    store: ModelStore,
+    name: str,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    purge_hf_cache: bool = False,
+) -> RemoveResult:
+    """Remove a model (and its aliases), or only an alias; see :meth:`ModelStore.remove`."""
+    validate_name(name)
+    with store.lock():
+        aliases = store.aliases()
+        if name in aliases:
+            if not dry_run:
+                del aliases[name]
+                store.write_aliases(aliases)
+            return RemoveResult(name, "alias", None, 0, dry_run=dry_run)
+        model = store.get(name)
+        freed = disk_usage(model.path)
+        users = holders(store.home, model.path, clean=not dry_run)
+        if users and not force and not dry_run:
+            raise ModelInUseError(
+                f"Model {name!r} is in use by process {', '.join(map(str, users))}.",
+                hint=f"Stop it first, or remove the files anyway: mlxi rm {name} --force "
+                "(a loaded copy keeps working until it stops).",
+                pids=users,
+            )
+        links = _hub_links(model)
+        sharing = (
+            [
+                m.name
+                for m in store.list()
+                if m.name != model.name
+                and (m.manifest.source.repo_id, m.manifest.source.commit)
+                == (links.repo_id, links.commit)
+            ]
+            if links is not None
+            else []
+        )
+        note = ""
+        if links is not None and purge_hf_cache and sharing:
+            note = f"kept in the Hugging Face cache: {', '.join(sharing)} uses the same files"
+        result = RemoveResult(
+            name,
+            "model",
+            str(model.path),
+            freed,
+            model.aliases,
+            dry_run,
+            users,
+            hf_cache_bytes=links.bytes if links else 0,
+            hf_cache_note=note,
+        )
+        if dry_run:
+            if links is not None and purge_hf_cache and not sharing:
+                return dataclasses.replace(result, hf_cache_freed=links.bytes)
+            return result
+        trash = store.models_dir / f"{TRASH_PREFIX}{model.path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(model.path, trash)
+            if model.aliases:
+                store.write_aliases({a: t for a, t in aliases.items() if t != model.name})
+        except OSError as exc:
+            raise io_error(exc, f"remove {name!r}") from exc
+    discard(trash)
+    if links is not None and purge_hf_cache and not sharing:
+        result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
+    return result
+
+
+def prune(
+    store: ModelStore,
+    *,
+    dry_run: bool = False,
+    hf_cache_dir: str | Path | None = None,
+    incomplete_age_s: float = 3600.0,
+) -> PruneReport:
+    """Remove what no model needs; see :meth:`ModelStore.prune`."""
+    items: list[PruneItem] = []
+    with store.lock():
+        folders = sorted(store.models_dir.iterdir()) if store.models_dir.is_dir() else []
+        for folder in folders:
+            item = _leftover(folder)
+            if item is not None:
+                items.append(item)
+        aliases = store.aliases()
+        broken = {i.path for i in items if i.kind == "broken_model"}
+        kept = {}
+        for alias, target in aliases.items():
+            target_dir = store.models_dir / folder_name(target)
+            if not (target_dir / MANIFEST_FILE).is_file() or str(target_dir) in broken:
+                items.append(PruneItem("dangling_alias", alias, 0, f"-> {target}"))
+            else:
+                kept[alias] = target
+        for lease in lease_files(store.home):
+            if not lease_alive(lease):
+                items.append(
+                    PruneItem("stale_lease", str(lease), 0, "left by a process that ended")
+                )
+        if hf_cache_dir != "":
+            cache = Path(hf_cache_dir) if hf_cache_dir else _default_hf_cache()
+            now = time.time()
+            for part in sorted(cache.glob("models--*/blobs/*.incomplete")):
+                with contextlib.suppress(OSError):
+                    st = part.stat()
+                    if now - st.st_mtime >= incomplete_age_s:
+                        items.append(PruneItem("incomplete_download", str(part), st.st_size))
+        if not dry_run:
+            for item in items:
+                if item.kind != "dangling_alias":
+                    discard(Path(item.path))
+            if len(kept) != len(aliases):
+                store.write_aliases(kept)
+    return PruneReport(tuple(items), dry_run)
+
+
+def _leftover(folder: Path) -> PruneItem | None:
+    """What prune removes of one entry of ``models/``; None for a model (or a live build)."""
+    if folder.name.startswith(TMP_PREFIX):
+        if _build_owner_alive(folder.name):
+            return None
+        return PruneItem("incomplete_build", str(folder), disk_usage(folder))
+    if folder.name.startswith(TRASH_PREFIX):
+        return PruneItem("trash", str(folder), disk_usage(folder))
+    if not folder.is_dir():
+        return None
+    if not (folder / MANIFEST_FILE).is_file():
+        return PruneItem("orphan_folder", str(folder), disk_usage(folder))
+    try:
+        manifest = Manifest.read(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if manifest.files and not any((folder / f.path).exists() for f in manifest.files):
+        detail = f"{manifest.name}: none of its files exist any more"
+        return PruneItem("broken_model", str(folder), disk_usage(folder), detail)
+    return None
+
+
+def _hub_links(model: StoredModel) -> _HubLinks | None:
+    """Where a pulled model's files live in the Hugging Face cache, and their bytes."""
+    src = model.manifest.source
+    if src.kind != "hub" or not src.repo_id or not src.commit:
+        return None
+    cache_dir: Path | None = None
+    blobs: set[Path] = set()
+    for entry in model.manifest.files:
+        link = model.path / entry.path
+        if not link.is_symlink():
+            continue
+        target = Path(os.path.join(link.parent, os.readlink(link)))
+        for parent in target.parents:
+            if parent.name.startswith("models--"):
+                cache_dir = parent.parent
+                break
+        blobs.add(Path(os.path.realpath(link)))
+    if cache_dir is None:
+        return None
+    size = 0
+    for blob in blobs:
+        with contextlib.suppress(OSError):
+            size += blob.stat().st_size
+    return _HubLinks(cache_dir, src.repo_id, src.commit, size)
+
+
+def _purge_revision(links: _HubLinks) -> int:
+    """Delete one revision of a repo from the Hugging Face cache; returns bytes freed.
+
+    huggingface_hub's own cache tools do it, so blobs that another revision still
+    uses are kept.
+    """
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(links.cache_dir)
+    except Exception:  # no cache any more, or not one huggingface_hub recognises
+        return 0
+    for repo in info.repos:
+        if repo.repo_type != "model" or repo.repo_id != links.repo_id:
+            continue
+        if any(r.commit_hash == links.commit for r in repo.revisions):
+            strategy = info.delete_revisions(links.commit)
+            freed = strategy.expected_freed_size
+            strategy.execute()
+            return freed
+    return 0
+
+
+def _build_owner_alive(folder: str) -> bool:
+    """True when the process that named a ``.tmp-...-<pid>-<x>`` folder still runs."""
+    try:
+        pid = int(folder.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _default_hf_cache() -> Path:
+    """The Hugging Face Hub cache folder, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"

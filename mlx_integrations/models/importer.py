@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 import shutil
 from pathlib import Path
 
@@ -94,16 +93,12 @@ def _import_gguf(
     dtype: str,
     progress: ProgressCallback | None,
 ) -> StoredModel:
-    from mlx_integrations.models.gguf import import_gguf
+    from mlx_integrations.models.gguf import convert_gguf, read_supported_gguf
 
     st = src.stat()
     with store.building(name, overwrite=overwrite) as build:
         report(progress, "import", "Converting GGUF", 0, None, "step")
-        out = Path(import_gguf(src, build.path / "converted", dtype=dtype))
-        # The converter writes a folder; its files become the model folder.
-        for item in out.iterdir():
-            os.rename(item, build.path / item.name)
-        out.rmdir()
+        convert_gguf(read_supported_gguf(src), build.path, dtype=dtype)
         report(progress, "import", "Converting GGUF", 1, 1, "step", done=True)
         files = model_files(build.path)
         config = read_json_object(build.path / "config.json")

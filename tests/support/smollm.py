@@ -57,9 +57,12 @@ def _sha256(path: Path) -> str:
 
 
 def _importer_digest() -> str:
-    from mlx_integrations.models import gguf
+    from mlx_integrations.models import gguf, gguf_reader, gguf_tokenizer
 
-    return hashlib.sha256(Path(gguf.__file__).read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    for module in (gguf, gguf_reader, gguf_tokenizer):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()
 
 
 def _download_gguf(dest: Path) -> None:

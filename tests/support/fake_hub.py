@@ -3,7 +3,8 @@
 It speaks the three routes the download path uses (revision info, tree listing,
 resolve with HEAD/GET and byte ranges), with the headers and ``X-Error-Code`` values the
 real Hub sends, and it can inject faults: a connection cut mid-file, a corrupted body,
-a missing file, a gated repository. Every request is logged.
+a missing file, a gated repository, a slow link (``rate``). Every request is logged, with
+its ``Range`` header, and the body bytes sent per file are counted (``sent``).
 
 Example:
     >>> with FakeHub() as hub:  # doctest: +SKIP
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,14 +77,18 @@ class FakeHub:
         cut: file name -> number of GETs still to cut off half way.
         corrupt: file names whose body is served with flipped bytes.
         missing: file names listed in the tree but answered 404 EntryNotFound.
+        rate: Bytes per second of each file body, or None for full speed.
+        sent: file name -> body bytes written to clients so far.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rate: float | None = None) -> None:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[LoggedRequest] = []
         self.cut: dict[str, int] = {}
         self.corrupt: set[str] = set()
         self.missing: set[str] = set()
+        self.rate = rate
+        self.sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -114,6 +120,11 @@ class FakeHub:
         repo.commits[sha] = FakeCommit(sha, dict(files))
         repo.branches[branch] = sha
         return sha
+
+    def sent_bytes(self, name: str) -> int:
+        """Body bytes of ``name`` written to clients so far (all requests together)."""
+        with self._lock:
+            return self.sent.get(name, 0)
 
     def requests_since(self, start: int) -> list[LoggedRequest]:
         """Requests logged after the first ``start`` ones."""
@@ -152,6 +163,10 @@ class FakeHub:
     def _log(self, method: str, path: str, rng: str | None) -> None:
         with self._lock:
             self.requests.append(LoggedRequest(method, path, rng))
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.sent[name] = self.sent.get(name, 0) + n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -279,11 +294,25 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return
         if cut:
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
+            self._write_body(name, body[: len(body) // 2])
             self.close_connection = True
             return
-        self.wfile.write(body)
+        self._write_body(name, body)
+
+    def _write_body(self, name: str, body: bytes) -> None:
+        """Send ``body`` at the hub's rate, in small pieces; a client that left ends it."""
+        rate = self.fake.rate
+        piece = max(len(body), 1) if rate is None else 8192
+        pace = 0.0 if rate is None else piece / rate
+        try:
+            for start in range(0, len(body), piece):
+                self.wfile.write(body[start : start + piece])
+                self.wfile.flush()
+                self.fake._count(name, len(body[start : start + piece]))
+                if pace:
+                    time.sleep(pace)
+        except OSError:  # the client closed the connection (Ctrl-C, cancelled download)
+            self.close_connection = True
 
     # Responses
 

@@ -50,7 +50,14 @@ def progress_bars(enabled: bool = True) -> Iterator[Any]:
     def callback(update: ProgressUpdate) -> None:
         task_id = tasks.get(update.task)
         if task_id is None:
-            task_id = progress.add_task(update.description, total=update.total, amount="", speed="")
+            # A resumed download starts part-way: those bytes are no part of the speed.
+            task_id = progress.add_task(
+                update.description,
+                total=update.total,
+                completed=update.completed,
+                amount="",
+                speed="",
+            )
             tasks[update.task] = task_id
         progress.update(
             task_id, completed=update.completed, total=update.total, description=update.description

@@ -182,6 +182,14 @@ class DownloadHasher(_BackgroundWorker):
         except OSError:
             self._old = set()
 
+    def follow(self, path: Path) -> None:
+        """Hash ``path`` too, from its first byte, though it was there before (a resumed file)."""
+        self._old.discard(Path(path).name)
+
+    def partial_files(self) -> list[Path]:
+        """The files of this download being written now."""
+        return [Path(self.folder) / name for name in list(self._tails)]
+
     def result_for(self, path: Path) -> HashedFile | None:
         """What was hashed of the file now at ``path``, when it covered the whole file."""
         try:

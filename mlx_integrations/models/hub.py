@@ -7,13 +7,22 @@ resolved commit, so pulling a model again makes no request and works offline.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.models.downloads import (
+    Cancellation,
+    keep_partial,
+    resume_partials,
+    run_interruptibly,
+)
 from mlx_integrations.models.errors import (
     GatedRepoError,
     HubError,
@@ -26,6 +35,7 @@ from mlx_integrations.models.errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
     StoreError,
+    StoreIOError,
 )
 from mlx_integrations.models.hashing import DownloadHasher, HashedFile
 from mlx_integrations.models.manifest import (
@@ -165,7 +175,7 @@ def pull(
     endpoint = hub_endpoint(endpoint)
     cache = hub_cache_dir(cache_dir)
     # Files are hashed while they download; verifying afterwards reads only what is left.
-    with DownloadHasher(_blobs_folder(repo_id, cache)) as hasher:
+    with DownloadHasher(_repo_folder(repo_id, cache) / "blobs") as hasher:
         snapshot = _snapshot(
             repo_id,
             revision=requested,
@@ -175,6 +185,7 @@ def pull(
             patterns=patterns,
             max_workers=max_workers,
             progress=progress,
+            hasher=hasher,
         )
     commit = snapshot.name
     if not is_commit_sha(commit):
@@ -221,13 +232,17 @@ def pull(
     return PullResult(model, downloaded=True)
 
 
-def _blobs_folder(repo_id: str, cache_dir: str | None) -> Path:
-    """Where huggingface_hub writes (and keeps) the files of ``repo_id``."""
+def _cache_root(cache_dir: str | None) -> Path:
     from huggingface_hub import constants
+
+    return Path(cache_dir or constants.HF_HUB_CACHE)
+
+
+def _repo_folder(repo_id: str, cache_dir: str | None) -> Path:
+    """Where huggingface_hub keeps ``repo_id`` (its ``blobs``, ``snapshots``, ``trees``)."""
     from huggingface_hub.file_download import repo_folder_name
 
-    root = Path(cache_dir or constants.HF_HUB_CACHE)
-    return root / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+    return _cache_root(cache_dir) / repo_folder_name(repo_id=repo_id, repo_type="model")
 
 
 def _published_sha256(path: Path, got: HashedFile) -> bool:
@@ -268,15 +283,36 @@ def _snapshot(
     patterns: list[str],
     max_workers: int,
     progress: ProgressCallback | None,
+    hasher: DownloadHasher,
 ) -> Path:
-    """Call ``snapshot_download`` and turn its exceptions into store errors."""
+    """Call ``snapshot_download`` and turn its exceptions into store errors.
+
+    Partial files that an interrupted pull kept are resumed first. On Ctrl-C the files
+    in flight are kept and their transfers stopped, then KeyboardInterrupt goes on.
+    """
     from huggingface_hub import errors as hf_errors
     from huggingface_hub import snapshot_download
 
     offline = hub_offline()
     where = endpoint or "the Hub"
-    try:
-        path = snapshot_download(
+    storage = _repo_folder(repo_id, cache_dir)
+    cancellation = Cancellation(repo_id)
+
+    def download() -> str:
+        resumed = 0.0
+        if not offline:
+            resumed = resume_partials(
+                repo_id,
+                revision=revision,
+                storage=storage,
+                locks=_cache_root(cache_dir) / ".locks" / storage.name,
+                endpoint=endpoint,
+                token=token,
+                cancellation=cancellation,
+                follow=hasher.follow,
+                progress=progress,
+            )
+        return snapshot_download(
             repo_id,
             revision=revision,
             endpoint=endpoint,
@@ -285,8 +321,20 @@ def _snapshot(
             allow_patterns=patterns,
             local_files_only=offline,
             max_workers=max_workers,
-            tqdm_class=tqdm_bridge(progress),
+            tqdm_class=tqdm_bridge(progress, base=resumed),
         )
+
+    def interrupt() -> None:
+        # Link the partial files before the stopped transfers delete them.
+        for partial in hasher.partial_files():
+            keep_partial(partial)
+        cancellation.cancel()
+
+    try:
+        with warnings.catch_warnings(), cancellation.active():
+            # A full disk is reported below as an error with a hint, not as a warning.
+            warnings.filterwarnings("ignore", "Not enough free disk space", UserWarning)
+            path = run_interruptibly(download, interrupt)
     except hf_errors.GatedRepoError as exc:
         raise GatedRepoError(
             f"{repo_id} is a gated repository: its terms must be accepted first.",
@@ -325,6 +373,10 @@ def _snapshot(
         ) from _scrub(exc, token)
     except StoreError:
         raise
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise _disk_full(repo_id, exc, _cache_root(cache_dir)) from None
     except Exception as exc:
         # httpx/httpx2 transport errors after the library's own retries.
         if type(exc).__module__.split(".")[0] in {"httpx", "httpx2", "httpcore", "requests"}:
@@ -334,6 +386,22 @@ def _snapshot(
             ) from None
         raise
     return Path(path)
+
+
+def _disk_full(repo_id: str, exc: OSError, cache: Path) -> StoreIOError:
+    """The error for a download that filled the disk (or the quota) of the HF cache."""
+    try:
+        free = f"{shutil.disk_usage(cache).free / 1e6:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    err = StoreIOError(
+        f"Could not download {repo_id}: {os.strerror(exc.errno or errno.ENOSPC)} "
+        f"in the Hugging Face cache {cache} ({free}). The store was left as it was.",
+        hint="Free some disk space (mlxi prune, mlxi rm), or set HF_HOME (where downloads "
+        "go) and MLXI_HOME to a disk with room.",
+    )
+    err.errno = exc.errno
+    return err
 
 
 def _scrub(exc: BaseException, token: str | bool | None) -> BaseException:

@@ -53,7 +53,9 @@ def report(
         callback(ProgressUpdate(task, description, completed, total, unit, done))
 
 
-def tqdm_bridge(callback: ProgressCallback | None) -> type:
+def tqdm_bridge(
+    callback: ProgressCallback | None, *, task: str | None = None, base: float = 0.0
+) -> type:
     """A tqdm-like class for ``snapshot_download(tqdm_class=...)`` that feeds ``callback``.
 
     huggingface_hub drives three bars: ``"Downloading bytes"`` (network), ``"Reconstructing
@@ -61,6 +63,12 @@ def tqdm_bridge(callback: ProgressCallback | None) -> type:
     written and the file count are forwarded; the library grows ``total`` after creating
     a bar, so each update re-reads it. Without a callback the class draws nothing, so the
     library stays quiet on its own.
+
+    Args:
+        callback: Receives the updates.
+        task: Report every bar as this task (``"bytes"`` for one ``http_get``, whose bar
+            starts at the size already downloaded).
+        base: Bytes done before these bars (files resumed first), added to count and total.
     """
     lock = threading.Lock()
 
@@ -68,8 +76,11 @@ def tqdm_bridge(callback: ProgressCallback | None) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             desc = str(kwargs.get("desc") or "")
             self.desc = desc
-            if desc.startswith("Reconstruct"):
-                self.task: str | None = "bytes"
+            if task is not None:
+                self.task: str | None = task
+                self.unit = str(kwargs.get("unit") or "B")
+            elif desc.startswith("Reconstruct"):
+                self.task = "bytes"
                 self.unit = "B"
             elif desc.startswith("Fetching") or desc.startswith("[dry-run]"):
                 self.task = "files"
@@ -80,6 +91,8 @@ def tqdm_bridge(callback: ProgressCallback | None) -> type:
             self.total = kwargs.get("total")
             self.n: float = kwargs.get("initial") or 0
             self._start = time.monotonic()
+            if self.n:  # a resumed download: the bar starts where the file is
+                self._emit()
 
         def __enter__(self) -> _Bridge:
             return self
@@ -96,8 +109,9 @@ def tqdm_bridge(callback: ProgressCallback | None) -> type:
             if self.task is None or callback is None:
                 return
             label = "Downloading" if self.task == "bytes" else "Files"
-            total = float(self.total) if self.total else None
-            report(callback, self.task, label, self.n, total, self.unit, done=done)
+            extra = base if self.task == "bytes" else 0.0
+            total = float(self.total) + extra if self.total else (extra or None)
+            report(callback, self.task, label, self.n + extra, total, self.unit, done=done)
 
         def update(self, n: float | None = 1) -> None:
             with lock:

@@ -1,0 +1,186 @@
+"""``mlxi pull`` when things go wrong: Ctrl-C on a slow Hub, the pull after it, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlx_integrations.cli.main import app
+from typer.testing import CliRunner
+
+from mlx_integrations.models import ModelStore, pull
+from tests.support.fake_hub import FakeHub
+
+RATE = 100_000  # bytes per second: the weights take 20 s to arrive in full
+WEIGHTS = os.urandom(2_000_000)
+FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": WEIGHTS}
+SHA = hashlib.sha256(WEIGHTS).hexdigest()
+
+
+@pytest.fixture
+def hub():
+    with FakeHub() as server:
+        server.add_repo("org/slow", FILES)
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {
+        "MLXI_HOME": str(tmp_path / "mlxi"),
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    for key in ("HF_HUB_OFFLINE", "MLXI_DEBUG", "HF_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return values
+
+
+def blobs(env: dict[str, str]) -> Path:
+    return Path(env["HF_HUB_CACHE"]) / "models--org--slow" / "blobs"
+
+
+def wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def interrupted_pull(hub: FakeHub, env: dict[str, str]) -> tuple[int, str, float, int]:
+    """Start ``mlxi pull`` on the slow Hub, press Ctrl-C mid-file.
+
+    Returns:
+        Exit code, stderr, seconds from SIGINT to exit, body bytes sent before SIGINT.
+    """
+    hub.rate = RATE
+    exe = Path(sys.executable).with_name("mlxi")
+    proc = subprocess.Popen(
+        [str(exe), "pull", "org/slow"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Observable progress first: a tenth of the weights has left the Hub.
+        wait_for(lambda: hub.sent_bytes("model.safetensors") >= 200_000, "the download")
+        sent = hub.sent_bytes("model.safetensors")
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+        return proc.returncode, err, time.monotonic() - start, sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_stops_the_download_at_once_and_keeps_the_partial_file(hub, env):
+    code, err, seconds, sent = interrupted_pull(hub, env)
+    assert code == 130, err
+    assert "Interrupted." in err and "Traceback" not in err
+    # Finishing the file would take 18 s more at this rate: stopping must not wait for it.
+    assert seconds < 9, f"exit took {seconds:.1f} s after Ctrl-C"
+    kept = blobs(env) / f"{SHA}.incomplete"
+    assert kept.exists(), sorted(os.listdir(blobs(env)))
+    size = kept.stat().st_size
+    assert sent <= size < len(WEIGHTS)
+    assert kept.read_bytes() == WEIGHTS[:size]
+    assert not (blobs(env) / SHA).exists()
+    assert not ModelStore(Path(env["MLXI_HOME"])).contains("org/slow")
+
+
+def test_pull_after_ctrl_c_asks_only_for_the_missing_bytes(hub, env):
+    code, err, _seconds, _sent = interrupted_pull(hub, env)
+    assert code == 130, err
+    kept = (blobs(env) / f"{SHA}.incomplete").stat().st_size
+
+    hub.rate = None
+    before = len(hub.requests)
+    updates = []
+    result = pull("org/slow", progress=updates.append)
+    gets = [
+        r
+        for r in hub.requests_since(before)
+        if r.method == "GET" and r.path.endswith("model.safetensors")
+    ]
+    assert [g.range for g in gets] == [f"bytes={kept}-"]
+    entry = {f.path: f for f in result.model.manifest.files}["model.safetensors"]
+    assert entry.sha256 == SHA and entry.size == len(WEIGHTS)
+    assert not (blobs(env) / f"{SHA}.incomplete").exists()
+    first = next(u for u in updates if u.task == "bytes")
+    assert first.completed == kept and first.total == len(WEIGHTS)
+    assert ModelStore(Path(env["MLXI_HOME"])).verify("org/slow").ok
+
+
+def test_a_corrupt_partial_file_is_caught_by_its_sha256_and_fetched_again(hub, env):
+    code, err, _seconds, _sent = interrupted_pull(hub, env)
+    assert code == 130, err
+    kept = blobs(env) / f"{SHA}.incomplete"
+    data = bytearray(kept.read_bytes())
+    data[10] ^= 0xFF
+    kept.write_bytes(bytes(data))
+
+    hub.rate = None
+    from mlx_integrations.models import IntegrityError
+
+    with pytest.raises(IntegrityError, match=r"model\.safetensors"):
+        pull("org/slow")
+    assert not (blobs(env) / SHA).exists() and not kept.exists()
+    assert ModelStore(Path(env["MLXI_HOME"])).verify(pull("org/slow").model.name).ok
+
+
+class FullDisk:
+    """A download file on a disk that fills up after ``room`` bytes."""
+
+    def __init__(self, fh, room: int) -> None:
+        self._fh = fh
+        self._room = room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= len(data)
+        return self._fh.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
+
+
+def test_a_full_disk_is_one_error_with_a_hint_and_no_warning(hub, env, monkeypatch):
+    import shutil
+
+    from huggingface_hub import file_download
+
+    real_get = file_download.http_get
+    real_usage = shutil.disk_usage
+
+    def http_get(url, temp_file, **kwargs):
+        return real_get(url, FullDisk(temp_file, room=1000), **kwargs)
+
+    def disk_usage(path):
+        return real_usage(path)._replace(free=1000)
+
+    # huggingface_hub warns when the free space looks too small, then the write fails.
+    monkeypatch.setattr(file_download, "http_get", http_get)
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    result = CliRunner().invoke(app, ["pull", "org/slow"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("Error: Could not download org/slow: No space left on device")
+    assert lines[1].startswith("Hint: Free some disk space")
+    assert "HF_HOME" in lines[1] and "MLXI_HOME" in lines[1]
+    assert result.stdout == ""
+    assert not ModelStore(Path(env["MLXI_HOME"])).contains("org/slow")
+    assert not list(blobs(env).glob("*.incomplete"))

@@ -1,24 +1,26 @@
 """Entry point of the ``mlxi`` command.
 
 Each command parses its arguments, calls :mod:`mlx_integrations.models` (or an engine)
-and renders the result: results on stdout, progress and errors on stderr. Heavy modules
+and returns a :class:`~mlx_integrations.cli.output.Result`, which one renderer prints as
+text, JSON (``--json``) or bare names: results on stdout, progress and errors on stderr. Heavy modules
 are imported inside the commands so that ``mlxi --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import typer
 from mlx_integrations.cli.errors import handle_errors
 from mlx_integrations.cli.output import (
+    Result,
+    Table,
     human_age,
     human_count,
     human_size,
-    print_json,
-    print_table,
+    prints_result,
     stdin_is_tty,
 )
 
@@ -59,6 +61,7 @@ def _root(
 
 @app.command()
 @handle_errors
+@prints_result
 def pull(
     repo_id: str = typer.Argument(..., help="Hub repository, e.g. mlx-community/Qwen3-4B-4bit."),
     name: str | None = typer.Option(None, "--name", "-n", help="Store name (default: repo id)."),
@@ -87,7 +90,7 @@ def pull(
         help="Hub token (default: HF_TOKEN or the saved login); never printed.",
     ),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Download a model from the Hugging Face Hub into the store."""
     from mlx_integrations.cli.progress import progress_bars
 
@@ -105,21 +108,19 @@ def pull(
             token=token,
             progress=progress,
         )
-    if json_output:
-        print_json(result.to_dict())
-        return
-    src = result.model.manifest.source
+    model = result.model
+    src = model.manifest.source
     pin = f"{src.revision} @ {(src.commit or '')[:12]}"
     if result.downloaded:
-        typer.echo(
-            f"pulled {result.model.name} ({pin}, {human_size(result.model.manifest.size_bytes)})"
-        )
+        line = f"pulled {model.name} ({pin}, {human_size(model.manifest.size_bytes)})"
     else:
-        typer.echo(f"{result.model.name} is up to date ({pin})")
+        line = f"{model.name} is up to date ({pin})"
+    return Result(result.to_dict(), [line])
 
 
 @app.command("import")
 @handle_errors
+@prints_result
 def import_(
     source: Path = typer.Argument(..., help="A model folder or a .gguf file."),
     name: str = typer.Argument(..., help="Store name."),
@@ -129,7 +130,7 @@ def import_(
     group_size: int | None = typer.Option(None, "--q-group-size", help="Quantization group."),
     mode: str = typer.Option("affine", "--q-mode", help="affine, mxfp4, nvfp4 or mxfp8."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Import a local model folder or a GGUF file into the store."""
     from mlx_integrations.cli.progress import progress_bars
 
@@ -150,14 +151,14 @@ def import_(
             from mlx_integrations.models.importer import import_model
 
             model = import_model(source, name, overwrite=force, dtype=dtype, progress=progress)
-    if json_output:
-        print_json(model.summary())
-        return
-    typer.echo(f"imported {model.name} ({human_size(model.manifest.size_bytes)})")
+    return Result(
+        model.summary(), [f"imported {model.name} ({human_size(model.manifest.size_bytes)})"]
+    )
 
 
 @app.command()
 @handle_errors
+@prints_result
 def quantize(
     source: str = typer.Argument(..., help="Store name, repo id, folder or .gguf file."),
     name: str | None = typer.Argument(None, help="Store name (default: SOURCE-q<bits>)."),
@@ -174,7 +175,7 @@ def quantize(
     ),
     force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Quantize a model with mlx-lm into a new store model."""
     from mlx_integrations.cli.progress import progress_bars
 
@@ -192,14 +193,10 @@ def quantize(
             overwrite=force,
             progress=progress,
         )
-    if json_output:
-        print_json(model.summary())
-        return
     q = model.manifest.quantization
     how = f"{q.bits} bits, group {q.group_size}, {q.mode}" if q else "unquantized"
-    typer.echo(
-        f"quantized {source} -> {model.name} ({how}, {human_size(model.manifest.size_bytes)})"
-    )
+    size = human_size(model.manifest.size_bytes)
+    return Result(model.summary(), [f"quantized {source} -> {model.name} ({how}, {size})"])
 
 
 # Looking at the store
@@ -207,22 +204,16 @@ def quantize(
 
 @app.command("list")
 @handle_errors
+@prints_result
 def list_(
     prefix: str | None = typer.Argument(None, help="Only names that start with this."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print names only."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """List the models of the store."""
     from mlx_integrations.models.store import list_models
 
     models = list_models(prefix)
-    if json_output:
-        print_json([m.summary() for m in models])
-        return
-    if quiet:
-        for m in models:
-            typer.echo(m.name)
-        return
     rows = []
     for m in models:
         s = m.summary()
@@ -237,7 +228,11 @@ def list_(
                 human_age(s["modified"]),
             ]
         )
-    print_table(["NAME", "ID", "SIZE", "WEIGHTS", "SOURCE", "MODIFIED"], rows)
+    return Result(
+        [m.summary() for m in models],
+        table=Table(["NAME", "ID", "SIZE", "WEIGHTS", "SOURCE", "MODIFIED"], rows),
+        names=[m.name for m in models],
+    )
 
 
 app.command("ls", help="List the models of the store (same as list).")(list_)
@@ -245,34 +240,34 @@ app.command("ls", help="List the models of the store (same as list).")(list_)
 
 @app.command()
 @handle_errors
-def ps(json_output: bool = JSON_OPTION) -> None:
+@prints_result
+def ps(json_output: bool = JSON_OPTION) -> Result:
     """List the stored models that running processes have loaded (engines, mlxi run)."""
     from mlx_integrations.models.store import default_store
 
     loaded = default_store().in_use()
-    if json_output:
-        print_json([{**m.summary(), "pids": list(pids)} for m, pids in loaded])
-        return
     rows = [
         [m.name, m.summary()["id"], human_size(m.manifest.size_bytes), ", ".join(map(str, pids))]
         for m, pids in loaded
     ]
-    print_table(["NAME", "ID", "SIZE", "PROCESSES"], rows)
+    return Result(
+        [{**m.summary(), "pids": list(pids)} for m, pids in loaded],
+        table=Table(["NAME", "ID", "SIZE", "PROCESSES"], rows),
+        names=[m.name for m, _ in loaded],
+    )
 
 
 @app.command()
 @handle_errors
+@prints_result
 def show(
     name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Show a model's architecture, size, quantization, source and files."""
     from mlx_integrations.models.info import show_model
 
     info = show_model(name)
-    if json_output:
-        print_json(info.to_dict())
-        return
     q = info.quantization
     src = info.source
     lines = [
@@ -303,42 +298,38 @@ def show(
         lines.append(("warm caches", ", ".join(info.warm_caches)))
     if info.in_use_by:
         lines.append(("in use by", "process " + ", ".join(map(str, info.in_use_by))))
-    for key, value in lines:
-        typer.echo(f"{key:18} {value}")
-    typer.echo("files")
-    for f in info.files:
-        typer.echo(f"  {f.path:32} {human_size(f.size):>10}  {f.sha256[:16] or '-'}")
+    text = [f"{key:18} {value}" for key, value in lines] + ["files"]
+    text += [f"  {f.path:32} {human_size(f.size):>10}  {f.sha256[:16] or '-'}" for f in info.files]
+    return Result(info.to_dict(), text)
 
 
 @app.command()
 @handle_errors
+@prints_result
 def verify(
     names: list[str] = typer.Argument(None, help="Models to check (default: all)."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Check model files against the sha256 in their manifests (exit 1 on a mismatch)."""
     from mlx_integrations.models.store import default_store
 
     store = default_store()
     targets = names or [m.name for m in store.list()]
     reports = [store.verify(n) for n in targets]
-    if json_output:
-        print_json([r.to_dict() for r in reports])
-    else:
-        for r in reports:
-            bad = [f for f in r.files if f.status != "ok"]
-            typer.echo(f"{r.name}: {'ok' if r.ok else 'FAILED'} ({len(r.files)} files)")
-            for f in bad:
-                typer.echo(f"  {f.path}: {f.status.replace('_', ' ')}")
-    if not all(r.ok for r in reports):
-        bad_names = ", ".join(r.name for r in reports if not r.ok)
-        typer.echo(f"Error: files of {bad_names} do not match their manifest.", err=True)
-        typer.echo(
-            f"Hint: pull or import the model again (mlxi pull/import --force), "
+    lines = []
+    for r in reports:
+        lines.append(f"{r.name}: {'ok' if r.ok else 'FAILED'} ({len(r.files)} files)")
+        lines += [f"  {f.path}: {f.status.replace('_', ' ')}" for f in r.files if f.status != "ok"]
+    result = Result([r.to_dict() for r in reports], lines)
+    failed = [r.name for r in reports if not r.ok]
+    if failed:
+        result = dataclasses.replace(
+            result,
+            error=f"files of {', '.join(failed)} do not match their manifest.",
+            hint="pull or import the model again (mlxi pull/import --force), "
             f"or remove it: mlxi rm {reports[0].name if len(reports) == 1 else 'NAME'}",
-            err=True,
         )
-        raise typer.Exit(1)
+    return result
 
 
 # Changing the store
@@ -353,6 +344,7 @@ def _confirm(question: str, yes: bool, dry_run: bool) -> bool:
 
 @app.command()
 @handle_errors
+@prints_result
 def rm(
     names: list[str] = typer.Argument(..., help="Models or aliases to remove."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
@@ -367,7 +359,7 @@ def rm(
         "(unless another stored model uses them).",
     ),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Remove models (and their aliases) or aliases from the store.
 
     A model that a running engine or `mlxi run` has loaded is kept unless --force.
@@ -385,52 +377,50 @@ def rm(
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
     results = [store.remove(n, dry_run=dry_run, force=force, purge_hf_cache=purge) for n in names]
-    if json_output:
-        print_json([r.__dict__ for r in results])
-        return
     verb = "would delete" if dry_run else "deleted"
+    lines = []
     for r in results:
         extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
         what = "alias " if r.kind == "alias" else ""
         if r.in_use_by:
             state = "loaded" if dry_run and not force else "still loaded"
             extra += f"; {state} by process {', '.join(map(str, r.in_use_by))}"
-        typer.echo(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
+        lines.append(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
         if r.hf_cache_freed:
-            typer.echo(f"{verb} {human_size(r.hf_cache_freed)} from the Hugging Face cache")
+            lines.append(f"{verb} {human_size(r.hf_cache_freed)} from the Hugging Face cache")
         elif r.hf_cache_note:
-            typer.echo(f"{human_size(r.hf_cache_bytes)} {r.hf_cache_note}")
+            lines.append(f"{human_size(r.hf_cache_bytes)} {r.hf_cache_note}")
         elif r.hf_cache_bytes:
-            typer.echo(
+            lines.append(
                 f"{human_size(r.hf_cache_bytes)} stays in the Hugging Face cache "
                 f"(shared with other tools); add --purge to delete it too"
             )
+    return Result([dataclasses.asdict(r) for r in results], lines)
 
 
 @app.command()
 @handle_errors
+@prints_result
 def tag(
     source: str = typer.Argument(..., help="A stored model."),
     alias: str = typer.Argument(..., help="Another name for it."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Give a stored model another name (an alias)."""
     from mlx_integrations.models.store import tag_model
 
     model = tag_model(source, alias)
-    if json_output:
-        print_json(model.summary())
-        return
-    typer.echo(f"tagged {model.name} as {alias}")
+    return Result(model.summary(), [f"tagged {model.name} as {alias}"])
 
 
 @app.command()
 @handle_errors
+@prints_result
 def prune(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed."),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Remove unfinished builds, orphaned folders, dangling aliases and stale partial
     downloads."""
     from mlx_integrations.models.store import default_store
@@ -446,19 +436,15 @@ def prune(
         report = store.prune()
     else:
         report = preview if dry_run or not preview.items else store.prune()
-    if json_output:
-        print_json(
-            {
-                "dry_run": report.dry_run,
-                "freed_bytes": report.freed_bytes,
-                "items": [i.__dict__ for i in report.items],
-            }
-        )
-        return
-    for item in report.items:
-        typer.echo(f"{item.kind:20} {item.path} {item.detail}".rstrip())
+    lines = [f"{item.kind:20} {item.path} {item.detail}".rstrip() for item in report.items]
     verb = "would free" if report.dry_run else "freed"
-    typer.echo(f"{len(report.items)} items, {verb} {human_size(report.freed_bytes)}")
+    lines.append(f"{len(report.items)} items, {verb} {human_size(report.freed_bytes)}")
+    data = {
+        "dry_run": report.dry_run,
+        "freed_bytes": report.freed_bytes,
+        "items": [dataclasses.asdict(i) for i in report.items],
+    }
+    return Result(data, lines)
 
 
 # Using models
@@ -466,6 +452,7 @@ def prune(
 
 @app.command()
 @handle_errors
+@prints_result
 def warm(
     model: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
     cache_name: str = typer.Option("default", "--name", "-n", help="Name of the warm cache."),
@@ -483,7 +470,7 @@ def warm(
         True, "--weights/--no-weights", help="Also read the weights into the OS page cache."
     ),
     json_output: bool = JSON_OPTION,
-) -> None:
+) -> Result:
     """Precompute the KV cache of a prompt prefix and store it with the model.
 
     Engines load these caches at start, so the first request that begins with the same
@@ -509,21 +496,22 @@ def warm(
                 model, cache_name, system=system, tools=tool_defs, text=text, progress=progress
             )
             out["cache"] = result.to_dict()
-    if json_output:
-        print_json(out)
-        return
+    lines = []
     if "weights_bytes" in out:
-        typer.echo(f"read {human_size(out['weights_bytes'])} of weights")
+        lines.append(f"read {human_size(out['weights_bytes'])} of weights")
     if "cache" in out:
         c = out["cache"]
-        typer.echo(
+        lines.append(
             f"warmed '{c['name']}': {c['tokens']} tokens ({c['source']}) "
             f"in {c['seconds']:.2f} s -> {c['path']}"
         )
+    return Result(out, lines)
 
 
 def _read_tools(path: Path) -> list[dict[str, Any]]:
-    data = json.loads(path.read_text())
+    from mlx_integrations.models.folders import read_json
+
+    data = read_json(path)
     if isinstance(data, dict) and "tools" in data:
         data = data["tools"]
     if isinstance(data, dict):
@@ -588,18 +576,15 @@ def run(
 
 
 @app.command()
-def doctor(json_output: bool = JSON_OPTION) -> None:
+@prints_result
+def doctor(json_output: bool = JSON_OPTION) -> Result:
     """Report the MLX version, backend, device, mlx-lm version and the model store path."""
     from mlx_integrations.models.store import store_home
     from mlx_integrations.runtime import backend_info
 
     info: dict[str, Any] = dict(backend_info())
     info["store"] = str(store_home())
-    if json_output:
-        print_json(info)
-        return
-    for key, value in info.items():
-        typer.echo(f"{key:16} {value}")
+    return Result(info, [f"{key:16} {value}" for key, value in info.items()])
 
 
 def main() -> None:

@@ -1,14 +1,85 @@
-"""Rendering of results on stdout: JSON, aligned tables, sizes."""
+"""One output object for every command: a :class:`Result` printed by :func:`render`.
+
+A command builds a Result (its JSON form, the lines and table a person reads, the bare
+names of ``--quiet``) and returns it; :func:`prints_result` renders it in the form the
+command line asked for. Results go to stdout; ``Error:`` and ``Hint:`` lines to stderr.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import typer
+from mlx_integrations.cli.errors import EXIT_FAILURE, print_error
+
+OutputFormat = Literal["human", "json", "names"]
+
+
+@dataclass(frozen=True)
+class Table:
+    """Columns for a person: a header row and the rows under it."""
+
+    headers: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one command found or did, in each form it can be printed in.
+
+    Attributes:
+        data: The ``--json`` form (JSON-ready values).
+        lines: What a person reads, one string a line (the default form).
+        table: Columns for a person, printed after ``lines``.
+        names: The bare names of ``--quiet``.
+        error: A failure found while making the result: after it is printed, an
+            ``Error:`` line goes to stderr and the command exits with code 1.
+        hint: What to do about ``error``.
+    """
+
+    data: Any
+    lines: Sequence[str] = ()
+    table: Table | None = None
+    names: Sequence[str] = field(default_factory=list)
+    error: str | None = None
+    hint: str | None = None
+
+
+def render(result: Result, form: OutputFormat = "human") -> None:
+    """Print ``result`` on stdout as JSON, bare names or text and table; then its error."""
+    if form == "json":
+        print_json(result.data)
+    elif form == "names":
+        for name in result.names:
+            typer.echo(name)
+    else:
+        for line in result.lines:
+            typer.echo(line)
+        if result.table is not None:
+            print_table(result.table.headers, result.table.rows)
+    if result.error is not None:
+        print_error(result.error, result.hint)
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def prints_result(func: Callable[..., Result]) -> Callable[..., None]:
+    """Render the Result a command returns: ``--json`` as JSON, ``--quiet`` as names."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        result = func(*args, **kwargs)
+        form: OutputFormat = (
+            "json" if kwargs.get("json_output") else "names" if kwargs.get("quiet") else "human"
+        )
+        render(result, form)
+
+    return wrapper
 
 
 def human_size(n: float | None) -> str:

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hashing import FinishedFilesHasher
@@ -118,17 +119,9 @@ def quantize_model(
         # the shards are hashed while it writes the rest. mlx-lm reports on stdout;
         # keep stdout for results.
         weights = FinishedFilesHasher(out, "model.safetensors.index.json", _is_weights)
+        quantization = QuantizationInfo(bits=bits, group_size=group, mode=mode, recipe=recipe)
         with weights, contextlib.redirect_stdout(sys.stderr):
-            convert(
-                hf_path=str(src_path),
-                mlx_path=str(out),
-                quantize=True,
-                q_bits=bits,
-                q_group_size=group,
-                q_mode=mode,
-                dtype=dtype,
-                quant_predicate=recipe,
-            )
+            convert(str(src_path), str(out), dtype=dtype, **_convert_options(quantization))
         for item in out.iterdir():
             os.rename(item, build.path / item.name)
         out.rmdir()
@@ -138,10 +131,21 @@ def quantize_model(
             name=name,
             source=ModelSource(kind="quantize", base=str(source), path=str(src_path)),
             files=hash_files(build.path, files, known=weights.entries(build.path, files)),
-            quantization=QuantizationInfo(bits=bits, group_size=group, mode=mode, recipe=recipe),
+            quantization=quantization,
             dtype=dtype or _dtype(build.path),
         )
         return build.commit(manifest)
+
+
+def _convert_options(q: QuantizationInfo) -> dict[str, Any]:
+    """The arguments of ``mlx_lm.convert`` that make it quantize as ``q`` records."""
+    return {
+        "quantize": True,
+        "q_bits": q.bits,
+        "q_group_size": q.group_size,
+        "q_mode": q.mode,
+        "quant_predicate": q.recipe,
+    }
 
 
 def _is_weights(name: str) -> bool:

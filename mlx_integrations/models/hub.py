@@ -8,7 +8,6 @@ resolved commit, so pulling a model again makes no request and works offline.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shutil
@@ -37,6 +36,7 @@ from mlx_integrations.models.errors import (
     StoreError,
     StoreIOError,
 )
+from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hashing import DownloadHasher, HashedFile
 from mlx_integrations.models.manifest import (
     Manifest,
@@ -214,7 +214,7 @@ def pull(
         entries = hash_files(build.path, files, on_file=hashed, known=known)
         report(progress, "hash", "Verifying sha256", total, total, "B", done=True)
         _check_lfs_hashes(snapshot, entries)
-        config = _read_json(snapshot / "config.json")
+        config = read_json_object(snapshot / "config.json")
         manifest = Manifest(
             name=name,
             source=ModelSource(
@@ -429,14 +429,6 @@ def _check_lfs_hashes(snapshot: Path, entries: tuple) -> None:
                 f"(expected {blob.name[:12]}, got {entry.sha256[:12]}).",
                 hint="The corrupted file was removed from the cache; run the pull again.",
             )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def quantization_of(config: dict[str, Any]) -> QuantizationInfo | None:

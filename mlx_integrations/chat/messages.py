@@ -62,6 +62,11 @@ def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
     if not isinstance(call, dict):
         raise TypeError(f"messages[{index}].tool_calls holds {call!r}; expected a dict")
     fn = call.get("function", call)
+    if not isinstance(fn, dict):
+        raise TypeError(
+            f"messages[{index}].tool_calls entry {call!r:.120} has 'function' "
+            f"{fn!r:.60}; it must be a dict like {{'name': ..., 'arguments': {{...}}}}"
+        )
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"messages[{index}].tool_calls entry {call!r} has no function name")
@@ -74,6 +79,11 @@ def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
             args = {"_raw": args}
     if args is None:
         args = {}
+    if not isinstance(args, dict):
+        raise TypeError(
+            f"messages[{index}].tool_calls entry for {name!r} has arguments {args!r:.80}; "
+            "they must be a dict (or a JSON object string)"
+        )
     return {
         "id": call.get("id") or "",
         "type": "function",
@@ -93,6 +103,7 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
     if not messages:
         raise ValueError("messages is empty; pass at least one message, e.g. a user message")
     out = []
+    names_by_id: dict[str, str] = {}
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {msg!r}")
@@ -108,53 +119,41 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
         if role == "assistant":
             calls = msg.get("tool_calls")
             if calls:
+                if not isinstance(calls, (list, tuple)):
+                    raise TypeError(
+                        f"messages[{i}].tool_calls must be a list of calls, got {calls!r:.80}"
+                    )
                 item["tool_calls"] = [_normalize_tool_call(c, i) for c in calls]
+                names_by_id.update(
+                    (c["id"], c["function"]["name"]) for c in item["tool_calls"] if c["id"]
+                )
             if msg.get("reasoning_content"):
                 item["reasoning_content"] = str(msg["reasoning_content"])
         if role == "tool":
             item["tool_call_id"] = str(msg.get("tool_call_id") or "")
-            if msg.get("name"):
-                item["name"] = str(msg["name"])
+            # Templates (Hermes, Qwen) need the tool's name: the call it answers names it.
+            name = msg.get("name") or names_by_id.get(item["tool_call_id"])
+            if name:
+                item["name"] = str(name)
         elif msg.get("name") and role in ("user", "system"):
             item["name"] = str(msg["name"])
+        check_text(item["content"], f"messages[{i}].content")
         out.append(item)
     return out
 
 
-def tool_messages_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rewrite assistant tool calls and tool results as text, for templates without them.
+def check_text(text: str, where: str) -> str:
+    """Reject text the tokenizer cannot encode (a lone surrogate), naming the position.
 
-    Calls keep the ``<tool_call>`` form the tool description asks for; a result becomes
-    a user turn that names the tool and asks for an answer (small models otherwise
-    repeat the call they see just before it).
+    Raises:
+        ValueError: ``text`` holds a lone UTF-16 surrogate (often a broken decode).
     """
-    out: list[dict[str, Any]] = []
-    names_by_id: dict[str, str] = {}
-    for msg in messages:
-        if msg["role"] == "assistant" and msg.get("tool_calls"):
-            for c in msg["tool_calls"]:
-                if c.get("id"):
-                    names_by_id[c["id"]] = c["function"]["name"]
-            calls = "\n".join(
-                "<tool_call>"
-                + json.dumps(
-                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                    ensure_ascii=False,
-                )
-                + "</tool_call>"
-                for c in msg["tool_calls"]
-            )
-            text = f"{msg['content']}\n{calls}" if msg["content"] else calls
-            out.append({"role": "assistant", "content": text})
-        elif msg["role"] == "tool":
-            name = msg.get("name") or names_by_id.get(msg.get("tool_call_id") or "") or "tool"
-            tool = name if name == "tool" else f"{name} tool"
-            out.append(
-                {
-                    "role": "user",
-                    "content": f"The {tool} returned: {msg['content']}\nUse this result to answer.",
-                }
-            )
-        else:
-            out.append({k: v for k, v in msg.items() if k != "tool_call_id"})
-    return out
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where} holds a lone surrogate {text[exc.start]!r} at character {exc.start}, "
+            "which is not valid Unicode text; decode the input with errors='replace' or "
+            "remove the character"
+        ) from None
+    return text

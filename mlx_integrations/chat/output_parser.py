@@ -7,35 +7,20 @@ comes out as soon as its closing marker arrives; calls keep their order.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_integrations.chat.tool_parsers import (
+from mlx_integrations.chat.reasoning import THINK_MARKERS
+from mlx_integrations.chat.stopping import partial_suffix_len
+from mlx_integrations.chat.tool_formats import (
     InvalidToolCall,
     ParsedToolCall,
-    ToolCallFormat,
-    parse_body,
+    ToolFormat,
+    parse_calls,
 )
-from mlx_integrations.engine.stopping import partial_suffix_len
 
-THINK_MARKERS = ("<think>", "</think>")
-
-
-def _prefixes(literal: str) -> str:
-    """A regex matching any prefix of ``literal`` (the empty one included)."""
-    return "".join(f"(?:{re.escape(c)}" for c in literal) + ")?" * len(literal)
-
-
-# After a call of a format without end marker, what may stand before the next call,
-# what starts one (a JSON object or list, a pythonic list, Mistral's ``name[ARGS]`` or
-# ``name[CALL_ID]id[ARGS]``), and what may still grow into one of Mistral's.
+# After a call of a family without end marker, what may stand before the next call.
 _SEPARATORS = " \t\r\n;,"
-_NEXT_CALL = re.compile(r"[\[{]|[\w.-]+\s*\[(?:CALL_ID|ARGS)\]")
-_MAYBE_NEXT_CALL = re.compile(
-    rf"[\w.-]*\s*(?:{_prefixes('[ARGS]')}|{_prefixes('[CALL_ID]')}"
-    rf"|\[CALL_ID\]\s*[\w-]*\s*{_prefixes('[ARGS]')})"
-)
 
 
 @dataclass
@@ -80,7 +65,7 @@ class ChatOutputParser:
     def __init__(
         self,
         *,
-        tool_format: ToolCallFormat | None = None,
+        tool_format: ToolFormat | None = None,
         tools: Any = None,
         think_markers: tuple[str, str] | None = THINK_MARKERS,
         starts_in_reasoning: bool = False,
@@ -191,16 +176,16 @@ class ChatOutputParser:
         # occurrence where the body parses. Until one does, wait for more text.
         first = idx = self._buf.find(fmt.end)
         while idx >= 0:
-            parsed = parse_body(fmt, self._buf[:idx], self._tools)
+            parsed = parse_calls(fmt, self._buf[:idx], self._tools)
             if all(isinstance(p, ParsedToolCall) for p in parsed):
                 return self._close_call(events, parsed, idx + len(fmt.end))
             idx = self._buf.find(fmt.end, idx + 1)
         if first >= 0 and final:
-            parsed = parse_body(fmt, self._buf[:first], self._tools)
+            parsed = parse_calls(fmt, self._buf[:first], self._tools)
             return self._close_call(events, parsed, first + len(fmt.end))
         if final:
             if self._buf.strip():
-                events.extend(parse_body(fmt, self._buf, self._tools))
+                events.extend(parse_calls(fmt, self._buf, self._tools))
             self._buf = ""
         return False
 
@@ -227,7 +212,7 @@ class ChatOutputParser:
         for i in range(self._scanned, limit):
             if self._buf[i] not in "}])":
                 continue
-            parsed = parse_body(fmt, self._buf[: i + 1], self._tools)
+            parsed = parse_calls(fmt, self._buf[: i + 1], self._tools)
             if all(isinstance(p, ParsedToolCall) for p in parsed):
                 events.extend(parsed)
                 self._buf = self._buf[i + 1 :]
@@ -239,7 +224,7 @@ class ChatOutputParser:
         if nxt < 0 and not final:
             return False
         if self._buf[:limit].strip():
-            events.extend(parse_body(fmt, self._buf[:limit], self._tools))
+            events.extend(parse_calls(fmt, self._buf[:limit], self._tools))
         self._buf = self._buf[limit + len(fmt.start) :] if nxt >= 0 else ""
         self._scanned = 0
         self._state = "call" if nxt >= 0 else "text"
@@ -248,10 +233,14 @@ class ChatOutputParser:
     def _step_more_calls(self, final: bool) -> bool:
         """After a call without end marker: decide whether another call or text follows."""
         head = self._buf.lstrip(_SEPARATORS)
-        if head and _NEXT_CALL.match(head):
+        fmt = self._fmt
+        assert fmt is not None
+        if head and fmt.next_call.match(head):
             self._buf = head  # ``; {...}``, ``, [...]``, ``b[ARGS]{...}``
             self._state = "call"
-        elif not final and (not head or _MAYBE_NEXT_CALL.fullmatch(head)):
+        elif not final and (
+            not head or (fmt.maybe_next_call is not None and fmt.maybe_next_call.fullmatch(head))
+        ):
             return False  # too short to tell
         else:
             self._state = "text"

@@ -1,8 +1,9 @@
-"""Rendering neutral messages through a model's own chat template.
+"""Rendering neutral messages through a model's own chat template, once per turn.
 
-The template decides what a model sees. We probe once what it can render (tools,
-assistant tool calls, the tool role) and adapt: native tool messages when it takes
-them, text otherwise; tools described in the system message when it ignores them.
+The template decides what a model sees. We probe once what it can render (tools, and
+under which argument; assistant tool calls with dict or string arguments; the tool
+role; call ids) and adapt: native tool messages when it takes them, the family's own
+text layout otherwise; tools described in the system message when it ignores them.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mlx_integrations.chat.messages import tool_messages_as_text
-
-# How a tool call is written (see ``constraints.ToolCallMarkers``): a JSON object between
-# markers, one JSON list after the marker (Mistral v0.3), ``name[ARGS]{...}`` or
-# ``name[CALL_ID]id[ARGS]{...}`` (newer Mistral tokenizers).
-ToolCallLayout = Literal["object", "list", "header", "header_id"]
+from mlx_integrations.chat.tool_formats import ToolFormat
 
 _PROBE_TOOL = "zq_probe_tool"
 _PROBE_RESULT = "zq_probe_result_4417"
+_PROBE = {
+    "type": "function",
+    "function": {
+        "name": _PROBE_TOOL,
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -29,15 +33,21 @@ class TemplateCapabilities:
 
     has_template: bool
     renders_tools: bool
-    """The ``tools`` argument shows up in the prompt."""
+    """Tool definitions show up in the prompt (through :attr:`tools_argument`)."""
     renders_tool_messages: bool
     """Assistant ``tool_calls`` and ``role="tool"`` messages render natively."""
     short_call_ids: bool = False
     """The template takes only 9-character alphanumeric tool-call ids (Mistral v0.3,
     Nemo, Small 3.x raise on others); ids are shortened when rendering."""
-    mistral_layout: ToolCallLayout | None = None
-    """How the template writes a call after ``[TOOL_CALLS]`` (see
-    :func:`mistral_call_layout`); None for other templates."""
+    tools_argument: Literal["tools", "custom_tools"] = "tools"
+    """The template variable that takes tools (Llama 4's official template reads
+    ``custom_tools``)."""
+    string_arguments: bool = False
+    """Call arguments must reach the template as a JSON string (DeepSeek templates
+    concatenate them into the prompt)."""
+
+
+NO_TEMPLATE = TemplateCapabilities(False, False, False)
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -51,35 +61,32 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
     if not getattr(tokenizer, "chat_template", None) and not getattr(
         tokenizer, "has_chat_template", False
     ):
-        return TemplateCapabilities(False, False, False)
-    tool = {
-        "type": "function",
-        "function": {
-            "name": _PROBE_TOOL,
-            "description": "probe",
-            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
-        },
-    }
+        return NO_TEMPLATE
+    tools_argument: Literal["tools", "custom_tools"] = "tools"
+    renders_tools = _renders_tools(tokenizer, "tools")
+    if not renders_tools and _renders_tools(tokenizer, "custom_tools"):
+        renders_tools, tools_argument = True, "custom_tools"
+    kwargs = {tools_argument: [_PROBE]}
+    string_args = short_ids = False
+    native = _renders_tool_messages(tokenizer, "call_probe_1", {"x": 1}, kwargs)
+    if not native and _renders_tool_messages(tokenizer, "callprobe", {"x": 1}, kwargs):
+        native = short_ids = True
+    if not native and _renders_tool_messages(tokenizer, "call_probe_1", '{"x": 1}', kwargs):
+        native = string_args = True
+    return TemplateCapabilities(True, renders_tools, native, short_ids, tools_argument, string_args)
+
+
+def _renders_tools(tokenizer: Any, argument: str) -> bool:
     try:
-        renders_tools = _PROBE_TOOL in _render(
-            tokenizer, [{"role": "user", "content": "hi"}], tools=[tool]
-        )
+        text = _render(tokenizer, [{"role": "user", "content": "hi"}], **{argument: [_PROBE]})
     except Exception:
-        renders_tools = False
-    renders_tool_messages = _renders_tool_messages(tokenizer, tool, "call_probe_1")
-    short_ids = False
-    if not renders_tool_messages and _renders_tool_messages(tokenizer, tool, "callprobe"):
-        renders_tool_messages = short_ids = True
-    template = getattr(tokenizer, "chat_template", None)
-    layout = (
-        mistral_call_layout(tokenizer)
-        if isinstance(template, str) and "[TOOL_CALLS]" in template
-        else None
-    )
-    return TemplateCapabilities(True, renders_tools, renders_tool_messages, short_ids, layout)
+        return False
+    return _PROBE_TOOL in text
 
 
-def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -> bool:
+def _renders_tool_messages(
+    tokenizer: Any, call_id: str, arguments: Any, kwargs: dict[str, Any]
+) -> bool:
     """True when a tool call and its result, with this id, both show in the prompt."""
     convo: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
@@ -90,48 +97,17 @@ def _renders_tool_messages(tokenizer: Any, tool: dict[str, Any], call_id: str) -
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}},
+                    "function": {"name": _PROBE_TOOL, "arguments": arguments},
                 }
             ],
         },
         {"role": "tool", "tool_call_id": call_id, "name": _PROBE_TOOL, "content": _PROBE_RESULT},
     ]
     try:
-        text = _render(tokenizer, convo, tools=[tool])
+        text = _render(tokenizer, convo, **kwargs)
     except Exception:
         return False
     return _PROBE_TOOL in text.split("hi", 1)[-1] and _PROBE_RESULT in text
-
-
-def mistral_call_layout(tokenizer: Any) -> ToolCallLayout | None:
-    """How a Mistral template writes a tool call after ``[TOOL_CALLS]``.
-
-    Returns:
-        ``"list"`` (``[{"name": ..., "arguments": ...}]``, v0.3), ``"header"``
-        (``name[ARGS]{...}``), ``"header_id"`` (``name[CALL_ID]id[ARGS]{...}``), or None
-        when the template writes no ``[TOOL_CALLS]`` call.
-    """
-    call = {
-        "id": "abcDEF123",  # 9 alphanumerics: the strictest templates take it
-        "type": "function",
-        "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}},
-    }
-    convo = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-    ]
-    try:
-        text = tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=False)
-    except Exception:
-        return None
-    if "[TOOL_CALLS]" not in text:
-        return None
-    after = text.rsplit("[TOOL_CALLS]", 1)[1].lstrip()
-    if after.startswith("["):
-        return "list"
-    if after.startswith(_PROBE_TOOL):
-        return "header_id" if "[CALL_ID]" in after.split("[ARGS]", 1)[0] else "header"
-    return None
 
 
 def short_call_id(call_id: str) -> str:
@@ -146,19 +122,58 @@ def short_call_id(call_id: str) -> str:
     return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
-def shorten_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages whose tool-call ids (calls and results alike) are :func:`short_call_id`."""
+def _native_messages(
+    messages: list[dict[str, Any]], capabilities: TemplateCapabilities
+) -> list[dict[str, Any]]:
+    """Tool calls and results as this template takes them (ids, argument form)."""
+    if not (capabilities.short_call_ids or capabilities.string_arguments):
+        return messages
+    ids = short_call_id if capabilities.short_call_ids else str
     out = []
     for msg in messages:
         if msg.get("tool_calls"):
-            msg = dict(msg)
-            msg["tool_calls"] = [
-                {**call, "id": short_call_id(str(call.get("id") or ""))}
-                for call in msg["tool_calls"]
-            ]
+            calls = []
+            for call in msg["tool_calls"]:
+                function = call["function"]
+                if capabilities.string_arguments:
+                    arguments = json.dumps(function["arguments"], ensure_ascii=False)
+                    function = {**function, "arguments": arguments}
+                calls.append({**call, "id": ids(str(call.get("id") or "")), "function": function})
+            msg = {**msg, "tool_calls": calls}
         elif msg.get("role") == "tool" and "tool_call_id" in msg:
-            msg = {**msg, "tool_call_id": short_call_id(str(msg.get("tool_call_id") or ""))}
+            msg = {**msg, "tool_call_id": ids(str(msg.get("tool_call_id") or ""))}
         out.append(msg)
+    return out
+
+
+def tool_messages_as_text(
+    messages: list[dict[str, Any]], tool_format: ToolFormat
+) -> list[dict[str, Any]]:
+    """Rewrite assistant tool calls and tool results as text, for templates without them.
+
+    Calls are written in the family's own layout (what the model would write); a result
+    becomes a user turn that names the tool and asks for an answer (small models
+    otherwise repeat the call they see just before it).
+    """
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            calls = tool_format.write_calls(
+                [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]]
+            )
+            text = f"{msg['content']}\n{calls}" if msg["content"] else calls
+            out.append({"role": "assistant", "content": text})
+        elif msg["role"] == "tool":
+            name = msg.get("name") or "tool"
+            tool = name if name == "tool" else f"{name} tool"
+            out.append(
+                {
+                    "role": "user",
+                    "content": f"The {tool} returned: {msg['content']}\nUse this result to answer.",
+                }
+            )
+        else:
+            out.append({k: v for k, v in msg.items() if k != "tool_call_id"})
     return out
 
 
@@ -170,25 +185,19 @@ def _signature(fn: dict[str, Any]) -> str:
     return f"{described}: {fn['description']}" if fn.get("description") else described
 
 
-def describe_tools(tools: list[dict[str, Any]]) -> str:
+def describe_tools(tools: list[dict[str, Any]], tool_format: ToolFormat) -> str:
     """A system-prompt description of tools for templates that cannot render them.
 
-    One line per function and one concrete example call: small models copy
-    placeholders such as ``<tool name>`` literally, so none are used.
+    One line per function and one concrete example call in the family's own layout:
+    small models copy placeholders such as ``<tool name>`` literally, so none are used.
     """
     functions = [t.get("function", t) for t in tools]
     lines = ["You can call these functions:"]
     lines += [f"- {_signature(fn)}" for fn in functions]
     first = functions[0]
     props = list((first.get("parameters") or {}).get("properties") or {})
-    example_args = json.dumps({props[0]: "..."} if props else {})
-    lines.append(
-        'To call one, reply with <tool_call>{"name": "'
-        + first["name"]
-        + '", "arguments": '
-        + example_args
-        + "}</tool_call>"
-    )
+    example = tool_format.write_calls([(first["name"], {props[0]: "..."} if props else {})])
+    lines.append(f"To call one, reply with {example}")
     return "\n".join(lines)
 
 
@@ -199,6 +208,7 @@ def render_chat_prompt(
     tools: list[dict[str, Any]] | None,
     native_tool_format: bool,
     capabilities: TemplateCapabilities,
+    tool_format: ToolFormat,
     add_generation_prompt: bool = True,
     **template_kwargs: Any,
 ) -> str:
@@ -210,15 +220,16 @@ def render_chat_prompt(
         tools: OpenAI-style tool definitions, or None.
         native_tool_format: Keep tool calls and tool results as structured messages.
         capabilities: Result of :func:`probe_template` for this tokenizer.
+        tool_format: The model's tool-call family (for text-form calls and examples).
         add_generation_prompt: Open an assistant turn at the end.
         **template_kwargs: Extra variables for the template (``enable_thinking``...).
     """
-    if not native_tool_format:
-        messages = tool_messages_as_text(messages)
-    elif capabilities.short_call_ids:
-        messages = shorten_call_ids(messages)
+    if native_tool_format:
+        messages = _native_messages(messages, capabilities)
+    else:
+        messages = tool_messages_as_text(messages, tool_format)
     if tools and not capabilities.renders_tools:
-        description = describe_tools(tools)
+        description = describe_tools(tools, tool_format)
         if messages and messages[0]["role"] == "system":
             first = dict(messages[0])
             first["content"] = f"{first['content']}\n\n{description}"
@@ -231,7 +242,7 @@ def render_chat_prompt(
         return text + ("assistant: " if add_generation_prompt else "")
     kwargs = dict(template_kwargs)
     if tools:
-        kwargs["tools"] = tools
+        kwargs[capabilities.tools_argument] = tools
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )

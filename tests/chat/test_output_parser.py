@@ -25,8 +25,9 @@ from mlx_integrations.chat.output_parser import (
     collect,
     parse_output,
 )
-from mlx_integrations.chat.tool_parsers import (
-    FORMATS,
+from mlx_integrations.chat.tool_formats import (
+    format_names,
+    get_format,
     InvalidToolCall,
     ParsedToolCall,
 )
@@ -39,7 +40,9 @@ MARKUP = {
     "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
     "llama3_json": ["<|python_tag|>", '"parameters"'],
     "pythonic": ["get_weather(", "get_time(", "search(", "f("],
-    "lfm_pythonic": ["<|tool_call_start|>", "<|tool_call_end|>"],
+    "lfm": ["<|tool_call_start|>", "<|tool_call_end|>"],
+    "glm": ["<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>"],
+    "deepseek": ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"],
 }
 PROPERTY_SETTINGS = settings(
     max_examples=25,
@@ -88,6 +91,14 @@ XML_ARGS = st.dictionaries(
     st.sampled_from(["city", "days", "q", "x1", "unit"]),
     st.text(alphabet="abcXYZ 09.,:é東{}[]()\n", min_size=1, max_size=12).filter(
         lambda v: v.strip().lower() != "null"
+    ),
+    max_size=3,
+)
+# GLM values are raw text too, and read back as JSON where they parse: keep them words.
+GLM_ARGS = st.dictionaries(
+    st.sampled_from(["city", "days", "q", "x1", "unit"]),
+    st.text(alphabet="abcXYZé東", min_size=1, max_size=8).filter(
+        lambda v: v.lower() not in ("null", "true", "false")
     ),
     max_size=3,
 )
@@ -145,10 +156,10 @@ def replies(draw: st.DrawFn, fmt: str) -> Reply:
         reply.text += f"<think>{reply.reasoning}</think>" + draw(
             st.sampled_from(["", "\n", "\n\n"])
         )
-    args = XML_ARGS if fmt == "qwen3_coder" else JSON_ARGS
+    args = {"qwen3_coder": XML_ARGS, "glm": GLM_ARGS}.get(fmt, JSON_ARGS)
     calls = draw(st.lists(st.tuples(NAMES, args), min_size=0, max_size=3))
     leading = draw(st.booleans())
-    if fmt in ("hermes", "qwen3_coder", "lfm_pythonic"):
+    if fmt in ("hermes", "qwen3_coder", "lfm", "glm", "deepseek"):
         # Formats with an end marker: text may stand anywhere between calls.
         if leading:
             reply.add_text(draw(ANSWER))
@@ -157,6 +168,8 @@ def replies(draw: st.DrawFn, fmt: str) -> Reply:
                 markup = _hermes_call(name, a, draw(st.booleans()))
             elif fmt == "qwen3_coder":
                 markup = _xml_call(name, a)
+            elif fmt in ("glm", "deepseek"):
+                markup = get_format(fmt).write_calls([(name, a)])
             else:
                 markup = f"<|tool_call_start|>{_pythonic_list([(name, a)])}<|tool_call_end|>"
             reply.add_calls(markup, [(name, a)])
@@ -249,12 +262,12 @@ def ws_free(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", format_names())
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_every_split_gives_the_whole_text_events(fmt: str, data: st.DataObject):
     reply = data.draw(replies(fmt))
-    options = {"tool_format": FORMATS[fmt]}
+    options = {"tool_format": get_format(fmt)}
     points = data.draw(st.lists(st.integers(0, len(reply.text)), max_size=12))
     check_streaming_matches_whole(reply.text, points, **options)
 
@@ -268,12 +281,12 @@ def test_every_split_gives_the_whole_text_events(fmt: str, data: st.DataObject):
     assert ws_free(out.content) == ws_free(reply.content)
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", format_names())
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_each_call_comes_out_once_its_text_is_complete(fmt: str, data: st.DataObject):
     reply = data.draw(replies(fmt))
-    parser = ChatOutputParser(tool_format=FORMATS[fmt])
+    parser = ChatOutputParser(tool_format=get_format(fmt))
     seen = 0
     for i, ch in enumerate(reply.text, start=1):
         seen += sum(isinstance(e, ParsedToolCall) for e in parser.feed(ch))
@@ -281,7 +294,7 @@ def test_each_call_comes_out_once_its_text_is_complete(fmt: str, data: st.DataOb
     parser.finish()
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", format_names())
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_reasoning_opened_by_the_prompt(fmt: str, data: st.DataObject):
@@ -289,7 +302,7 @@ def test_reasoning_opened_by_the_prompt(fmt: str, data: st.DataObject):
     reply = data.draw(replies(fmt))
     assume(reply.text.startswith("<think>"))
     text = reply.text.removeprefix("<think>")
-    options = {"tool_format": FORMATS[fmt], "starts_in_reasoning": True}
+    options = {"tool_format": get_format(fmt), "starts_in_reasoning": True}
     points = data.draw(st.lists(st.integers(0, len(text)), max_size=8))
     check_streaming_matches_whole(text, points, **options)
     out = parse_output(text, **options)
@@ -297,7 +310,7 @@ def test_reasoning_opened_by_the_prompt(fmt: str, data: st.DataObject):
     assert [(c.name, c.arguments) for c in out.tool_calls] == reply.calls
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", format_names())
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_truncated_replies_never_raise(fmt: str, data: st.DataObject):
@@ -305,17 +318,17 @@ def test_truncated_replies_never_raise(fmt: str, data: st.DataObject):
     reply = data.draw(replies(fmt))
     text = reply.text[: data.draw(st.integers(0, len(reply.text)))]
     points = data.draw(st.lists(st.integers(0, len(text)), max_size=8))
-    check_streaming_matches_whole(text, points, tool_format=FORMATS[fmt])
-    check_no_markup(run([text], tool_format=FORMATS[fmt]), fmt)
+    check_streaming_matches_whole(text, points, tool_format=get_format(fmt))
+    check_no_markup(run([text], tool_format=get_format(fmt)), fmt)
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "lfm_pythonic"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "lfm"])
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_whatever_stands_between_call_markers_is_a_call_or_an_invalid_call(
     fmt: str, data: st.DataObject
 ):
-    f = FORMATS[fmt]
+    f = get_format(fmt)
     body = data.draw(st.text(alphabet=_CHARS + '"', max_size=60))
     assume(f.end not in body and f.start not in body)
     before = data.draw(ANSWER)
@@ -332,13 +345,13 @@ def test_whatever_stands_between_call_markers_is_a_call_or_an_invalid_call(
 
 
 def _fragments(fmt: str) -> st.SearchStrategy[str]:
-    f = FORMATS[fmt]
+    f = get_format(fmt)
     pieces = [f.start, f.end, *f.bare_prefixes, *THINK, "[ARGS]", "<function=f>", "<parameter=x>"]
     pieces += ['"name": "f"', '"arguments"', "f(a=1)", "{", "}", "[", "]", "(", ")", '"', ":", ";"]
     return st.one_of(st.sampled_from([p for p in pieces if p]), st.text(max_size=6))
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", format_names())
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_arbitrary_text_never_raises_and_splits_agree(fmt: str, data: st.DataObject):
@@ -347,7 +360,7 @@ def test_arbitrary_text_never_raises_and_splits_agree(fmt: str, data: st.DataObj
     points = data.draw(st.lists(st.integers(0, len(text)), max_size=8))
     for starts_in_reasoning in (False, True):
         check_streaming_matches_whole(
-            text, points, tool_format=FORMATS[fmt], starts_in_reasoning=starts_in_reasoning
+            text, points, tool_format=get_format(fmt), starts_in_reasoning=starts_in_reasoning
         )
 
 
@@ -403,7 +416,7 @@ def test_tool_markup_inside_reasoning_stays_reasoning():
         '<think>I could write <tool_call>{"name": "x", "arguments": {}}</tool_call></think>'
         "No call needed."
     )
-    out = parse_output(text, tool_format=FORMATS["hermes"])
+    out = parse_output(text, tool_format=get_format("hermes"))
     assert out.tool_calls == [] and out.invalid_tool_calls == []
     assert "<tool_call>" in out.reasoning and out.content == "No call needed."
 
@@ -420,7 +433,7 @@ def test_reasoning_then_call_then_text_in_order():
         'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
         " Done."
     )
-    events = normalized(run(list(text), tool_format=FORMATS["hermes"]))
+    events = normalized(run(list(text), tool_format=get_format("hermes")))
     assert events == [
         ("ReasoningDelta", "need weather"),
         ("TextDelta", "Checking."),
@@ -430,16 +443,16 @@ def test_reasoning_then_call_then_text_in_order():
 
 
 def test_end_marker_inside_an_argument_string_does_not_end_the_call():
-    from mlx_integrations.chat.tool_parsers import FORMATS
+    from mlx_integrations.chat.tool_formats import get_format
 
     text = (
         'Hi <tool_call>{"name": "f", "arguments": {"d": "see </tool_call> here"}}</tool_call> bye'
     )
-    whole = parse_output(text, tool_format=FORMATS["hermes"])
+    whole = parse_output(text, tool_format=get_format("hermes"))
     assert [c.arguments for c in whole.tool_calls] == [{"d": "see </tool_call> here"}]
     assert whole.content == "Hi  bye" and whole.invalid_tool_calls == []
     for cut in range(1, len(text)):
-        parser = ChatOutputParser(tool_format=FORMATS["hermes"])
+        parser = ChatOutputParser(tool_format=get_format("hermes"))
         out = collect(parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish())
         assert [c.arguments for c in out.tool_calls] == [{"d": "see </tool_call> here"}]
         assert out.content == "Hi  bye"

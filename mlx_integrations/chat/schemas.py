@@ -1,0 +1,148 @@
+"""JSON schemas: checked once, enforced by llguidance, and outputs validated against them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mlx_integrations.chat.grammar_processor import check_grammar
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# Compact JSON with the separators json.dumps writes (what models see most in training);
+# no free whitespace, which a small model can otherwise emit forever.
+COMPACT_JSON: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+
+class StructuredOutputError(ValueError):
+    """A constrained output did not come out complete and valid.
+
+    Attributes:
+        text: The generated text.
+        finish_reason: Why generation ended, when known.
+        truncated: True when the output was cut before it was complete (most often
+            at ``max_tokens``); raising ``max_tokens`` fixes it.
+    """
+
+    def __init__(
+        self, message: str, *, text: str, finish_reason: str | None, truncated: bool
+    ) -> None:
+        super().__init__(message)
+        self.text = text
+        self.finish_reason = finish_reason
+        self.truncated = truncated
+
+
+def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, Any]:
+    """Check that ``schema`` is a JSON schema llguidance can enforce; return it.
+
+    Args:
+        schema: The schema (a dict).
+        what: How to name the schema in error messages.
+
+    Raises:
+        TypeError: ``schema`` is not a dict.
+        ValueError: It is not a valid JSON schema, or llguidance cannot compile it.
+    """
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+    from llguidance import LLMatcher
+
+    if not isinstance(schema, Mapping):
+        raise TypeError(f"{what} must be a dict, got {type(schema).__name__}: {schema!r:.80}")
+    schema = dict(schema)
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the top level"
+        raise ValueError(f"{what} is not a valid JSON schema (at {where}): {exc.message}") from exc
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
+        check_grammar(grammar)
+    except ValueError as exc:
+        raise ValueError(f"{what} cannot be enforced: {exc}") from exc
+    return schema
+
+
+def cut_message(text: str, finish_reason: str | None, what: str) -> str:
+    """Why a constrained output is incomplete, and what to change."""
+    if finish_reason == "length":
+        return (
+            f"The output was cut at max_tokens before {what} was complete "
+            f"({len(text)} characters generated); raise max_tokens and retry"
+        )
+    return (
+        f"The output ends before {what} is complete (finish_reason={finish_reason!r}); "
+        "if a stop sequence or max_tokens cut it, remove the stop sequence or raise max_tokens"
+    )
+
+
+def validate_json_output(
+    text: str, schema: dict[str, Any] | None = None, *, finish_reason: str | None = None
+) -> Any:
+    """Parse a constrained JSON output and check it against ``schema``.
+
+    Args:
+        text: The generated text.
+        schema: The JSON schema it was constrained to (None: any JSON).
+        finish_reason: The engine's finish reason; ``"length"`` marks a possible cut.
+
+    Returns:
+        The parsed JSON value.
+
+    Raises:
+        StructuredOutputError: The output is truncated (``truncated=True``: raise
+            ``max_tokens``), not JSON, or not valid against the schema.
+    """
+    from jsonschema import ValidationError, validate
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        cut = finish_reason == "length" or _ends_incomplete(text, exc)
+        message = (
+            cut_message(text, finish_reason, "the JSON value")
+            if cut
+            else f"The output is not valid JSON ({exc.msg} at character {exc.pos}): {text!r:.200}"
+        )
+        raise StructuredOutputError(
+            message, text=text, finish_reason=finish_reason, truncated=cut
+        ) from exc
+    if (
+        finish_reason == "length"
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    ):
+        # A number cut between two digits is still a number: it cannot be trusted.
+        raise StructuredOutputError(
+            cut_message(text, finish_reason, "the number"),
+            text=text,
+            finish_reason=finish_reason,
+            truncated=True,
+        )
+    if schema is not None:
+        try:
+            validate(value, schema)
+        except ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+            raise StructuredOutputError(
+                f"The output does not match the schema at {where}: {exc.message}",
+                text=text,
+                finish_reason=finish_reason,
+                truncated=False,
+            ) from exc
+    return value
+
+
+def _ends_incomplete(text: str, exc: json.JSONDecodeError) -> bool:
+    """True when the JSON error is that the text ran out, not a wrong character."""
+    stripped = text.rstrip()
+    if not stripped:
+        return True
+    return exc.pos >= len(stripped) or exc.msg.startswith("Unterminated string")

@@ -1,0 +1,95 @@
+"""DeepSeek R1 / V3: calls between ``<｜tool▁calls▁begin｜>`` and ``<｜tool▁calls▁end｜>``.
+
+Each call is ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>name`` and its arguments in a
+fenced JSON block, then ``<｜tool▁call▁end｜>``; V3.1 writes ``name<｜tool▁sep｜>{...}``
+without the type and the fence. Both are read; forced calls take the R1 layout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from mlx_integrations.chat import lark
+from mlx_integrations.chat.tool_formats.base import ToolFormat
+from mlx_integrations.chat.tools import ToolSpec
+
+CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+CALLS_END = "<｜tool▁calls▁end｜>"
+CALL_BEGIN = "<｜tool▁call▁begin｜>"
+CALL_END = "<｜tool▁call▁end｜>"
+SEP = "<｜tool▁sep｜>"
+
+_CALL = re.compile(
+    re.escape(CALL_BEGIN)
+    + r"(?:(?P<type>\w+)"
+    + re.escape(SEP)
+    + r"(?P<name>[\w.-]+)\s*```(?:json)?\s*(?P<fenced>.*?)\s*```"
+    + r"|(?P<bare_name>[\w.-]+)"
+    + re.escape(SEP)
+    + r"(?P<bare>.*?))\s*"
+    + re.escape(CALL_END),
+    re.DOTALL,
+)
+
+
+def parse_deepseek_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
+    """The calls inside one ``<｜tool▁calls▁begin｜>...`` block."""
+    calls = []
+    pos = 0
+    text = body.strip()
+    while pos < len(text):
+        match = _CALL.match(text, pos)
+        if match is None:
+            raise ValueError(f"expected {CALL_BEGIN}...{CALL_END} at {text[pos : pos + 40]!r}")
+        name = match.group("name") or match.group("bare_name")
+        raw = match.group("fenced") if match.group("name") else match.group("bare")
+        arguments = json.loads(raw) if raw.strip() else {}
+        if not isinstance(arguments, dict):
+            raise ValueError(f"arguments of {name!r} must be a JSON object, got {raw!r:.80}")
+        calls.append({"name": name, "arguments": arguments})
+        pos = match.end()
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    if not calls:
+        raise ValueError("no tool call in the block")
+    return calls
+
+
+class DeepSeekFormat(ToolFormat):
+    """DeepSeek's tool-call blocks."""
+
+    name = "deepseek"
+    aliases = ("deepseek_r1", "deepseek_v3", "deepseekv3", "deepseek_v31")
+    start = CALLS_BEGIN
+    end = CALLS_END
+
+    @classmethod
+    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
+        return cls() if CALLS_BEGIN in template else None
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        return parse_deepseek_calls(body, tools)
+
+    def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
+        args = lark.json_value(tool.constrained_parameters)
+        head = f"{lark.marker(tokenizer, CALL_BEGIN)} {lark.lit('function')} "
+        head += (
+            f"{lark.marker(tokenizer, SEP)} {lark.lit(tool.name + chr(10) + '```json' + chr(10))}"
+        )
+        return f"{head} {args} {lark.lit(chr(10) + '```')} {lark.marker(tokenizer, CALL_END)}"
+
+    def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
+        alternatives, rules = self._alternatives(tokenizer, tools)
+        more = f'("\\n" ({alternatives}))*' if parallel else ""
+        end = lark.marker(tokenizer, CALLS_END)
+        return f"calls: ({alternatives}) {more} {end}\n{rules}"
+
+    def write_calls(self, calls: Any) -> str:
+        body = "\n".join(
+            f"{CALL_BEGIN}function{SEP}{name}\n```json\n{json.dumps(args, ensure_ascii=False)}"
+            f"\n```{CALL_END}"
+            for name, args in calls
+        )
+        return f"{CALLS_BEGIN}{body}{CALLS_END}"

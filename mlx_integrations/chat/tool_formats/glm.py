@@ -1,0 +1,64 @@
+"""GLM 4.5 / 4.6 / 4.7: ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>``.
+
+Each argument is a key tag and a value tag; a string value is written as it is, any
+other as JSON. mlx-lm's ``glm47`` parser reads the arguments back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from mlx_integrations.chat.tool_formats.base import ToolFormat
+from mlx_integrations.chat.tool_formats.xml_args import tagged_call_rules
+from mlx_integrations.chat.tools import ToolSpec
+
+_BARE_NAME = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*")
+
+
+class GlmFormat(ToolFormat):
+    """GLM's key/value tagged calls inside ``<tool_call>`` tags."""
+
+    name = "glm"
+    aliases = ("glm47", "glm45", "glm4", "glm4_moe")
+    start = "<tool_call>"
+    end = "</tool_call>"
+
+    @classmethod
+    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
+        return cls() if "<arg_key>" in template else None
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        if "<arg_key>" not in body:
+            # A call without arguments is its name alone; mlx-lm would call it "unknown".
+            bare = _BARE_NAME.fullmatch(body)
+            if bare is None:
+                raise ValueError(f"expected a function name, got {body!r:.80}")
+            return {"name": bare.group(1), "arguments": {}}
+        from mlx_lm.tool_parsers import glm47
+
+        return glm47.parse_tool_call(body, tools)
+
+    def call_rules(self, tokenizer: Any, tool: ToolSpec, rule: str) -> str:
+        return tagged_call_rules(
+            tool,
+            rule,
+            f"{tool.name}\n",
+            lambda name: (f"<arg_key>{name}</arg_key>\n<arg_value>", "</arg_value>\n"),
+            "",
+        )
+
+    def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
+        return self._tagged_calls_grammar(tokenizer, tools, parallel)
+
+    def write_calls(self, calls: Any) -> str:
+        out = []
+        for name, args in calls:
+            values = "".join(
+                f"<arg_key>{k}</arg_key>\n<arg_value>"
+                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>\n"
+                for k, v in args.items()
+            )
+            out.append(f"{self.start}{name}\n{values}{self.end}")
+        return "\n".join(out)

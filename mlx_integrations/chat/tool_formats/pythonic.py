@@ -1,0 +1,178 @@
+"""Pythonic calls: ``[get_weather(city="Paris"), get_time()]``.
+
+Llama 3.2 / Llama 4 pythonic templates and Gemma 3 ask for a Python list of calls with
+keyword arguments. Values are Python or JSON literals (``true`` and ``null`` are read
+too); a forced call writes each value as JSON, which is also a Python literal.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+from mlx_integrations.chat import lark
+from mlx_integrations.chat.tool_formats.base import (
+    ToolFormat,
+    json_call_lark,
+    parse_json_calls,
+    written_call,
+)
+from mlx_integrations.chat.tools import ToolSpec
+
+
+class _BareNames(ast.NodeTransformer):
+    # JSON spellings (true/false/null) are accepted beside Python's, at any depth. Any
+    # other bare name is a string: Llama 3.2's template writes earlier calls' strings
+    # unquoted (``city=Paris``), and models copy what they see.
+    def visit_Name(self, node: ast.Name) -> ast.Constant:
+        value = {"true": True, "false": False, "null": None}.get(node.id, node.id)
+        return ast.copy_location(ast.Constant(value), node)
+
+
+def _literal(node: ast.expr) -> Any:
+    return ast.literal_eval(_BareNames().visit(node))
+
+
+def parse_pythonic_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
+    """``[get_weather(city="Paris"), now()]`` as a list of call dicts."""
+    text = body.strip()
+    if not text.startswith("["):
+        text = f"[{text}]"
+    tree = ast.parse(text, mode="eval").body
+    if not isinstance(tree, ast.List) or not tree.elts:
+        raise ValueError("expected a list of calls like [name(arg=value)]")
+    calls = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or node.args:
+            raise ValueError("each call must look like name(arg=value, ...)")
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
+        args = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise ValueError("**kwargs are not allowed in a tool call")
+            args[kw.arg] = _literal(kw.value)
+        calls.append({"name": name, "arguments": args})
+    return calls
+
+
+_JSON_TYPES = {
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+def coerce_to_schema(calls: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+    """String values read back as the type the tool declares.
+
+    Llama 4's template writes every value quoted (``days="3"``), and models copy it.
+    """
+    schemas = {
+        t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") or {}
+        for t in tools or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    }
+    for call in calls:
+        props = schemas.get(call["name"], {})
+        for key, value in call["arguments"].items():
+            wanted = _JSON_TYPES.get((props.get(key) or {}).get("type"))
+            if wanted is None or not isinstance(value, str):
+                continue
+            try:
+                parsed = _literal(ast.parse(value.strip(), mode="eval").body)
+            except (SyntaxError, ValueError):
+                continue
+            if isinstance(parsed, wanted) and not (wanted is not bool and isinstance(parsed, bool)):
+                call["arguments"][key] = parsed
+    return calls
+
+
+def pythonic_call_lark(tool: ToolSpec) -> str:
+    """Lark for ``name(arg=<json>, ...)`` with the tool's arguments in schema order."""
+    parameters = tool.constrained_parameters
+    defs = lark.schema_defs(parameters)
+    props = parameters.get("properties") or {}
+    args = lark.keyword_arguments(
+        props,
+        tool.required,
+        lambda name, schema: f"{lark.lit(name + '=')} {lark.json_value(schema, defs)}",
+        '", "',
+    )
+    return f"{lark.lit(tool.name + '(')} {args} {lark.lit(')')}"
+
+
+def write_pythonic(calls: Any) -> str:
+    """``[a(x=1), b()]`` with JSON-literal values."""
+    items = (
+        f"{name}({', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in args.items())})"
+        for name, args in calls
+    )
+    return f"[{', '.join(items)}]"
+
+
+class PythonicFormat(ToolFormat):
+    """A bare Python list of calls at the start of the reply."""
+
+    name = "pythonic"
+    aliases = ("llama3.2_pythonic", "llama4_pythonic", "gemma3", "gemma3_pythonic", "llama4")
+    bare_prefixes = ("[",)
+
+    @classmethod
+    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
+        if "[func_name1(" in template or "func_name1(params_name1" in template:
+            return cls()
+        return None
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        return coerce_to_schema(parse_pythonic_calls(body, tools), tools)
+
+    def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
+        return pythonic_call_lark(tool)
+
+    def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
+        alternatives, rules = self._alternatives(tokenizer, tools)
+        more = f'(", " ({alternatives}))*' if parallel else ""
+        end = lark.marker(tokenizer, self.end)
+        return f'calls: "[" ({alternatives}) {more} "]" {end}\n{rules}'
+
+    def write_calls(self, calls: Any) -> str:
+        return f"{self.start}{write_pythonic(calls)}{self.end}"
+
+
+class LfmFormat(PythonicFormat):
+    """LFM2: a pythonic list between ``<|tool_call_start|>`` and ``<|tool_call_end|>``."""
+
+    name = "lfm"
+    aliases = ("lfm2", "lfm_pythonic")
+    start = "<|tool_call_start|>"
+    end = "<|tool_call_end|>"
+    bare_prefixes = ()
+
+    def __init__(self, json_list: bool = False) -> None:
+        self.json_list = json_list
+        """The template writes calls as a JSON list (llama.cpp's LFM2 template)."""
+
+    @classmethod
+    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
+        if "<|tool_call_start|>" not in template:
+            return None
+        written = written_call(tokenizer, cls.start)
+        return cls(json_list=written is not None and written.startswith("[{"))
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        if body.lstrip().startswith(("[{", "{")):
+            return parse_json_calls(body, tools)
+        return super().parse(body, tools)
+
+    def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
+        return json_call_lark(tool) if self.json_list else pythonic_call_lark(tool)
+
+    def write_calls(self, calls: Any) -> str:
+        if not self.json_list:
+            return super().write_calls(calls)
+        body = json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
+        return f"{self.start}{body}{self.end}"

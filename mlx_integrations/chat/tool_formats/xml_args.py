@@ -1,0 +1,64 @@
+"""Lark for argument values written as raw text between XML-like tags.
+
+Qwen3-Coder (``<parameter=p>value</parameter>``) and GLM (``<arg_value>value</arg_value>``)
+write a string argument as it is and any other value as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mlx_integrations.chat import lark
+from mlx_integrations.chat.tools import ToolSpec
+
+
+def value_rule(rule: str, schema: Mapping[str, Any], defs: Mapping[str, Any], close: str) -> str:
+    """A Lark rule ``rule``: one value followed by its closing tag ``close``.
+
+    A string is free text up to the first ``close`` (within the schema's length
+    bounds); an ``enum`` of strings is one of them; anything else is JSON.
+    """
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return f"{rule}: ({' | '.join(lark.lit(v) for v in enum)}) {lark.lit(close)}"
+    if isinstance(schema.get("const"), str):
+        return f"{rule}: {lark.lit(schema['const'])} {lark.lit(close)}"
+    if schema.get("type") == "string" and not schema.get("pattern") and not schema.get("format"):
+        low = int(schema.get("minLength", 0))
+        high = schema.get("maxLength")
+        bounds = f"{{{low},{int(high)}}}" if high is not None else f"{{{low},}}"
+        # Lazy: the value ends at the first closing tag, as the parser reads it.
+        return f"{rule}[lazy]: /(?s:.{bounds})/ {lark.lit(close)}"
+    return f"{rule}: {lark.json_value(schema, defs)} {lark.lit(close)}"
+
+
+def tagged_call_rules(
+    tool: ToolSpec,
+    rule: str,
+    head: str,
+    argument: Callable[[str], tuple[str, str]],
+    tail: str,
+) -> str:
+    """Rules for one call ``head (arguments) tail`` with tag-wrapped values.
+
+    Args:
+        tool: The tool.
+        rule: Name of the rule to define.
+        head: The literal text that opens the call (the name included).
+        argument: ``argument(name) -> (opening, closing)`` literal texts around a value.
+        tail: The literal text that closes the call.
+    """
+    parameters = tool.constrained_parameters
+    defs = lark.schema_defs(parameters)
+    props = parameters.get("properties") or {}
+    helpers = []
+    names = {}
+    for i, (name, schema) in enumerate(props.items()):
+        opening, closing = argument(name)
+        names[name] = f"{rule}_a{i}"
+        helpers.append(value_rule(f"{rule}_v{i}", schema, defs, closing))
+        helpers.append(f"{rule}_a{i}: {lark.lit(opening)} {rule}_v{i}")
+    args = lark.keyword_arguments(props, tool.required, lambda name, _: names[name], "")
+    line = f"{rule}: {lark.lit(head)} {args} {lark.lit(tail)}"
+    return "\n".join([line, *helpers])

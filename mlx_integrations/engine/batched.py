@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
 from mlx_integrations.engine.mlx_engine import Admission, Job, MLXEngine, aborted_output
 from mlx_integrations.engine.params import SamplingParams
+from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class _GuardedProcessors:
             return out
         except Exception as exc:
             self.error = exc
+            repair_random_state()  # before the samplers of this same step draw from it
             return logits
 
 
@@ -96,6 +98,7 @@ class _GuardedSampler:
                 return self.sampler(logprobs)
             except Exception as exc:
                 self.error = exc
+                repair_random_state()  # the other samplers of this step draw next
         return mx.argmax(logprobs, axis=-1)
 
 
@@ -202,6 +205,7 @@ class BatchedEngine(MLXEngine):
         preserve_native_tool_format: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         load_warm_caches: bool = True,
+        tool_format: str | None = None,
     ):
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int):
             raise TypeError(f"max_num_seqs must be an integer, got {max_num_seqs!r}")
@@ -216,6 +220,7 @@ class BatchedEngine(MLXEngine):
             preserve_native_tool_format=preserve_native_tool_format,
             chat_template_kwargs=chat_template_kwargs,
             load_warm_caches=load_warm_caches,
+            tool_format=tool_format,
         )
         self._max_num_seqs = max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner
@@ -351,6 +356,7 @@ class BatchedEngine(MLXEngine):
                 self._insert(job)
             except Exception as exc:
                 logger.debug("Request %s failed", job.params.request_id, exc_info=True)
+                repair_random_state()
                 self._finish(job, exc)
 
     def _insert(self, job: Job) -> None:
@@ -480,7 +486,8 @@ class BatchedEngine(MLXEngine):
         Every request in the batch fails; queued requests go on in a new generator.
         """
         logger.warning("A decode step of %s failed; dropping its batch: %r", self._name, exc)
-        self._close_generator()
+        self._close_generator()  # the batch's caches go with it, never to the prefix cache
+        repair_random_state()
         active, self._active = self._active, {}
         with self._state_lock:
             self._resets += 1

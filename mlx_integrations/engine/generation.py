@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mlx_integrations.chat.stopping import StopMatcher
 from mlx_integrations.engine.base import GenerationOutput
-from mlx_integrations.engine.stopping import StopMatcher
 
 
 @dataclass
@@ -28,6 +28,8 @@ class MLXGenerationOutput(GenerationOutput):
     """Seconds from the request's arrival to its first token."""
     generation_tps: float = 0.0
     """Decode tokens per second, first token excluded."""
+    starts_in_reasoning: bool = False
+    """The rendered prompt opened a thinking block: the reply begins as reasoning."""
 
 
 class OutputBuilder:

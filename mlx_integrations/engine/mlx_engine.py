@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from mlx_integrations.chat.constraints import constraint_processors
 from mlx_integrations.chat.messages import normalize_messages
+from mlx_integrations.chat.reasoning import opens_reasoning
 from mlx_integrations.chat.template import (
+    NO_TEMPLATE,
     TemplateCapabilities,
     probe_template,
     render_chat_prompt,
 )
+from mlx_integrations.chat.tool_formats import ToolFormat, detect_format, get_format
+from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.base import (
     BaseEngine,
     EngineBusy,
@@ -37,6 +42,7 @@ from mlx_integrations.engine.loading import (
     context_length,
     lease_model,
     resolve_model_path,
+    vocab_size,
 )
 from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
@@ -44,6 +50,7 @@ from mlx_integrations.engine.params import (
     SamplingParams,
     reject_media,
     validate_sampling,
+    validate_template_kwargs,
 )
 from mlx_integrations.engine.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.stats import (
@@ -53,6 +60,7 @@ from mlx_integrations.engine.stats import (
     PrefixCacheStats,
     RequestStats,
 )
+from mlx_integrations.models.warm import load_warm_caches
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +113,9 @@ class MLXEngine(BaseEngine):
         preserve_native_tool_format: Override the flag probed from the template.
         chat_template_kwargs: Variables passed to the chat template on every call.
         load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
+        tool_format: The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
+            :mod:`mlx_integrations.chat.tool_formats`); by default it is detected once
+            from the tokenizer and the chat template at load.
     """
 
     engine_type = "mlx"
@@ -120,7 +131,10 @@ class MLXEngine(BaseEngine):
         preserve_native_tool_format: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         load_warm_caches: bool = True,
+        tool_format: str | None = None,
     ):
+        if tool_format is not None:
+            get_format(tool_format)  # an unknown name fails here, not at load
         if admission not in ("wait", "fail_fast"):
             raise ValueError(f"admission must be 'wait' or 'fail_fast', got {admission!r}")
         if cache_memory_mb < 0:
@@ -134,21 +148,25 @@ class MLXEngine(BaseEngine):
         self._config = check_model_dir(self._path)
         self._lease: Any = None  # a store model is marked in use while loaded
         self._context_length = context_length(self._config)
+        self._vocab_size = vocab_size(self._config)
         self._admission: Admission = admission
         self._prefill_step_size = prefill_step_size
-        self._chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._chat_template_kwargs = validate_template_kwargs(chat_template_kwargs)
         self._load_warm = load_warm_caches
         self._native_override = preserve_native_tool_format
+        self._tool_format_name = tool_format
+        self._tool_format: ToolFormat | None = None
         if preserve_native_tool_format is not None:
             self._preserve_native_tool_format = bool(preserve_native_tool_format)
         self._prefix = PrefixCache(int(cache_memory_mb * MiB), max_cache_entries)
 
         self._model: Any = None
         self._tokenizer: Any = None
-        self._capabilities = TemplateCapabilities(False, False, False)
+        self._capabilities = NO_TEMPLATE
         self._executor: ThreadPoolExecutor | None = None
         self._start_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        self._load_listeners: list[Callable[[bool], None]] = []
         self._jobs: dict[str, Job] = {}
         self._running: set[str] = set()
         self._started_at = time.monotonic()
@@ -204,19 +222,51 @@ class MLXEngine(BaseEngine):
         return self._capabilities
 
     @property
+    def tool_format(self) -> ToolFormat:
+        """The model's tool-call family (picked once, at load)."""
+        if self._tokenizer is None:
+            self.prepare_for_start()
+        assert self._tool_format is not None
+        return self._tool_format
+
+    @property
     def is_loaded(self) -> bool:
         return self._model is not None
 
     def prepare_for_start(self) -> None:
-        """Load the model on its owner thread; blocks until loaded. Idempotent."""
+        """Load the model on its owner thread; blocks until loaded. Idempotent.
+
+        A failed load keeps nothing: the owner thread is stopped and the store lease
+        released, so the next call tries again from the start.
+        """
         with self._start_lock:
             if self._model is not None:
                 return
             if self._executor is None:
                 self._executor = make_owner_thread(f"mlxi-owner-{self._path.name}")
                 _watch_at_exit(self)
-            self._executor.submit(self._load).result()
-            self._on_loaded(self._executor)
+            try:
+                self._executor.submit(self._load).result()
+                self._on_loaded(self._executor)
+            except BaseException:
+                with self._state_lock:
+                    executor, self._executor = self._executor, None
+                if executor is not None:
+                    stop_owner_thread(executor, wait=True)
+                self._notify_load(False)
+                raise
+            self._notify_load(True)
+
+    def add_load_listener(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(loaded)`` after each load attempt (the engine pool uses it)."""
+        self._load_listeners.append(listener)
+
+    def _notify_load(self, loaded: bool) -> None:
+        for listener in list(self._load_listeners):
+            try:
+                listener(loaded)
+            except Exception:  # a listener must not turn a load into a failure
+                logger.exception("A load listener of %s failed", self._name)
 
     async def start(self) -> None:
         if self._model is None:
@@ -303,49 +353,38 @@ class MLXEngine(BaseEngine):
     ) -> AsyncIterator[GenerationOutput]:
         reject_media(images, videos, self._name)
         normalized = normalize_messages(messages, self._name)
-        template_kwargs = dict(kwargs.get("chat_template_kwargs") or {})
+        # Tools are checked on every call, whether or not a constraint is asked for.
+        tool_request = read_tool_request(
+            tools, kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls", True)
+        )
+        template_kwargs = dict(validate_template_kwargs(kwargs.get("chat_template_kwargs")))
         if kwargs.get("enable_thinking") is not None:
             template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
+        fmt = kwargs.get("tool_format")
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
         await self.start()
-        params.logits_processors += self._constraints(tools, kwargs)
-        prompt = self.render_prompt(normalized, tools=tools, **template_kwargs)
+        if not isinstance(fmt, ToolFormat):
+            fmt = get_format(fmt, self._tokenizer) if fmt else self.tool_format
+        if "tool_choice" in kwargs or "response_format" in kwargs:
+            # A direct caller's OpenAI-style constraints (the adapters pass processors).
+            params.logits_processors += constraint_processors(
+                self._tokenizer, fmt, tool_request, kwargs.get("response_format")
+            )
+        prompt = self.render_prompt(
+            normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
+        )
         tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
+        in_reasoning = opens_reasoning(prompt, self._tokenizer)
         async for out in self._submit(params, prompt, tokens):
+            out.starts_in_reasoning = in_reasoning
             yield out
-
-    def _constraints(self, tools: Any, kwargs: dict[str, Any]) -> list[Callable[..., Any]]:
-        """Processors for ``tool_choice`` / ``response_format`` given to the engine itself.
-
-        The adapters build these in the chat core and pass them as logits processors; this
-        lets a direct caller of ``stream_chat`` use the same OpenAI-style arguments.
-        """
-        choice, response_format = kwargs.get("tool_choice"), kwargs.get("response_format")
-        if choice is None and response_format is None:
-            return []
-        from mlx_integrations.chat.completion import (
-            constraint_processors,
-            normalize_tool_choice,
-            validate_tools,
-        )
-        from mlx_integrations.chat.tool_parsers import detect_format
-
-        checked = validate_tools(tools)
-        processors, _ = constraint_processors(
-            self,
-            detect_format(self._tokenizer),
-            checked,
-            normalize_tool_choice(choice, checked),
-            kwargs.get("parallel_tool_calls", True) is not False,
-            response_format,
-        )
-        return processors
 
     def render_prompt(
         self,
         messages: list[dict[str, Any]],
         *,
         tools: list[dict[str, Any]] | None = None,
+        tool_format: ToolFormat | None = None,
         **template_kwargs: Any,
     ) -> str:
         """Render messages with the model's chat template, as ``stream_chat`` does.
@@ -359,6 +398,7 @@ class MLXEngine(BaseEngine):
             tools=tools,
             native_tool_format=self.preserve_native_tool_format,
             capabilities=self._capabilities,
+            tool_format=tool_format or self.tool_format,
             **{**self._chat_template_kwargs, **template_kwargs},
         )
 
@@ -453,7 +493,7 @@ class MLXEngine(BaseEngine):
                 f"unexpected keyword argument(s) {sorted(unknown)}; "
                 f"supported: {sorted(KNOWN_KWARGS)}"
             )
-        return validate_sampling(max_tokens, temperature, top_p, stop, kwargs)
+        return validate_sampling(max_tokens, temperature, top_p, stop, kwargs, self._vocab_size)
 
     def _load(self) -> None:
         import mlx_lm
@@ -463,8 +503,11 @@ class MLXEngine(BaseEngine):
             loaded = mlx_lm.load(str(self._path))
             model, tokenizer = loaded[0], loaded[1]
             self._capabilities = probe_template(tokenizer)
+            self._tool_format = detect_format(tokenizer, self._tool_format_name)
             if self._native_override is None:
                 self._preserve_native_tool_format = self._capabilities.renders_tool_messages
+            if self._vocab_size is None:  # config.json did not say: ask the model
+                self._vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
             if self._load_warm:
                 self._load_warm_caches()
         except BaseException:
@@ -473,10 +516,6 @@ class MLXEngine(BaseEngine):
         self._model, self._tokenizer = model, tokenizer
 
     def _load_warm_caches(self) -> None:
-        try:
-            from mlx_integrations.models.warm import load_warm_caches
-        except ImportError:
-            return
         try:
             for tokens, cache in load_warm_caches(self._path):
                 self._prefix.put(list(tokens), cache, pinned=True)
@@ -522,6 +561,9 @@ class MLXEngine(BaseEngine):
                 f"The prompt has {len(tokens)} tokens, more than the context window of "
                 f"{self._name!r} ({self._context_length}); shorten the conversation"
             )
+        if self._context_length:
+            # Prompt and reply share the window: stop there with finish_reason="length".
+            params.max_tokens = min(params.max_tokens, self._context_length - len(tokens))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 

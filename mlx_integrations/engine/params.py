@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ KNOWN_KWARGS = frozenset(
         "tool_choice",
         "parallel_tool_calls",
         "response_format",
+        "tool_format",
     }
 )
 
@@ -52,8 +53,11 @@ class SamplingParams:
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    """A finite real number; inf and nan are refused (they make sampling meaningless)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
@@ -63,14 +67,79 @@ def _integer(name: str, value: Any) -> int:
     return value
 
 
+def _token_id(key: Any) -> int:
+    """A logit_bias key: an integer, or its decimal string (OpenAI's JSON form)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    raise TypeError(
+        f"logit_bias keys must be token ids (integers such as 42 or '42'), got {key!r}; "
+        "map a token's text to its id with the tokenizer (tokenizer.encode)"
+    )
+
+
+def validate_logit_bias(bias: Any, vocab_size: int | None) -> dict[int, float]:
+    """Check a token id -> bias mapping against the model's vocabulary.
+
+    Args:
+        bias: The caller's mapping.
+        vocab_size: Width of the model's logits (config ``vocab_size``); None skips
+            the upper bound.
+
+    Raises:
+        TypeError: Not a mapping, a key that is no token id, or a value that is no number.
+        ValueError: An id outside ``[0, vocab_size)`` or a non-finite bias.
+    """
+    if not isinstance(bias, Mapping):
+        raise TypeError(f"logit_bias must be a dict of token id to bias, got {bias!r}")
+    checked: dict[int, float] = {}
+    for key, value in bias.items():
+        token = _token_id(key)
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            valid = f"0 to {vocab_size - 1}" if vocab_size is not None else ">= 0"
+            raise ValueError(
+                f"logit_bias token id {token} is outside the model's vocabulary "
+                f"(valid ids: {valid}); remove it or use an id from this model's tokenizer"
+            )
+        checked[token] = _number(f"logit_bias[{token}]", value)
+    return checked
+
+
+def validate_template_kwargs(value: Any, name: str = "chat_template_kwargs") -> dict[str, Any]:
+    """Chat template variables: None or a dict with string keys."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(
+            f"{name} must be a dict of template variable names to values, such as "
+            f"{{'enable_thinking': False}}; got {value!r}"
+        )
+    return dict(value)
+
+
 def validate_sampling(
     max_tokens: Any,
     temperature: Any,
     top_p: Any,
     stop: Any,
     kwargs: dict[str, Any],
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """Check every decoding setting and return them typed.
+
+    Every float must be finite. ``top_k`` at or above ``vocab_size`` keeps every
+    token, so it is taken as 0 (top-k off) rather than handed to mlx-lm, which
+    refuses it in the middle of generation.
+
+    Args:
+        max_tokens: Most tokens to generate (the engines also stop at the context window).
+        temperature: 0 is greedy.
+        top_p: Nucleus threshold in (0, 1].
+        stop: Stop strings.
+        kwargs: The other settings (``top_k``, ``min_p``, penalties, ``logit_bias``...).
+        vocab_size: Width of the model's logits, for ``top_k`` and ``logit_bias`` ids;
+            None when unknown.
 
     Raises:
         ValueError: A value is out of range (the message names it and the valid range).
@@ -92,6 +161,8 @@ def validate_sampling(
         params.top_k = _integer("top_k", top_k)
         if params.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+        if vocab_size is not None and params.top_k >= vocab_size:
+            params.top_k = 0  # keeping the k >= vocabulary most likely tokens keeps all
     min_p = kwargs.get("min_p")
     if min_p is not None:
         params.min_p = _number("min_p", min_p)
@@ -111,9 +182,7 @@ def validate_sampling(
             raise ValueError(f"repetition_context_size must be >= 1, got {size}")
     bias = kwargs.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict):
-            raise TypeError(f"logit_bias must be a dict of token id to bias, got {bias!r}")
-        params.logit_bias = {int(k): _number("logit_bias value", v) for k, v in bias.items()}
+        params.logit_bias = validate_logit_bias(bias, vocab_size) or None
     seed = kwargs.get("seed")
     if seed is not None:
         params.seed = _integer("seed", seed)
@@ -125,6 +194,7 @@ def validate_sampling(
             f"got {processors!r}"
         )
     params.logits_processors = list(processors)
+    validate_template_kwargs(kwargs.get("chat_template_kwargs"))
     request_id = kwargs.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise TypeError(f"request_id must be a string, got {request_id!r}")
@@ -153,3 +223,62 @@ def reject_media(images: Any, videos: Any, model_name: str) -> None:
                 f"{model_name!r} is a text-only model and cannot take {kind} "
                 f"({len(value)} given); remove them or use a vision-language model"
             )
+
+
+# The adapter fields that are engine sampling settings, checked as the engines check them.
+_ADAPTER_OPTIONS = ("top_k", "min_p", "repetition_penalty", "seed", "chat_template_kwargs")
+
+
+def validate_adapter_settings(adapter: Any) -> None:
+    """Check an adapter's (``ChatMLX``/``MLXLLM``) sampling fields as the engines do.
+
+    Raises:
+        ValueError: A value out of range or not finite. TypeError: a wrong type.
+    """
+    validate_sampling(
+        adapter.max_tokens,
+        adapter.temperature,
+        adapter.top_p,
+        adapter.stop,
+        {name: getattr(adapter, name, None) for name in _ADAPTER_OPTIONS},
+    )
+
+
+def validate_request_settings(request: Any) -> None:
+    """Check one adapter call's settings (a chat core ``ChatRequest``) before it is sent."""
+    validate_sampling(
+        request.max_tokens, request.temperature, request.top_p, request.stop, request.options
+    )
+
+
+def reject_unknown_fields(adapter: str, data: Any, known: set[str]) -> None:
+    """Refuse constructor arguments an adapter has no field for, instead of dropping them.
+
+    Raises:
+        ValueError: Naming the unknown fields and the known ones.
+    """
+    if not isinstance(data, Mapping):
+        return
+    unknown = sorted(str(k) for k in data if k not in known)
+    if not unknown:
+        return
+    hint = ""
+    if "n" in unknown:
+        hint = (
+            f" {adapter} makes one generation per call; for several, call it several "
+            "times (batch) with temperature > 0."
+        )
+    raise ValueError(
+        f"{adapter} got unknown field(s) {unknown}.{hint} Known fields: {sorted(known)}"
+    )
+
+
+def model_field_names(model_cls: Any) -> set[str]:
+    """A pydantic model's field names and aliases (what its constructor accepts)."""
+    names: set[str] = set()
+    for name, info in model_cls.model_fields.items():
+        names.add(name)
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                names.add(alias)
+    return names

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput
 from mlx_integrations.engine.mlx_engine import Admission, Job, MLXEngine, aborted_output
+from mlx_integrations.engine.random_state import repair_random_state
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class SimpleEngine(MLXEngine):
         preserve_native_tool_format: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         load_warm_caches: bool = True,
+        tool_format: str | None = None,
     ):
         super().__init__(
             model,
@@ -67,6 +69,7 @@ class SimpleEngine(MLXEngine):
             preserve_native_tool_format=preserve_native_tool_format,
             chat_template_kwargs=chat_template_kwargs,
             load_warm_caches=load_warm_caches,
+            tool_format=tool_format,
         )
 
     def _is_full(self) -> bool:
@@ -92,7 +95,10 @@ class SimpleEngine(MLXEngine):
         try:
             result = self._generate(job)
         except Exception as exc:
+            # The request's KV cache is dropped (never stored half-updated, see
+            # _generate); MLX's random state may need a reseed before the next one.
             logger.debug("Request %s failed", job.params.request_id, exc_info=True)
+            repair_random_state()
             result = exc
         self._finish(job, result)
 

@@ -23,7 +23,7 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
@@ -32,12 +32,18 @@ from mlx_integrations.chat.completion import (
     ParsedToolCall,
     ReasoningDelta,
     TextDelta,
-    normalize_tool_choice,
     pop_engine_options,
     stream_chat_events,
-    validate_tools,
 )
+from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.params import (
+    model_field_names,
+    reject_unknown_fields,
+    validate_adapter_settings,
+    validate_request_settings,
+    validate_template_kwargs,
+)
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.langchain.messages import (
     to_lc_invalid_tool_call,
@@ -140,20 +146,34 @@ class ChatMLX(BaseChatModel):
     ``additional_kwargs["reasoning_content"]`` (and reasoning blocks with v1 output)."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables passed to the chat template."""
-    tool_parser: str | None = None
-    """Tool-call format (``hermes``, ``llama3_json``, ``mistral``, ``pythonic``...) when the
-    model's tokenizer and template do not tell it."""
+    tool_format: str | None = None
+    """Tool-call family (``hermes``, ``llama3_json``, ``pythonic``, ``mistral``,
+    ``qwen3_coder``, ``glm``, ``lfm``, ``deepseek`` or an mlx-lm parser name), to override
+    the one detected from the model's tokenizer and chat template."""
     timeout: float | None = None
     """Accepted for compatibility with LangChain's standard parameters; unused locally."""
     max_retries: int | None = None
     """Accepted for compatibility with LangChain's standard parameters; unused locally."""
+    api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+    """Accepted for compatibility with LangChain's standard parameters; unused locally
+    (no server to authenticate to)."""
 
     _owns_engine: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_fields(cls, data: Any) -> Any:
+        # pydantic would drop them silently: ChatMLX(n=2) or a typo must not pass.
+        reject_unknown_fields("ChatMLX", data, model_field_names(cls))
+        if isinstance(data, Mapping) and "chat_template_kwargs" in data:
+            validate_template_kwargs(data["chat_template_kwargs"])
+        return data
 
     @model_validator(mode="after")
     def _make_engine(self) -> ChatMLX:
         from mlx_integrations.engine import pool
 
+        validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
         engine, self._owns_engine = pool.engine_for(
             self,
             self.model,
@@ -242,6 +262,7 @@ class ChatMLX(BaseChatModel):
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop("model", None)
         neutral = to_neutral_messages(messages)
+        validate_template_kwargs(kwargs.get("chat_template_kwargs"))
         options = pop_engine_options(kwargs, self)
         tool_choice = kwargs.pop("tool_choice", None)
         request = ChatRequest(
@@ -258,6 +279,7 @@ class ChatMLX(BaseChatModel):
         )
         if kwargs:
             raise TypeError(f"ChatMLX got unexpected call arguments: {sorted(kwargs)}")
+        validate_request_settings(request)
         return request
 
     async def _aevents(
@@ -387,8 +409,9 @@ class ChatMLX(BaseChatModel):
                 ``"auto"``, and one call when a call is forced (``"any"`` or a name).
             **kwargs: Further call arguments to bind.
         """
-        formatted = validate_tools([convert_to_openai_tool(t) for t in tools])
-        normalize_tool_choice(tool_choice, formatted)  # fail now, not at the first call
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        # Fail now, not at the first call; the same check runs on every call.
+        read_tool_request(formatted, tool_choice, bool(parallel_tool_calls in (None, True)))
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
         if parallel_tool_calls is not None:

@@ -34,7 +34,14 @@ from mlx_integrations.chat.completion import (
     TextDelta,
     pop_engine_options,
     stream_chat_events,
-    validate_tools,
+)
+from mlx_integrations.chat.tools import read_tools
+from mlx_integrations.engine.params import (
+    model_field_names,
+    reject_unknown_fields,
+    validate_adapter_settings,
+    validate_request_settings,
+    validate_template_kwargs,
 )
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.llama_index.messages import to_neutral_messages
@@ -107,8 +114,12 @@ class MLXLLM(FunctionCallingLLM):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra chat template variables."
     )
-    tool_parser: str | None = Field(
-        default=None, description="Tool-call format when the model does not tell it."
+    tool_format: str | None = Field(
+        default=None,
+        description=(
+            "Tool-call family (hermes, llama3_json, pythonic, mistral, qwen3_coder, glm, lfm, "
+            "deepseek or an mlx-lm parser name), overriding the one detected from the model."
+        ),
     )
     response_format: dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | None = Field(
         default=None,
@@ -121,10 +132,20 @@ class MLXLLM(FunctionCallingLLM):
 
     _owns_engine: bool = PrivateAttr(default=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_fields(cls, data: Any) -> Any:
+        # pydantic would drop them silently: MLXLLM(n=2) or a typo must not pass.
+        reject_unknown_fields("MLXLLM", data, model_field_names(cls))
+        if isinstance(data, Mapping) and "chat_template_kwargs" in data:
+            validate_template_kwargs(data["chat_template_kwargs"])
+        return data
+
     @model_validator(mode="after")
     def _make_engine(self) -> MLXLLM:
         from mlx_integrations.engine import pool
 
+        validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
         engine, self._owns_engine = pool.engine_for(
             self,
             self.model,
@@ -176,6 +197,7 @@ class MLXLLM(FunctionCallingLLM):
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
         kwargs = dict(kwargs)
+        validate_template_kwargs(kwargs.get("chat_template_kwargs"))
         options = pop_engine_options(kwargs, self)
         stop = kwargs.pop("stop", self.stop)
         neutral = to_neutral_messages(messages)
@@ -197,6 +219,7 @@ class MLXLLM(FunctionCallingLLM):
         kwargs.pop("formatted", None)
         if kwargs:
             raise TypeError(f"MLXLLM got unexpected arguments: {sorted(kwargs)}")
+        validate_request_settings(request)
         return request
 
     async def _astream_responses(
@@ -364,7 +387,7 @@ class MLXLLM(FunctionCallingLLM):
             if tool.metadata.fn_schema is None and not tool.metadata.get_parameters_dict():
                 raise ValueError(f"Tool {tool.metadata.name!r} has no argument schema")
             specs.append(tool.metadata.to_openai_tool())
-        validate_tools(specs)
+        read_tools(specs)
         messages = list(chat_history or [])
         if isinstance(user_msg, str):
             user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlx_integrations.chat.completion import closed_schema
+from mlx_integrations.chat.tools import closed_schema
 
 
 def react_grammar(

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.chat.template import probe_template, render_chat_prompt
+from mlx_integrations.chat.tool_formats import detect_format
 from mlx_integrations.models.errors import StoreError
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest
 from mlx_integrations.models.names import validate_name
@@ -108,12 +110,6 @@ def _render(
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": user}
     ]
-    try:
-        from mlx_integrations.chat.template import probe_template, render_chat_prompt
-    except ImportError:  # chat core absent: plain template rendering
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
-        )
     caps = probe_template(tokenizer)
     return render_chat_prompt(
         tokenizer,
@@ -121,6 +117,7 @@ def _render(
         tools=tools,
         native_tool_format=caps.renders_tool_messages,
         capabilities=caps,
+        tool_format=detect_format(tokenizer),
     )
 
 

@@ -472,8 +472,9 @@ def lease_model_folder(path: Path) -> ModelLease | None:
 
     Engines call this when they load, so ``mlxi rm`` in any process sees the model in
     use; folders outside a store (or a store that cannot be written) are not claimed.
+    A path through a symlink claims the store folder it leads to.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     models_dir = path.parent
     # A store folder: models/<folder>/manifest beside the store's own lock file.
     if (

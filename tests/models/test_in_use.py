@@ -224,3 +224,30 @@ def test_the_store_lock_can_be_taken_inside_itself(store, tiny_llama):
             assert store.users("tiny") == (os.getpid(),)
     with store.lease("tiny"):  # and it was given back
         assert store.users("tiny") == (os.getpid(),)
+
+
+def test_a_model_reached_through_a_symlink_is_claimed(store, tiny_llama, tmp_path):
+    import asyncio
+
+    from mlx_integrations.models import lease_model_folder
+
+    model = import_model(tiny_llama, "tiny", store=store)
+    link = tmp_path / "my-model"
+    link.symlink_to(model.path, target_is_directory=True)
+    with lease_model_folder(link) as lease:
+        assert lease is not None and store.users("tiny") == (os.getpid(),)
+        with pytest.raises(ModelInUseError):
+            store.remove("tiny")
+    assert store.users("tiny") == ()
+
+    engine = SimpleEngine(link)
+
+    async def users_while_loaded() -> tuple[int, ...]:
+        await engine.start()
+        try:
+            return store.users("tiny")
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(users_while_loaded()) == (os.getpid(),)
+    assert store.remove("tiny").kind == "model"

@@ -22,7 +22,7 @@ from mlx_integrations.chat.output_parser import (
     TextDelta,
     collect,
 )
-from mlx_integrations.chat.tool_parsers import ParsedToolCall, detect_format
+from mlx_integrations.chat.tool_formats import ParsedToolCall, detect_format
 from mlx_integrations.engine import SimpleEngine
 from tests.engine.test_simple_engine import forcing
 from tests.support.chat_templates import TOOLS

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -18,20 +19,51 @@ import pytest
 from mlx_integrations.chat.constraints import (
     JsonObjectConstraint,
     JsonSchemaConstraint,
-    StructuredOutputError,
-    ToolCallMarkers,
     ToolChoiceConstraint,
-    ToolChoiceMode,
-    json_object_processor,
-    json_schema_processor,
     response_format_constraint,
-    tool_call_markers,
-    tool_choice_constraint,
-    tool_choice_processor,
-    validate_json_output,
-    validate_tool_call_output,
 )
+from mlx_integrations.chat.output_parser import ParsedOutput, parse_output
+from mlx_integrations.chat.schemas import StructuredOutputError, validate_json_output
+from mlx_integrations.chat.tool_formats import ToolFormat, detect_format, get_format
+from mlx_integrations.chat.tool_formats.hermes import HermesFormat
+from mlx_integrations.chat.tools import ToolChoiceMode, read_tool_request
 from mlx_integrations.engine import SimpleEngine
+
+
+def tool_choice_constraint(
+    tools: Any, choice: Any = "auto", *, parallel: bool = True, markers: ToolFormat | None = None
+) -> ToolChoiceConstraint:
+    return ToolChoiceConstraint(read_tool_request(tools, choice, parallel), markers)
+
+
+def tool_choice_processor(tokenizer: Any, tools: Any, choice: Any, *, parallel: bool = True):
+    return tool_choice_constraint(tools, choice, parallel=parallel).make_processor(tokenizer)
+
+
+def json_schema_processor(tokenizer: Any, schema: dict[str, Any]):
+    return JsonSchemaConstraint(schema).make_processor(tokenizer)
+
+
+def json_object_processor(tokenizer: Any):
+    return JsonObjectConstraint().make_processor(tokenizer)
+
+
+def validate_tool_call_output(
+    text: str,
+    tools: Any,
+    *,
+    markers: ToolFormat | None = None,
+    finish_reason: str | None = None,
+    require_call: bool = False,
+) -> ParsedOutput:
+    """The calls of a constrained output, read by the family's parser and checked here."""
+    out = parse_output(text, tool_format=markers or get_format("hermes"), tools=tools)
+    assert not out.invalid_tool_calls, (finish_reason, text)
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for call in out.tool_calls:
+        jsonschema.validate(call.arguments, params[call.name])
+    assert out.tool_calls or not require_call, text
+    return out
 
 SEEDS = range(6)
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
@@ -287,7 +319,7 @@ async def test_any_is_required_and_parallel_calls_each_validate(llama):
 async def test_named_tool_is_the_one_called(engine):
     for choice in ("add", {"type": "function", "function": {"name": "add"}}):
         constraint = tool_choice_constraint(TOOLS, choice, parallel=False)
-        assert constraint.mode is ToolChoiceMode.NAMED
+        assert constraint.request.mode is ToolChoiceMode.NAMED
         for seed in SEEDS[:3]:
             out = await engine.chat(
                 MESSAGES,
@@ -332,7 +364,7 @@ async def test_none_with_a_text_marker(llama):
         for s in SEEDS
     ]
     assert sum("Call" in out.text for out in control) >= 3
-    constraint = tool_choice_constraint(TOOLS, "none", markers=ToolCallMarkers("Call", "End"))
+    constraint = tool_choice_constraint(TOOLS, "none", markers=HermesFormat("Call", "End"))
     for seed in SEEDS:
         out = await llama.chat(
             MESSAGES,
@@ -374,7 +406,7 @@ async def test_auto_text_then_call_bodies_validate(engine):
 
 async def test_auto_with_a_text_marker_constrains_after_it(llama):
     # Force the text "Hi [[call]]" first, then leave the model to the grammar.
-    markers = ToolCallMarkers("[[call]]", "[[end]]")
+    markers = HermesFormat("[[call]]", "[[end]]")
     forced = llama.tokenizer.encode("Hi [[call]]", add_special_tokens=False)
     constraint = tool_choice_constraint([ADD], "auto", parallel=False, markers=markers)
 
@@ -412,7 +444,7 @@ async def test_auto_with_a_text_marker_constrains_after_it(llama):
 
 
 async def test_required_with_text_markers(llama):
-    markers = ToolCallMarkers("[[call]]", "[[end]]")
+    markers = HermesFormat("[[call]]", "[[end]]")
     constraint = tool_choice_constraint([WEATHER], "required", parallel=False, markers=markers)
     for seed in SEEDS[:3]:
         out = await llama.chat(
@@ -437,9 +469,9 @@ async def test_truncated_tool_call_is_an_error(llama):
         logits_processors=[tool_choice_processor(llama.tokenizer, TOOLS, "required")],
     )
     assert out.finish_reason == "length" and out.text.startswith("<tool_call>")
-    with pytest.raises(StructuredOutputError, match="max_tokens") as err:
-        validate_tool_call_output(out.text, TOOLS, finish_reason=out.finish_reason)
-    assert err.value.truncated
+    # A call cut at max_tokens is never taken for a call: it comes back invalid.
+    parsed = parse_output(out.text, tool_format=get_format("hermes"), tools=TOOLS)
+    assert parsed.tool_calls == [] and len(parsed.invalid_tool_calls) == 1
 
 
 # ----------------------------------------------------------------- processor details
@@ -466,8 +498,8 @@ def test_processor_masks_padded_vocab_and_forces_eos(llama):
 
 
 def test_markers_come_from_the_tokenizer(llama):
-    assert tool_call_markers(llama.tokenizer) == ToolCallMarkers("<tool_call>", "</tool_call>")
-    assert tool_call_markers(llama.tokenizer._tokenizer) == ToolCallMarkers()
+    fmt = detect_format(llama.tokenizer)
+    assert (fmt.name, fmt.start, fmt.end) == ("hermes", "<tool_call>", "</tool_call>")
     grammar = tool_choice_constraint(TOOLS, "required").grammar(llama.tokenizer)
     # Special-token markers are matched as the special token, not as text.
     marker = token_id(llama, "<tool_call>")
@@ -491,24 +523,24 @@ def test_bad_tools_are_rejected_with_the_tool_named():
     with pytest.raises(ValueError, match=r"tools\[1\] has no name"):
         tool_choice_constraint([WEATHER, nameless], "required")
     no_params = {"type": "function", "function": {"name": "ping"}}
-    with pytest.raises(ValueError, match=r"Tool 'ping' \(tools\[0\]\) has no 'parameters'"):
-        tool_choice_constraint([no_params], "auto")
+    # A tool without parameters takes no arguments.
+    assert tool_choice_constraint([no_params], "auto").request.tools[0].properties == {}
     with pytest.raises(TypeError, match="'parameters' must be a JSON schema dict"):
         tool_choice_constraint([{"name": "ping", "parameters": "x"}], "auto")
     bad = {"name": "ping", "parameters": {"type": "object", "properties": {"a": {"type": 3}}}}
     with pytest.raises(ValueError, match="parameters of tool 'ping'"):
         tool_choice_constraint([bad], "auto")
-    with pytest.raises(ValueError, match="'nope', which is not among"):
+    with pytest.raises(ValueError, match="'nope', which is not bound"):
         tool_choice_constraint(TOOLS, "nope")
     with pytest.raises(ValueError, match="named 'add'"):
         tool_choice_constraint([ADD, ADD], "required")
-    with pytest.raises(ValueError, match="needs at least one tool"):
+    with pytest.raises(ValueError, match="needs tools"):
         tool_choice_constraint([], "required")
-    with pytest.raises(TypeError, match="tool_choice must be"):
+    with pytest.raises(TypeError, match="tool_choice 3 is not understood"):
         tool_choice_constraint(TOOLS, 3)
     with pytest.raises(TypeError, match="tools must be a list"):
         tool_choice_constraint(WEATHER, "auto")  # type: ignore[arg-type]
-    assert tool_choice_constraint([], "none").mode is ToolChoiceMode.NONE
+    assert tool_choice_constraint([], "none").request.mode is ToolChoiceMode.NONE
 
 
 def test_response_format():
@@ -544,25 +576,6 @@ def test_validate_json_output_tells_cut_from_wrong():
     assert validate_json_output("12", {"type": "integer"}, finish_reason="stop") == 12
     # A complete object that happened to end exactly at max_tokens is fine.
     assert validate_json_output('{"a": 1}', finish_reason="length") == {"a": 1}
-
-
-def test_validate_tool_call_output_errors():
-    good = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-    assert validate_tool_call_output(good, TOOLS).tool_calls[0].arguments == {"a": 1, "b": 2}
-    with pytest.raises(StructuredOutputError, match="not one of"):
-        validate_tool_call_output(good.replace("add", "sub"), TOOLS)
-    with pytest.raises(StructuredOutputError, match="do not match its parameters"):
-        validate_tool_call_output(good.replace("1", "100"), TOOLS)
-    with pytest.raises(StructuredOutputError, match="no tool call"):
-        validate_tool_call_output("just text", TOOLS, require_call=True)
-    assert validate_tool_call_output("just text", TOOLS).content == "just text"
-
-
-def test_constraint_types_and_modes():
-    c = ToolChoiceConstraint(tuple(TOOLS), ToolChoiceMode.REQUIRED)  # type: ignore[arg-type]
-    assert [t.name for t in c.tools] == ["get_weather", "add"]
-    with pytest.raises(ValueError, match="only used with mode 'named'"):
-        ToolChoiceConstraint(tuple(TOOLS), ToolChoiceMode.AUTO, tool_name="add")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------- SmolLM2
@@ -636,7 +649,7 @@ async def test_engine_applies_tool_choice_and_response_format_itself(tiny_llama)
     import jsonschema
 
     from mlx_integrations.chat.output_parser import parse_output
-    from mlx_integrations.chat.tool_parsers import FORMATS
+    from mlx_integrations.chat.tool_formats import get_format
     from mlx_integrations.engine import SimpleEngine
 
     engine = SimpleEngine(tiny_llama)
@@ -668,7 +681,7 @@ async def test_engine_applies_tool_choice_and_response_format_itself(tiny_llama)
                 tools=tools,
                 tool_choice="required",
             )
-            parsed = parse_output(out.text, tool_format=FORMATS["hermes"], tools=tools)
+            parsed = parse_output(out.text, tool_format=get_format("hermes"), tools=tools)
             assert [c.name for c in parsed.tool_calls] == ["pick"]
             out = await engine.chat(
                 [{"role": "user", "content": "go"}],
@@ -714,8 +727,8 @@ _MISTRAL_AFTER_MARKER = {"list": "[{", "header": "", "header_id": ""}
 async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_path):
     """Forced calls come out as the template writes them, and parse back to valid calls."""
     from mlx_integrations.chat.output_parser import parse_output
-    from mlx_integrations.chat.template import mistral_call_layout
-    from mlx_integrations.chat.tool_parsers import FORMATS, detect_format
+    from mlx_integrations.chat.tool_formats.mistral import call_layout
+    from mlx_integrations.chat.tool_formats import detect_format, get_format
     from tests.support.tiny_models import build_tiny_model
 
     path = build_tiny_model(
@@ -725,8 +738,8 @@ async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_pa
     await engine.start()
     try:
         assert detect_format(engine.tokenizer).name == "mistral"
-        assert mistral_call_layout(engine.tokenizer) == layout
-        assert engine.template_capabilities.mistral_layout == layout  # probed once, at load
+        assert call_layout(engine.tokenizer) == layout
+        assert engine.tool_format.layout == layout  # probed once, at load
         finished = 0
         for seed in SEEDS[:3]:
             for choice, parallel in (("required", False), ("add", False), ("add", True)):
@@ -746,7 +759,7 @@ async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_pa
                 assert after.startswith(_MISTRAL_AFTER_MARKER[layout]), out.text
                 assert ("[CALL_ID]" in out.text) == (layout == "header_id"), out.text
                 assert "<tool_call>" not in out.text
-                parsed = parse_output(out.text, tool_format=FORMATS["mistral"], tools=TOOLS)
+                parsed = parse_output(out.text, tool_format=get_format("mistral"), tools=TOOLS)
                 if out.finish_reason != "stop":
                     continue  # cut short: a list layout's last call (or whole list) is cut
                 finished += 1

@@ -11,7 +11,6 @@ from typing import Any
 
 from mlx_integrations.chat.tool_formats.base import (
     ToolFormat,
-    json_call,
     json_call_lark,
     parse_json_calls,
 )
@@ -41,6 +40,3 @@ class HermesFormat(ToolFormat):
 
     def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
         return json_call_lark(tool)
-
-    def write_calls(self, calls: Any) -> str:
-        return "\n".join(f"{self.start}\n{json_call(n, a)}\n{self.end}" for n, a in calls)

@@ -81,6 +81,7 @@ class _HubLinks:
     """The Hugging Face cache files a pulled model links to."""
 
     cache_dir: Path
+    revision_dir: Path
     repo_id: str
     commit: str
     bytes: int
@@ -114,17 +115,7 @@ def remove(
                 pids=users,
             )
         links = _hub_links(model)
-        sharing = (
-            [
-                m.name
-                for m in store.list()
-                if m.name != model.name
-                and (m.manifest.source.repo_id, m.manifest.source.commit)
-                == (links.repo_id, links.commit)
-            ]
-            if links is not None
-            else []
-        )
+        sharing = _sharing(store, model, links) if links is not None else []
         note = ""
         if links is not None and purge_hf_cache and sharing:
             note = f"kept in the Hugging Face cache: {', '.join(sharing)} uses the same files"
@@ -150,10 +141,38 @@ def remove(
                 store.write_aliases({a: t for a, t in aliases.items() if t != model.name})
         except OSError as exc:
             raise io_error(exc, f"remove {name!r}") from exc
+        # Under the lock: a pull of the same files commits before or after, never between.
+        if links is not None and purge_hf_cache and not sharing:
+            result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
     discard(trash)
-    if links is not None and purge_hf_cache and not sharing:
-        result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
     return result
+
+
+def _sharing(store: ModelStore, model: StoredModel, links: _HubLinks) -> list[str]:
+    """What else uses a pulled model's revision in the Hugging Face cache: other stored
+    models, and models being built (a pull in progress) that link to it."""
+    users = [
+        m.name
+        for m in store.list()
+        if m.name != model.name
+        and (m.manifest.source.repo_id, m.manifest.source.commit) == (links.repo_id, links.commit)
+    ]
+    builds = store.models_dir.glob(f"{TMP_PREFIX}*") if store.models_dir.is_dir() else []
+    for build in builds:
+        if _build_owner_alive(build.name) and _links_into(build, links.revision_dir):
+            users.append(f"a model being built ({build.name})")
+    return users
+
+
+def _links_into(folder: Path, target: Path) -> bool:
+    """True when a symlink under ``folder`` points into the folder ``target``."""
+    prefix = str(target) + os.sep
+    for root, dirs, files in os.walk(folder):
+        for name in files + dirs:
+            link = os.path.join(root, name)
+            if os.path.islink(link) and os.path.join(root, os.readlink(link)).startswith(prefix):
+                return True
+    return False
 
 
 def prune(
@@ -229,7 +248,7 @@ def _hub_links(model: StoredModel) -> _HubLinks | None:
     src = model.manifest.source
     if src.kind != "hub" or not src.repo_id or not src.commit:
         return None
-    cache_dir: Path | None = None
+    repo_dir: Path | None = None
     blobs: set[Path] = set()
     for entry in model.manifest.files:
         link = model.path / entry.path
@@ -238,16 +257,17 @@ def _hub_links(model: StoredModel) -> _HubLinks | None:
         target = Path(os.path.join(link.parent, os.readlink(link)))
         for parent in target.parents:
             if parent.name.startswith("models--"):
-                cache_dir = parent.parent
+                repo_dir = parent
                 break
         blobs.add(Path(os.path.realpath(link)))
-    if cache_dir is None:
+    if repo_dir is None:
         return None
     size = 0
     for blob in blobs:
         with contextlib.suppress(OSError):
             size += blob.stat().st_size
-    return _HubLinks(cache_dir, src.repo_id, src.commit, size)
+    revision_dir = repo_dir / "snapshots" / src.commit
+    return _HubLinks(repo_dir.parent, revision_dir, src.repo_id, src.commit, size)
 
 
 def _purge_revision(links: _HubLinks) -> int:

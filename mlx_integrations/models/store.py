@@ -147,6 +147,14 @@ class ModelBuild:
                         "and run the command again.",
                         pids=users,
                     )
+            gone = _dangling_links(self.path)
+            if gone:
+                raise StoreError(
+                    f"Files of {self.name!r} were deleted while it was built "
+                    f"({', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''}); "
+                    "it was not stored.",
+                    hint="Another process removed them (mlxi rm --purge?); run the command again.",
+                )
             replaced = rename_into_place(self.path, target, replace=self.overwrite)
         discard(replaced)
         self.committed = self.store.get(self.name)
@@ -436,6 +444,17 @@ class ModelStore:
         return cleanup.prune(
             self, dry_run=dry_run, hf_cache_dir=hf_cache_dir, incomplete_age_s=incomplete_age_s
         )
+
+
+def _dangling_links(folder: Path) -> list[str]:
+    """Paths under ``folder`` of symlinks whose target no longer exists (sorted)."""
+    out = []
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.islink(path) and not os.path.exists(path):
+                out.append(os.path.relpath(path, folder))
+    return sorted(out)
 
 
 def default_store() -> ModelStore:

@@ -158,3 +158,42 @@ def test_repo_without_model_files(hub, store, tmp_path):
     hub.add_repo("org/ggufonly", {"model.gguf": b"GGUF" + b"\0" * 64, "README.md": b"hi"})
     with pytest.raises(RemoteFileMissingError, match="no MLX/safetensors"):
         _pull(hub, store, tmp_path, repo="org/ggufonly")
+
+
+def test_rm_purge_during_a_pull_of_the_same_files_keeps_them(hub, store, tmp_path, tiny_llama):
+    hub.add_repo("org/tiny", tiny_llama)
+    _pull(hub, store, tmp_path)
+    removed = []
+
+    def progress(update) -> None:
+        # Inside the second pull, once it has linked and hashed the cached files and
+        # before it commits: the moment another process's `mlxi rm --purge` would race it.
+        if update.task == "hash" and update.done and not removed:
+            removed.append(store.remove("org/tiny", purge_hf_cache=True))
+
+    _pull(hub, store, tmp_path, name="copy", progress=progress)
+    [result] = removed
+    assert result.hf_cache_freed == 0 and "a model being built" in result.hf_cache_note
+    assert not store.contains("org/tiny")
+    assert store.verify("copy").ok
+
+
+def test_a_build_whose_linked_files_were_deleted_is_not_stored(store, tmp_path, tiny_llama):
+    import os
+    import shutil
+
+    from mlx_integrations.models import Manifest, ModelSource, StoreError
+    from mlx_integrations.models.manifest import hash_files, model_files
+
+    cached = tmp_path / "cached"
+    shutil.copytree(tiny_llama, cached)
+    files = model_files(cached)
+    with pytest.raises(StoreError, match="deleted while it was built"):
+        with store.building("tiny") as build:
+            for rel in files:
+                os.symlink(cached / rel, build.path / rel)
+            source = ModelSource(kind="local", path=str(cached))
+            manifest = Manifest(name="tiny", source=source, files=hash_files(build.path, files))
+            shutil.rmtree(cached)  # as a purge of the Hugging Face cache would
+            build.commit(manifest)
+    assert not store.contains("tiny") and _store_is_empty(store)

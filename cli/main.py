@@ -320,16 +320,14 @@ def verify(
     for r in reports:
         lines.append(f"{r.name}: {'ok' if r.ok else 'FAILED'} ({len(r.files)} files)")
         lines += [f"  {f.path}: {f.status.replace('_', ' ')}" for f in r.files if f.status != "ok"]
-    result = Result([r.to_dict() for r in reports], lines)
-    failed = [r.name for r in reports if not r.ok]
-    if failed:
-        result = dataclasses.replace(
-            result,
-            error=f"files of {', '.join(failed)} do not match their manifest.",
-            hint="pull or import the model again (mlxi pull/import --force), "
-            f"or remove it: mlxi rm {reports[0].name if len(reports) == 1 else 'NAME'}",
-        )
-    return result
+    failed = ", ".join(r.name for r in reports if not r.ok)
+    return Result(
+        [r.to_dict() for r in reports],
+        lines,
+        error=f"files of {failed} do not match their manifest." if failed else None,
+        hint="pull or import the model again (mlxi pull/import --force), "
+        f"or remove it: mlxi rm {reports[0].name if len(reports) == 1 else 'NAME'}",
+    )
 
 
 # Changing the store

@@ -235,13 +235,13 @@ def constraint_processors(
     constraint: Constraint | None = response_format_constraint(
         _closed_response_format(response_format)
     )
-    if constraint is None and tools.tools and tools.mode is not ToolChoiceMode.NONE:
+    if constraint is None and tools.tools and tools.forced:
+        # Only forced calls are constrained: in auto mode the model writes its calls as
+        # it learnt to (key order, spacing), and the family's parser reads them.
         constraint = ToolChoiceConstraint(tools, tool_format)
     if constraint is None:
         return []
     if not can_constrain(tokenizer):
-        if isinstance(constraint, ToolChoiceConstraint) and not tools.forced:
-            return []  # free text with optional calls needs no grammar
         raise ValueError(
             "tool_choice / response_format need constrained decoding, which needs the "
             "model's tokenizer with an end-of-sequence token; this engine exposes none"

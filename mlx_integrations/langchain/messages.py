@@ -19,7 +19,7 @@ from langchain_core.messages.tool import ToolCall as LCToolCall
 from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.messages.tool import tool_call_chunk as make_tool_call_chunk
 
-from mlx_integrations.chat.tool_parsers import InvalidToolCall, ParsedToolCall
+from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
 
 _SKIPPED_BLOCKS = {
     "reasoning",

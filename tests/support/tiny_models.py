@@ -7,6 +7,7 @@ tests of structure, streaming, batching, caches and cancellation need no downloa
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 # A ChatML template that takes tools, assistant tool_calls and role="tool" messages,
@@ -102,6 +103,7 @@ def build_tiny_model(
     seed: int = 0,
     max_position_embeddings: int = 4096,
     dtype: str = "float32",
+    special_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a random model folder that ``mlx_lm.load`` opens.
 
@@ -117,6 +119,7 @@ def build_tiny_model(
         seed: Random seed of the weights.
         max_position_embeddings: Context length written to config.json.
         dtype: Weight dtype.
+        special_tokens: More special tokens (a model family's markers), one token each.
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -125,6 +128,12 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
+    if special_tokens:
+        from tokenizers import AddedToken
+
+        tok.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in special_tokens]
+        )
     vocab_size = tok.get_vocab_size()
     eos_id = tok.token_to_id("<|im_end|>")
     config = {
@@ -169,7 +178,7 @@ def build_tiny_model(
                 "normalized": False,
                 "single_word": False,
             }
-            for t in SPECIAL_TOKENS
+            for t in (*SPECIAL_TOKENS, *special_tokens)
         },
     }
     if chat_template is not None:

@@ -220,6 +220,57 @@ def _as_list(parsed: Any) -> list[dict[str, Any]]:
     return out
 
 
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+    "null": type(None),
+}
+
+
+def _declared_types(schema: Any) -> tuple[type, ...]:
+    if not isinstance(schema, dict):
+        return ()
+    kinds = schema.get("type")
+    names = kinds if isinstance(kinds, list) else [kinds]
+    found: list[type] = []
+    for name in names:
+        wanted = _JSON_TYPES.get(name) if isinstance(name, str) else None
+        found += list(wanted) if isinstance(wanted, tuple) else [wanted] if wanted else []
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key) or []:
+            found += _declared_types(option)
+    return tuple(found)
+
+
+def coerce_to_schema(calls: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+    """String values read back as the non-string type the tool declares for them.
+
+    Templates that write values as text (Llama 4 quotes every value, ``days="3"``;
+    XML families write ``3``) and models that copy them give strings for numbers.
+    """
+    schemas = {
+        t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") or {}
+        for t in tools or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    }
+    for call in calls:
+        props = schemas.get(call["name"], {})
+        for key, value in call["arguments"].items():
+            wanted = _declared_types(props.get(key))
+            if not isinstance(value, str) or not wanted or str in wanted:
+                continue
+            try:
+                parsed = json.loads(value.strip().replace("True", "true").replace("False", "false"))
+            except ValueError:
+                continue
+            if isinstance(parsed, wanted) and (bool in wanted or not isinstance(parsed, bool)):
+                call["arguments"][key] = parsed
+    return calls
+
+
 _NAME_CLUES = (
     re.compile(r'"name"\s*:\s*"([^"]+)"'),
     re.compile(r"<function=([\w.-]+)>"),
@@ -232,7 +283,7 @@ def parse_calls(
 ) -> list[ParsedToolCall | InvalidToolCall]:
     """Parse the text of a call with ``fmt``; never raises (errors become invalid calls)."""
     try:
-        calls = _as_list(fmt.parse(body, tools))
+        calls = coerce_to_schema(_as_list(fmt.parse(body, tools)), tools)
     except Exception as exc:  # any parser error becomes an invalid call, never a crash
         name = next((m.group(1) for p in _NAME_CLUES if (m := p.search(body))), None)
         return [InvalidToolCall(raw=body, error=f"{type(exc).__name__}: {exc}", name=name)]

@@ -82,8 +82,9 @@ class DeepSeekFormat(ToolFormat):
 
     def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
         alternatives, rules = self._alternatives(tokenizer, tools)
-        more = f'("\\n" ({alternatives}))*' if parallel else ""
-        end = lark.marker(tokenizer, CALLS_END)
+        # Templates indent between the calls and before the end: a little space is allowed.
+        more = f"(/[ \\n]{{1,9}}/ ({alternatives}))*" if parallel else ""
+        end = f"/[ \\n]{{0,8}}/ {lark.marker(tokenizer, CALLS_END)}"
         return f"calls: ({alternatives}) {more} {end}\n{rules}"
 
     def write_calls(self, calls: Any) -> str:

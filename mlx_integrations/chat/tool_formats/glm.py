@@ -42,6 +42,7 @@ class GlmFormat(ToolFormat):
 
     def call_rules(self, tokenizer: Any, tool: ToolSpec, rule: str) -> str:
         return tagged_call_rules(
+            tokenizer,
             tool,
             rule,
             f"{tool.name}\n",

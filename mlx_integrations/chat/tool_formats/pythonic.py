@@ -57,40 +57,6 @@ def parse_pythonic_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
-_JSON_TYPES = {
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
-
-
-def coerce_to_schema(calls: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
-    """String values read back as the type the tool declares.
-
-    Llama 4's template writes every value quoted (``days="3"``), and models copy it.
-    """
-    schemas = {
-        t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") or {}
-        for t in tools or []
-        if isinstance(t, dict) and isinstance(t.get("function"), dict)
-    }
-    for call in calls:
-        props = schemas.get(call["name"], {})
-        for key, value in call["arguments"].items():
-            wanted = _JSON_TYPES.get((props.get(key) or {}).get("type"))
-            if wanted is None or not isinstance(value, str):
-                continue
-            try:
-                parsed = _literal(ast.parse(value.strip(), mode="eval").body)
-            except (SyntaxError, ValueError):
-                continue
-            if isinstance(parsed, wanted) and not (wanted is not bool and isinstance(parsed, bool)):
-                call["arguments"][key] = parsed
-    return calls
-
-
 def pythonic_call_lark(tool: ToolSpec) -> str:
     """Lark for ``name(arg=<json>, ...)`` with the tool's arguments in schema order."""
     parameters = tool.constrained_parameters
@@ -128,7 +94,7 @@ class PythonicFormat(ToolFormat):
         return None
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
-        return coerce_to_schema(parse_pythonic_calls(body, tools), tools)
+        return parse_pythonic_calls(body, tools)
 
     def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
         return pythonic_call_lark(tool)

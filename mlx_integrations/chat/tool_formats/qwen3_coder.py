@@ -40,6 +40,7 @@ class Qwen3CoderFormat(ToolFormat):
 
     def call_rules(self, tokenizer: Any, tool: ToolSpec, rule: str) -> str:
         return tagged_call_rules(
+            tokenizer,
             tool,
             rule,
             f"\n<function={tool.name}>\n",

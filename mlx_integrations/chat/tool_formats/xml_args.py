@@ -13,27 +13,34 @@ from mlx_integrations.chat import lark
 from mlx_integrations.chat.tools import ToolSpec
 
 
-def value_rule(rule: str, schema: Mapping[str, Any], defs: Mapping[str, Any], close: str) -> str:
+def value_rule(
+    tokenizer: Any, rule: str, schema: Mapping[str, Any], defs: Mapping[str, Any], close: str
+) -> str:
     """A Lark rule ``rule``: one value followed by its closing tag ``close``.
 
     A string is free text up to the first ``close`` (within the schema's length
     bounds); an ``enum`` of strings is one of them; anything else is JSON.
     """
+    end = lark.marker(tokenizer, close)
     enum = schema.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        return f"{rule}: ({' | '.join(lark.lit(v) for v in enum)}) {lark.lit(close)}"
+        return f"{rule}: ({' | '.join(lark.lit(v) for v in enum)}) {end}"
     if isinstance(schema.get("const"), str):
-        return f"{rule}: {lark.lit(schema['const'])} {lark.lit(close)}"
+        return f"{rule}: {lark.lit(schema['const'])} {end}"
     if schema.get("type") == "string" and not schema.get("pattern") and not schema.get("format"):
         low = int(schema.get("minLength", 0))
         high = schema.get("maxLength")
         bounds = f"{{{low},{int(high)}}}" if high is not None else f"{{{low},}}"
+        if isinstance(lark.marker_pieces(tokenizer, close)[0], int):
+            # A special token closes it: text can never contain one.
+            return f"{rule}: /(?s:.{bounds})/ {end}"
         # Lazy: the value ends at the first closing tag, as the parser reads it.
-        return f"{rule}[lazy]: /(?s:.{bounds})/ {lark.lit(close)}"
-    return f"{rule}: {lark.json_value(schema, defs)} {lark.lit(close)}"
+        return f"{rule}[lazy]: /(?s:.{bounds})/ {end}"
+    return f"{rule}: {lark.json_value(schema, defs)} {end}"
 
 
 def tagged_call_rules(
+    tokenizer: Any,
     tool: ToolSpec,
     rule: str,
     head: str,
@@ -57,8 +64,8 @@ def tagged_call_rules(
     for i, (name, schema) in enumerate(props.items()):
         opening, closing = argument(name)
         names[name] = f"{rule}_a{i}"
-        helpers.append(value_rule(f"{rule}_v{i}", schema, defs, closing))
-        helpers.append(f"{rule}_a{i}: {lark.lit(opening)} {rule}_v{i}")
+        helpers.append(value_rule(tokenizer, f"{rule}_v{i}", schema, defs, closing))
+        helpers.append(f"{rule}_a{i}: {lark.marker(tokenizer, opening)} {rule}_v{i}")
     args = lark.keyword_arguments(props, tool.required, lambda name, _: names[name], "")
-    line = f"{rule}: {lark.lit(head)} {args} {lark.lit(tail)}"
+    line = f"{rule}: {lark.marker(tokenizer, head)} {args} {lark.marker(tokenizer, tail)}"
     return "\n".join([line, *helpers])

@@ -28,6 +28,8 @@ class ToolSpec:
     name: str
     parameters: dict[str, Any] = field(hash=False)
     description: str = ""
+    function: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    """The function dict as given, for the chat template (its keys and their order kept)."""
 
     @classmethod
     def from_openai(cls, tool: Any, index: int = 0) -> ToolSpec:
@@ -77,13 +79,18 @@ class ToolSpec:
                 f"Tool {name!r} ({where}): 'description' must be a string, "
                 f"got {type(description).__name__}"
             )
-        return cls(name=name, parameters=parameters, description=description)
+        function = dict(function)
+        function["parameters"] = parameters
+        return cls(name=name, parameters=parameters, description=description, function=function)
 
     def to_openai(self) -> dict[str, Any]:
-        """The OpenAI-style dict that chat templates take."""
-        function: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        """The OpenAI-style dict that chat templates take, as the caller wrote it."""
+        if self.function is not None:
+            return {"type": "function", "function": self.function}
+        function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
+        function["parameters"] = self.parameters
         return {"type": "function", "function": function}
 
     @property

@@ -29,6 +29,7 @@ T = TypeVar("T")
 # <sha256>.<id>.incomplete: huggingface_hub's file in flight (LFS files, named by sha256).
 _IN_FLIGHT = re.compile(r"([0-9a-f]{64})\.[0-9a-f]+\.incomplete")
 _KEPT = re.compile(r"([0-9a-f]{64})\.incomplete")
+_STOP_WAIT_S = 10.0  # after Ctrl-C, the longest wait for the transfers to stop
 
 
 class Cancellation:
@@ -180,7 +181,9 @@ def run_interruptibly(work: Callable[[], T], on_interrupt: Callable[[], None]) -
     """Run ``work`` in a helper thread; on Ctrl-C call ``on_interrupt``, wait, re-raise.
 
     ``on_interrupt`` must make ``work`` return soon (see :class:`Cancellation`). Whatever
-    ``work`` raised after that is dropped: the KeyboardInterrupt is what happened.
+    ``work`` raised after that is dropped: the KeyboardInterrupt is what happened. The
+    wait is bounded, for a helper stuck where no cancellation reaches (a lock another
+    process holds); a second Ctrl-C ends it too.
     """
     outcome: dict[str, Any] = {}
 
@@ -196,7 +199,7 @@ def run_interruptibly(work: Callable[[], T], on_interrupt: Callable[[], None]) -
         thread.join()
     except KeyboardInterrupt:
         on_interrupt()
-        thread.join()
+        thread.join(timeout=_STOP_WAIT_S)
         raise
     if "error" in outcome:
         raise outcome["error"]

@@ -56,13 +56,16 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def interrupted_pull(hub: FakeHub, env: dict[str, str]) -> tuple[int, str, float, int]:
-    """Start ``mlxi pull`` on the slow Hub, press Ctrl-C mid-file.
+def interrupted_pull(
+    hub: FakeHub, env: dict[str, str], *, rate: float = RATE, after: int = 200_000
+) -> tuple[int, str, float, int]:
+    """Start ``mlxi pull`` on the slow Hub, press Ctrl-C once ``after`` more bytes were sent.
 
     Returns:
         Exit code, stderr, seconds from SIGINT to exit, body bytes sent before SIGINT.
     """
-    hub.rate = RATE
+    hub.rate = rate
+    start_at = hub.sent_bytes("model.safetensors")
     exe = Path(sys.executable).with_name("mlxi")
     proc = subprocess.Popen(
         [str(exe), "pull", "org/slow"],
@@ -72,8 +75,8 @@ def interrupted_pull(hub: FakeHub, env: dict[str, str]) -> tuple[int, str, float
         text=True,
     )
     try:
-        # Observable progress first: a tenth of the weights has left the Hub.
-        wait_for(lambda: hub.sent_bytes("model.safetensors") >= 200_000, "the download")
+        # Observable progress first: part of the weights has left the Hub.
+        wait_for(lambda: hub.sent_bytes("model.safetensors") >= start_at + after, "the download")
         sent = hub.sent_bytes("model.safetensors")
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -86,15 +89,16 @@ def interrupted_pull(hub: FakeHub, env: dict[str, str]) -> tuple[int, str, float
 
 
 def test_ctrl_c_stops_the_download_at_once_and_keeps_the_partial_file(hub, env):
-    code, err, seconds, sent = interrupted_pull(hub, env)
+    code, err, seconds, _sent = interrupted_pull(hub, env)
     assert code == 130, err
     assert "Interrupted." in err and "Traceback" not in err
     # Finishing the file would take 18 s more at this rate: stopping must not wait for it.
     assert seconds < 9, f"exit took {seconds:.1f} s after Ctrl-C"
     kept = blobs(env) / f"{SHA}.incomplete"
     assert kept.exists(), sorted(os.listdir(blobs(env)))
+    # What had arrived when Ctrl-C came: the start of the file, not all of it.
     size = kept.stat().st_size
-    assert sent <= size < len(WEIGHTS)
+    assert 0 < size < len(WEIGHTS)
     assert kept.read_bytes() == WEIGHTS[:size]
     assert not (blobs(env) / SHA).exists()
     assert not ModelStore(Path(env["MLXI_HOME"])).contains("org/slow")
@@ -121,6 +125,28 @@ def test_pull_after_ctrl_c_asks_only_for_the_missing_bytes(hub, env):
     first = next(u for u in updates if u.task == "bytes")
     assert first.completed == kept and first.total == len(WEIGHTS)
     assert ModelStore(Path(env["MLXI_HOME"])).verify("org/slow").ok
+
+
+def test_ctrl_c_during_a_stalled_read_of_a_resumed_download(hub, env):
+    code, err, _seconds, _sent = interrupted_pull(hub, env)
+    assert code == 130, err
+    kept = blobs(env) / f"{SHA}.incomplete"
+    first = kept.stat().st_size
+    assert first > 0
+
+    # The next pull resumes; the Hub sends 8 KiB and then nothing for 80 s, so the read
+    # is blocked when Ctrl-C comes. It stops at once and keeps at least what it had.
+    code, err, seconds, _sent = interrupted_pull(hub, env, rate=100, after=8192)
+    assert code == 130, err
+    assert seconds < 9, f"exit took {seconds:.1f} s after Ctrl-C"
+    second = kept.stat().st_size
+    assert first <= second < len(WEIGHTS)
+    assert kept.read_bytes() == WEIGHTS[:second]
+
+    hub.rate = None
+    assert ModelStore(Path(env["MLXI_HOME"])).verify(pull("org/slow").model.name).ok
+    ranges = [r.range for r in hub.requests if r.method == "GET" and "safetensors" in r.path]
+    assert ranges == [None, f"bytes={first}-", f"bytes={second}-"]
 
 
 def test_a_corrupt_partial_file_is_caught_by_its_sha256_and_fetched_again(hub, env):

@@ -115,3 +115,12 @@ def context_length(config: dict[str, Any]) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def vocab_size(config: dict[str, Any]) -> int | None:
+    """Width of the model's logits from its config (may exceed the tokenizer's vocabulary)."""
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("vocab_size")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

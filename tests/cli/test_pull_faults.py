@@ -104,11 +104,21 @@ def test_ctrl_c_stops_the_download_at_once_and_keeps_the_partial_file(hub, env):
     assert not ModelStore(Path(env["MLXI_HOME"])).contains("org/slow")
 
 
-def test_pull_after_ctrl_c_asks_only_for_the_missing_bytes(hub, env):
+def test_pull_after_ctrl_c_asks_only_for_the_missing_bytes(hub, env, monkeypatch):
     code, err, _seconds, _sent = interrupted_pull(hub, env)
     assert code == 130, err
     kept = (blobs(env) / f"{SHA}.incomplete").stat().st_size
 
+    from mlx_integrations.models import hub as hub_module
+
+    streamed: list[str] = []
+    real_hash_files = hub_module.hash_files
+
+    def hash_files(folder, files, **kwargs):
+        streamed.extend(kwargs.get("known") or {})
+        return real_hash_files(folder, files, **kwargs)
+
+    monkeypatch.setattr(hub_module, "hash_files", hash_files)
     hub.rate = None
     before = len(hub.requests)
     updates = []
@@ -121,6 +131,8 @@ def test_pull_after_ctrl_c_asks_only_for_the_missing_bytes(hub, env):
     assert [g.range for g in gets] == [f"bytes={kept}-"]
     entry = {f.path: f for f in result.model.manifest.files}["model.safetensors"]
     assert entry.sha256 == SHA and entry.size == len(WEIGHTS)
+    # Hashed while it was resumed, kept bytes included: the file was not read again.
+    assert "model.safetensors" in streamed
     assert not (blobs(env) / f"{SHA}.incomplete").exists()
     first = next(u for u in updates if u.task == "bytes")
     assert first.completed == kept and first.total == len(WEIGHTS)

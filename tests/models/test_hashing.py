@@ -147,3 +147,22 @@ def test_an_error_in_the_with_block_stops_hashing_at_once(tmp_path):
     except RuntimeError:
         pass
     assert not hasher._thread.is_alive()
+
+
+def test_a_resumed_partial_file_is_hashed_from_its_first_byte_when_followed(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    head, tail = os.urandom(1 << 20), os.urandom(3 << 20)
+    partial = blobs / ("a" * 64 + ".incomplete")
+    partial.write_bytes(head)  # kept by an interrupted pull
+    with DownloadHasher(blobs) as hasher:
+        hasher.follow(partial)
+        with open(partial, "ab") as fh:  # the resumed transfer appends the rest
+            for i in range(0, len(tail), 1 << 19):
+                fh.write(tail[i : i + (1 << 19)])
+                fh.flush()
+                time.sleep(0.01)
+        _wait_until(lambda: hasher.partial_files() == [partial])
+        partial.rename(blobs / ("a" * 64))
+    got = hasher.result_for(blobs / ("a" * 64))
+    assert got is not None and got.sha256 == _sha(head + tail) and got.size == len(head + tail)

@@ -54,7 +54,7 @@ def progress_bars(enabled: bool = True) -> Iterator[Any]:
             task_id = progress.add_task(
                 update.description,
                 total=update.total,
-                completed=update.completed,
+                completed=int(update.completed),
                 amount="",
                 speed="",
             )

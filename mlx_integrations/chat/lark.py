@@ -1,6 +1,6 @@
 """Pieces of llguidance Lark grammars: literals, markers, embedded JSON schemas.
 
-A marker such as ``[TOOL_CALLS]`` may be one special token in one vocabulary and
+A call marker may be one special token in one vocabulary and
 plain text in another; :func:`marker_pieces` splits it as the tokenizer reads it so a
 grammar names special tokens by id (``<[id]>``) and text as literals.
 """

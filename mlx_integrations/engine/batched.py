@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
-from mlx_integrations.engine.mlx_engine import Admission, Job, MLXEngine, aborted_output
+from mlx_integrations.engine.jobs import Admission, Job, aborted_output
+from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.stats import EngineStats
@@ -160,6 +161,14 @@ class BatchedEngine(MLXEngine):
     cache (with a memory budget) gives each request the KV of the longest cached
     prefix of its prompt. Greedy results match :class:`SimpleEngine`'s up to float
     rounding; a seeded request draws from its own random key.
+
+    Generation stops at the context window: prompt and reply together never exceed
+    it, whatever ``max_tokens`` asks (the reply then ends with
+    ``finish_reason="length"``). A ``top_k`` at or above the vocabulary size keeps
+    every token (as 0 does); ``logit_bias`` ids outside the model's logits and
+    non-finite numbers are refused with ``ValueError``. A failure inside a decode
+    step (a custom logits processor raising) ends only that request: its KV cache is
+    dropped, never stored in the prefix cache, and the engine keeps serving.
 
     Example:
         >>> import asyncio

@@ -11,13 +11,11 @@ import asyncio
 import logging
 import threading
 import time
-import weakref
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from mlx_integrations.chat.constraints import constraint_processors
 from mlx_integrations.chat.messages import normalize_messages
@@ -37,6 +35,7 @@ from mlx_integrations.engine.base import (
     run_blocking_startup_work,
 )
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
+from mlx_integrations.engine.jobs import Admission, Job, default_prefill_step_size
 from mlx_integrations.engine.loading import (
     check_model_dir,
     context_length,
@@ -44,7 +43,7 @@ from mlx_integrations.engine.loading import (
     resolve_model_path,
     vocab_size,
 )
-from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
+from mlx_integrations.engine.owner import close_at_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
     SamplingParams,
@@ -56,40 +55,15 @@ from mlx_integrations.engine.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.stats import (
     ClearStats,
     EngineStats,
-    MemoryStats,
     PrefixCacheStats,
     RequestStats,
+    memory_stats,
 )
 from mlx_integrations.models.warm import load_warm_caches
 
 logger = logging.getLogger(__name__)
 
-Admission = Literal["wait", "fail_fast"]
 T = TypeVar("T")
-
-
-@dataclass
-class Job:
-    """One request as the owner thread sees it."""
-
-    params: SamplingParams
-    prompt: str
-    tokens: list[int]
-    arrival: float
-    emit: Callable[[Any], None]
-    """Hands a chunk (or the exception that ended the request) to the caller; thread-safe."""
-    abort: threading.Event = field(default_factory=threading.Event)
-
-
-def default_prefill_step_size() -> int:
-    """Prompt tokens per prefill forward pass for the default MLX device.
-
-    mlx-lm's 2048 suits GPUs; on the CPU 512-token pieces keep the attention scores in
-    cache and prefill a 1,500-token prompt about 25% faster (measured on SmolLM2-135M).
-    """
-    import mlx.core as mx
-
-    return 512 if mx.default_device().type == mx.cpu else 2048
 
 
 class MLXEngine(BaseEngine):
@@ -101,6 +75,10 @@ class MLXEngine(BaseEngine):
 
     Subclasses implement :meth:`_dispatch` (hand a validated request to the owner
     thread) and :meth:`_is_full` (when ``admission="fail_fast"`` refuses work).
+
+    ``max_tokens`` is capped at the context window (prompt + reply <= the window;
+    the reply then ends with ``finish_reason="length"``). A failed load keeps no
+    owner thread and no lease; the next request loads again.
 
     Args:
         model: A model folder, or a name the model store resolves.
@@ -244,7 +222,7 @@ class MLXEngine(BaseEngine):
                 return
             if self._executor is None:
                 self._executor = make_owner_thread(f"mlxi-owner-{self._path.name}")
-                _watch_at_exit(self)
+                close_at_exit(self, _release_owner_thread)
             try:
                 self._executor.submit(self._load).result()
                 self._on_loaded(self._executor)
@@ -663,44 +641,9 @@ class MLXEngine(BaseEngine):
         job.emit(result)
 
 
-_live_engines: weakref.WeakSet[MLXEngine] = weakref.WeakSet()
-
-
-def _stop_owner_threads_at_exit() -> None:
-    for engine in list(_live_engines):
-        with engine._state_lock:
-            executor, engine._executor = engine._executor, None
-        if executor is not None:
-            stop_owner_thread(executor)
-
-
-def _watch_at_exit(engine: MLXEngine) -> None:
-    """Release the owner thread's streams at exit if the engine was never stopped."""
-    _live_engines.add(engine)
-    at_thread_exit(_stop_owner_threads_at_exit)
-
-
-def aborted_output(job: Job) -> MLXGenerationOutput:
-    """The last chunk of a request aborted before it produced anything."""
-    return MLXGenerationOutput(
-        text="",
-        prompt_tokens=len(job.tokens),
-        finish_reason="abort",
-        finished=True,
-        request_id=job.params.request_id,
-    )
-
-
-def memory_stats() -> MemoryStats:
-    """MLX allocator figures (zeros while MLX is not imported)."""
-    import sys
-
-    if "mlx.core" not in sys.modules:
-        return MemoryStats(active_mb=0.0, peak_mb=0.0, cache_mb=0.0)
-    import mlx.core as mx
-
-    return MemoryStats(
-        active_mb=mx.get_active_memory() / MiB,
-        peak_mb=mx.get_peak_memory() / MiB,
-        cache_mb=mx.get_cache_memory() / MiB,
-    )
+def _release_owner_thread(engine: MLXEngine) -> None:
+    """At exit: release the owner thread's streams of an engine that was never stopped."""
+    with engine._state_lock:
+        executor, engine._executor = engine._executor, None
+    if executor is not None:
+        stop_owner_thread(executor)

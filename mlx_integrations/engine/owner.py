@@ -11,8 +11,10 @@ interpreter exit for owners nobody stopped.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 _registered: set[Callable[[], None]] = set()
 _lock = threading.Lock()
@@ -58,3 +60,20 @@ def at_thread_exit(hook: Callable[[], None]) -> None:
         import atexit
 
         atexit.register(hook)
+
+
+_closers: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+
+
+def close_at_exit(owner: Any, close: Callable[[Any], None]) -> None:
+    """Call ``close(owner)`` at interpreter exit if ``owner`` is still alive then."""
+    with _lock:
+        _closers[owner] = close
+    at_thread_exit(_close_all)
+
+
+def _close_all() -> None:
+    with _lock:
+        items = list(_closers.items())
+    for owner, close in items:
+        close(owner)

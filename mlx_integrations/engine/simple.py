@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput
-from mlx_integrations.engine.mlx_engine import Admission, Job, MLXEngine, aborted_output
+from mlx_integrations.engine.jobs import Admission, Job, aborted_output
+from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.random_state import repair_random_state
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,14 @@ class SimpleEngine(MLXEngine):
     MLX arrays belong to the thread that made them, so one owner thread loads the
     weights and runs every prefill and decode step; callers talk to it through
     queues. Async callers never block their event loop.
+
+    Generation stops at the context window: prompt and reply together never exceed
+    it, whatever ``max_tokens`` asks (the reply then ends with
+    ``finish_reason="length"``). A ``top_k`` at or above the vocabulary size keeps
+    every token (as 0 does); ``logit_bias`` ids outside the model's logits and
+    non-finite numbers are refused with ``ValueError``. A failure inside a decode
+    step (a custom logits processor raising) ends only that request: its KV cache is
+    dropped, never stored in the prefix cache, and the engine keeps serving.
 
     Example:
         >>> import asyncio

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+_MiB = 1024 * 1024
+
 
 class PrefixCacheStats(TypedDict):
     """State of an engine's prefix (prompt KV) cache."""
@@ -87,3 +89,18 @@ class ClearStats(TypedDict):
     """KV bytes those entries held."""
     freed_buffer_pool_mb: float
     """MLX buffer-pool bytes returned to the system by ``mx.clear_cache()``."""
+
+
+def memory_stats() -> MemoryStats:
+    """MLX allocator figures (zeros while MLX is not imported)."""
+    import sys
+
+    if "mlx.core" not in sys.modules:
+        return MemoryStats(active_mb=0.0, peak_mb=0.0, cache_mb=0.0)
+    import mlx.core as mx
+
+    return MemoryStats(
+        active_mb=mx.get_active_memory() / _MiB,
+        peak_mb=mx.get_peak_memory() / _MiB,
+        cache_mb=mx.get_cache_memory() / _MiB,
+    )

@@ -6,18 +6,16 @@ other as JSON. mlx-lm's ``glm47`` parser reads the arguments back.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from mlx_integrations.chat.tool_formats.base import ToolFormat
-from mlx_integrations.chat.tool_formats.xml_args import tagged_call_rules
-from mlx_integrations.chat.tools import ToolSpec
+from mlx_integrations.chat.tool_formats.xml_args import TaggedArgsFormat
 
 _BARE_NAME = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*")
 
 
-class GlmFormat(ToolFormat):
+class GlmFormat(TaggedArgsFormat):
     """GLM's key/value tagged calls inside ``<tool_call>`` tags."""
 
     name = "glm"
@@ -40,26 +38,8 @@ class GlmFormat(ToolFormat):
 
         return glm47.parse_tool_call(body, tools)
 
-    def call_rules(self, tokenizer: Any, tool: ToolSpec, rule: str) -> str:
-        return tagged_call_rules(
-            tokenizer,
-            tool,
-            rule,
-            f"{tool.name}\n",
-            lambda name: (f"<arg_key>{name}</arg_key>\n<arg_value>", "</arg_value>\n"),
-            "",
-        )
+    def head(self, name: str) -> str:
+        return f"{name}\n"
 
-    def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
-        return self._tagged_calls_grammar(tokenizer, tools, parallel)
-
-    def write_calls(self, calls: Any) -> str:
-        out = []
-        for name, args in calls:
-            values = "".join(
-                f"<arg_key>{k}</arg_key>\n<arg_value>"
-                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>\n"
-                for k, v in args.items()
-            )
-            out.append(f"{self.start}{name}\n{values}{self.end}")
-        return "\n".join(out)
+    def tags(self, name: str) -> tuple[str, str]:
+        return f"<arg_key>{name}</arg_key>\n<arg_value>", "</arg_value>\n"

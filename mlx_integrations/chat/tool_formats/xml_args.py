@@ -6,10 +6,12 @@ write a string argument as it is and any other value as JSON.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from mlx_integrations.chat import lark
+from mlx_integrations.chat.tool_formats.base import ToolFormat
 from mlx_integrations.chat.tools import ToolSpec
 
 
@@ -69,3 +71,39 @@ def tagged_call_rules(
     args = lark.keyword_arguments(props, tool.required, lambda name, _: names[name], "")
     line = f"{rule}: {lark.marker(tokenizer, head)} {args} {lark.marker(tokenizer, tail)}"
     return "\n".join([line, *helpers])
+
+
+def value_text(value: Any) -> str:
+    """A value as tag-wrapped families write it: strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+class TaggedArgsFormat(ToolFormat):
+    """A family whose calls sit between ``start`` and ``end``, each argument in tags.
+
+    Subclasses give :meth:`head` (what opens a call, its name included), :meth:`tags`
+    (the texts around one argument's value) and :attr:`tail` (what closes a call).
+    """
+
+    tail = ""
+
+    def head(self, name: str) -> str:
+        raise NotImplementedError
+
+    def tags(self, name: str) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def call_rules(self, tokenizer: Any, tool: ToolSpec, rule: str) -> str:
+        return tagged_call_rules(tokenizer, tool, rule, self.head(tool.name), self.tags, self.tail)
+
+    def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
+        return self._tagged_calls_grammar(tokenizer, tools, parallel)
+
+    def write_calls(self, calls: Any) -> str:
+        out = []
+        for name, args in calls:
+            values = "".join(
+                f"{self.tags(k)[0]}{value_text(v)}{self.tags(k)[1]}" for k, v in args.items()
+            )
+            out.append(f"{self.start}{self.head(name)}{values}{self.tail}{self.end}")
+        return "\n".join(out)

@@ -14,7 +14,6 @@ Run: ``.venv/bin/python bench/bench_parsers.py [--rounds 15 --answer-chars 6000]
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlx_integrations.chat.output_parser import ChatOutputParser
-from mlx_integrations.chat.tool_parsers import FORMATS, ToolCallFormat
+from mlx_integrations.chat.tool_formats import ToolFormat, format_names, get_format
 
 CALLS = [
     ("get_weather", {"city": "Paris", "days": 3, "metric": True}),
@@ -55,32 +54,8 @@ class Result:
 
 
 def _calls(fmt: str, calls: list[tuple[str, dict]]) -> str:
-    if fmt == "hermes":
-        return "".join(
-            f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>\n"
-            for n, a in calls
-        )
-    if fmt == "qwen3_coder":
-        out = ""
-        for n, a in calls:
-            params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in a.items())
-            out += f"<tool_call>\n<function={n}>\n{params}</function>\n</tool_call>\n"
-        return out
-    if fmt == "mistral":
-        return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in calls)
-    if fmt == "llama3_json":
-        return "<|python_tag|>" + "; ".join(
-            json.dumps({"name": n, "parameters": a}) for n, a in calls
-        )
-    listed = (
-        "["
-        + ", ".join(
-            f"{n}(" + ", ".join(f"{k}={json.dumps(v)}" for k, v in a.items()) + ")"
-            for n, a in calls
-        )
-        + "]"
-    )
-    return f"<|tool_call_start|>{listed}<|tool_call_end|>" if fmt == "lfm_pythonic" else listed
+    """The calls as the family writes them."""
+    return get_format(fmt).write_calls(calls)
 
 
 def build_reply(fmt: str | None, answer_chars: int, calls: list[tuple[str, dict]]) -> str:
@@ -101,7 +76,7 @@ def pieces_of(text: str) -> list[str]:
     return re.findall(r" ?\w+| ?[^\w\s]| *\n|\s+", text)
 
 
-def measure(name: str, fmt: ToolCallFormat | None, pieces: list[str], rounds: int) -> Result:
+def measure(name: str, fmt: ToolFormat | None, pieces: list[str], rounds: int) -> Result:
     """Median per-token time of feeding ``pieces`` to a parser, and of concatenating them."""
     parser_times, concat_times = [], []
     for _ in range(rounds):
@@ -129,7 +104,8 @@ def measure(name: str, fmt: ToolCallFormat | None, pieces: list[str], rounds: in
 def run(rounds: int = 15, answer_chars: int = 6000) -> list[Result]:
     """One result per format, a text-only reply, and a long-argument worst case."""
     results = [measure("no tools", None, pieces_of(build_reply(None, answer_chars, [])), rounds)]
-    for name, fmt in FORMATS.items():
+    for name in format_names():
+        fmt = get_format(name)
         pieces = pieces_of(build_reply(name, answer_chars, CALLS))
         assert "".join(pieces) == build_reply(name, answer_chars, CALLS)
         results.append(measure(name, fmt, pieces, rounds))
@@ -137,7 +113,7 @@ def run(rounds: int = 15, answer_chars: int = 6000) -> list[Result]:
     long_call = [("run_python", {"code": code})]
     for name in ("hermes", "mistral"):
         pieces = pieces_of(build_reply(name, 200, long_call))
-        results.append(measure(f"{name}, 6 KB argument", FORMATS[name], pieces, rounds))
+        results.append(measure(f"{name}, 6 KB argument", get_format(name), pieces, rounds))
     return results
 
 
@@ -155,7 +131,7 @@ def main() -> None:
             f"{r.name:<22} {r.tokens:>7} {r.parser_us:>14.2f} {r.concat_us:>14.3f} "
             f"{r.overhead_us:>16.2f}"
         )
-    worst = max(r.overhead_us for r in results[: 1 + len(FORMATS)])
+    worst = max(r.overhead_us for r in results[: 1 + len(format_names())])
     print(f"\nParsing overhead per streamed token: at most {worst:.1f} us across formats")
 
 

@@ -727,8 +727,8 @@ _MISTRAL_AFTER_MARKER = {"list": "[{", "header": "", "header_id": ""}
 async def test_mistral_models_are_constrained_in_their_own_layout(layout, tmp_path):
     """Forced calls come out as the template writes them, and parse back to valid calls."""
     from mlx_integrations.chat.output_parser import parse_output
-    from mlx_integrations.chat.tool_formats.mistral import call_layout
     from mlx_integrations.chat.tool_formats import detect_format, get_format
+    from mlx_integrations.chat.tool_formats.mistral import call_layout
     from tests.support.tiny_models import build_tiny_model
 
     path = build_tiny_model(

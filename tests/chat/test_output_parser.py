@@ -26,10 +26,10 @@ from mlx_integrations.chat.output_parser import (
     parse_output,
 )
 from mlx_integrations.chat.tool_formats import (
-    format_names,
-    get_format,
     InvalidToolCall,
     ParsedToolCall,
+    format_names,
+    get_format,
 )
 
 THINK = ("<think>", "</think>")

@@ -24,7 +24,7 @@ class Family:
 
     Attributes:
         template: File name in :data:`TEMPLATES_DIR`.
-        format: Name of our :class:`ToolCallFormat` for the family.
+        format: Name of our :class:`ToolFormat` for the family.
         reply_start: Text just before the assistant's reply in a rendered conversation.
         reply_end: Text that closes the reply (end of turn).
         parallel: The template renders several calls in one assistant turn.

@@ -18,8 +18,6 @@ from mlx_integrations.chat.output_parser import (
 )
 from mlx_integrations.chat.template import probe_template, render_chat_prompt
 from mlx_integrations.chat.tool_formats import (
-    format_names,
-    get_format,
     InvalidToolCall,
     ParsedToolCall,
     ToolFormat,

@@ -3,7 +3,13 @@
 Engines are keyed by the resolved model folder and the engine options. Ten
 ``ChatMLX(model=X)`` objects hold one engine; an engine whose last user released
 it stays loaded (building the next adapter for it costs nothing) until
-:func:`unload_idle` or :func:`shutdown` is called.
+:func:`unload_idle` or :func:`shutdown` is called (from async code: ``await``
+:func:`aunload_idle` or :func:`ashutdown`, which never block the event loop).
+
+An engine whose model fails to load leaves the pool at once (the engine itself keeps
+no thread and no lease): the next adapter made for that model gets a fresh engine,
+and an adapter still holding the failed one retries the load on its next call (the
+engine comes back into the pool if that succeeds).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ class _Slot:
 
 _lock = threading.Lock()
 _slots: dict[tuple[Any, ...], _Slot] = {}
+# Engines whose load failed, out of the pool: their key and users, for a later success.
+_failed: weakref.WeakKeyDictionary[BaseEngine, tuple[tuple[Any, ...], _Slot]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _key(path: Path, engine_type: str, options: dict[str, Any]) -> tuple[Any, ...]:
@@ -49,8 +59,46 @@ def acquire(model: str | Path, *, engine_type: str = "simple", **options: Any) -
         if slot is None:
             slot = _Slot(_make(path, engine_type, options))
             _slots[key] = slot
+            _watch_loads(slot.engine, key)
         slot.refs += 1
         return slot.engine
+
+
+def _watch_loads(engine: BaseEngine, key: tuple[Any, ...]) -> None:
+    add_listener = getattr(engine, "add_load_listener", None)
+    if add_listener is None:
+        return
+    ref = weakref.ref(engine)
+
+    def after_load(loaded: bool) -> None:
+        engine = ref()
+        if engine is not None:
+            _after_load(engine, key, loaded)
+
+    add_listener(after_load)
+
+
+def _after_load(engine: BaseEngine, key: tuple[Any, ...], loaded: bool) -> None:
+    """Take an engine whose load failed out of the pool; put it back once it loads."""
+    with _lock:
+        if not loaded:
+            slot = _slots.get(key)
+            if slot is not None and slot.engine is engine:
+                del _slots[key]
+                _failed[engine] = (key, slot)
+            return
+        entry = _failed.pop(engine, None)
+        if entry is not None and entry[0] not in _slots:
+            _slots[entry[0]] = entry[1]
+
+
+def _slot_of(engine: BaseEngine) -> _Slot | None:
+    """The slot counting the users of ``engine``, in the pool or out of it (under _lock)."""
+    for slot in _slots.values():
+        if slot.engine is engine:
+            return slot
+    entry = _failed.get(engine)
+    return entry[1] if entry is not None else None
 
 
 def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
@@ -72,11 +120,11 @@ def retain(engine: BaseEngine) -> bool:
         False if the engine is not in the pool (nothing to count).
     """
     with _lock:
-        for slot in _slots.values():
-            if slot.engine is engine:
-                slot.refs += 1
-                return True
-    return False
+        slot = _slot_of(engine)
+        if slot is None:
+            return False
+        slot.refs += 1
+        return True
 
 
 def engine_for(
@@ -121,10 +169,9 @@ def share(owner: object, engine: BaseEngine) -> None:
 def release(engine: BaseEngine) -> None:
     """Count one user less. The engine stays loaded until :func:`unload_idle`."""
     with _lock:
-        for slot in _slots.values():
-            if slot.engine is engine and slot.refs > 0:
-                slot.refs -= 1
-                return
+        slot = _slot_of(engine)
+        if slot is not None and slot.refs > 0:
+            slot.refs -= 1
 
 
 def shared_engines() -> list[tuple[BaseEngine, int]]:
@@ -136,23 +183,54 @@ def shared_engines() -> list[tuple[BaseEngine, int]]:
 def unload_idle() -> int:
     """Stop and forget engines nobody uses; return how many were unloaded.
 
-    Synchronous: from async code, call it in a worker thread (``asyncio.to_thread``).
+    Synchronous: it blocks the calling thread until the engines have stopped. From
+    async code, ``await aunload_idle()`` instead.
     """
-    with _lock:
-        idle = [k for k, s in _slots.items() if s.refs == 0]
-        engines = [_slots.pop(k).engine for k in idle]
+    engines = _take_idle()
     for engine in engines:
         _stop(engine)
     return len(engines)
 
 
+async def aunload_idle() -> int:
+    """:func:`unload_idle` for async code: awaits each engine's ``stop()``.
+
+    The event loop keeps running other tasks while the models are freed.
+
+    Example:
+        >>> from mlx_integrations.engine import pool
+        >>> async def tidy() -> None:
+        ...     freed = await pool.aunload_idle()
+    """
+    engines = _take_idle()
+    for engine in engines:
+        await engine.stop()
+    return len(engines)
+
+
 def shutdown() -> None:
-    """Stop every pooled engine (used or not)."""
+    """Stop every pooled engine (used or not). Blocks until they have stopped."""
+    for engine in _take_all():
+        _stop(engine)
+
+
+async def ashutdown() -> None:
+    """:func:`shutdown` for async code: awaits each engine's ``stop()``, loop free."""
+    for engine in _take_all():
+        await engine.stop()
+
+
+def _take_idle() -> list[BaseEngine]:
+    with _lock:
+        idle = [k for k, s in _slots.items() if s.refs == 0]
+        return [_slots.pop(k).engine for k in idle]
+
+
+def _take_all() -> list[BaseEngine]:
     with _lock:
         engines = [s.engine for s in _slots.values()]
         _slots.clear()
-    for engine in engines:
-        _stop(engine)
+        return engines
 
 
 def _stop(engine: BaseEngine) -> None:

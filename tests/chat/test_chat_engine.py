@@ -303,3 +303,35 @@ async def test_reasoning_then_call_through_the_engine(llama: SimpleEngine):
     assert out.reasoning == "Weather needs the tool."
     assert out.content == "Let me check."
     assert [c.name for c in out.tool_calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_a_reasoning_turn_renders_the_template_once(thinking_model: Path, reasoning: bool):
+    """The engine renders the prompt and tells the chat core whether it opened a block."""
+    from langchain_core.messages import HumanMessage
+
+    from mlx_integrations.langchain import ChatMLX
+    from tests.support.forcing import forcing
+
+    engine = SimpleEngine(thinking_model)
+    try:
+        tok = engine.tokenizer
+        renders: list[bool] = []
+        original = tok.apply_chat_template
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            renders.append(bool(kwargs.get("add_generation_prompt")))
+            return original(*args, **kwargs)
+
+        tok.apply_chat_template = counting
+        reply = "Paris is the question.</think>\n\nIt is sunny." if reasoning else "It is sunny."
+        llm = ChatMLX(engine=engine, max_tokens=40, reasoning=reasoning)
+        message = llm.invoke(
+            [HumanMessage("Weather in Paris?")], logits_processors=[forcing(tok, reply)[0]]
+        )
+        assert renders == [True]
+        assert message.content == "It is sunny."
+        expected = "Paris is the question." if reasoning else None
+        assert message.additional_kwargs.get("reasoning_content") == expected
+    finally:
+        asyncio.run(engine.stop())

@@ -124,6 +124,10 @@ def pull(
 ) -> PullResult:
     """Download a model from the Hub into the store (or find it there already).
 
+    Ctrl-C (KeyboardInterrupt in the calling thread) stops the transfers within a network
+    read and keeps each partial weight file in the Hugging Face cache; the next pull
+    resumes it from there and checks its sha256.
+
     Args:
         repo_id: ``namespace/name`` on the Hub.
         name: Store name (default: ``repo_id``).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from abc import abstractmethod
@@ -115,8 +116,13 @@ class MLXEngine(BaseEngine):
             get_format(tool_format)  # an unknown name fails here, not at load
         if admission not in ("wait", "fail_fast"):
             raise ValueError(f"admission must be 'wait' or 'fail_fast', got {admission!r}")
-        if cache_memory_mb < 0:
-            raise ValueError(f"cache_memory_mb must be >= 0, got {cache_memory_mb}")
+        if not isinstance(cache_memory_mb, (int, float)) or isinstance(cache_memory_mb, bool):
+            raise TypeError(f"cache_memory_mb must be a number, got {cache_memory_mb!r}")
+        if not math.isfinite(cache_memory_mb) or cache_memory_mb < 0:
+            raise ValueError(
+                f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
+                f"off), got {cache_memory_mb}"
+            )
         if prefill_step_size is None:
             prefill_step_size = default_prefill_step_size()
         if prefill_step_size < 1:

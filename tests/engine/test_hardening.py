@@ -344,3 +344,14 @@ async def test_chat_template_kwargs_must_be_a_dict_in_stream_chat(engine):
     with pytest.raises(TypeError, match=r"chat_template_kwargs must be a dict .*got 'x'"):
         await engine.chat(MESSAGES, max_tokens=2, chat_template_kwargs="x")
     assert failed(engine) == before
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINES))
+@pytest.mark.parametrize(
+    ("value", "exc"),
+    [(math.inf, ValueError), (math.nan, ValueError), (-1, ValueError), ("big", TypeError)],
+    ids=["inf", "nan", "negative", "str"],
+)
+def test_cache_memory_mb_must_be_a_finite_number(tiny_llama, kind, value, exc):
+    with pytest.raises(exc, match=r"cache_memory_mb must be a .*number"):
+        ENGINES[kind](tiny_llama, cache_memory_mb=value)

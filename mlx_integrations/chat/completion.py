@@ -19,6 +19,7 @@ from mlx_integrations.chat.constraints import constraint_processors, format_inst
 from mlx_integrations.chat.output_parser import (
     ChatOutputParser,
     Event,
+    ParsedOutput,
     ReasoningDelta,
     TextDelta,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ParsedToolCall",
     "ReasoningDelta",
     "TextDelta",
+    "Turn",
     "engine_tool_format",
     "pop_engine_options",
     "stream_chat_events",
@@ -89,6 +91,24 @@ class Finished:
     generation_tps: float
     text: str
     """The raw reply, markup included (for debugging and ``include_raw``)."""
+
+
+@dataclass
+class Turn(ParsedOutput):
+    """A chat turn folded from its events, as both adapters build their replies.
+
+    Attributes:
+        finished: The last event (usage, finish reason), once it has come.
+    """
+
+    finished: Finished | None = None
+
+    def add(self, event: Event | Finished) -> None:  # type: ignore[override]
+        """Fold one more event in (text, reasoning, a call, or the end of the turn)."""
+        if isinstance(event, Finished):
+            self.finished = event
+        else:
+            super().add(event)
 
 
 def pop_engine_options(kwargs: dict[str, Any], defaults: Any) -> dict[str, Any]:

@@ -49,6 +49,17 @@ class ParsedOutput:
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
 
+    def add(self, event: Event) -> None:
+        """Fold one more event of the reply in."""
+        if isinstance(event, TextDelta):
+            self.content += event.text
+        elif isinstance(event, ReasoningDelta):
+            self.reasoning += event.text
+        elif isinstance(event, ParsedToolCall):
+            self.tool_calls.append(event)
+        else:
+            self.invalid_tool_calls.append(event)
+
 
 class ChatOutputParser:
     """Incremental parser of one reply.
@@ -272,14 +283,7 @@ def collect(events: list[Event], into: ParsedOutput | None = None) -> ParsedOutp
     """Fold events into a :class:`ParsedOutput`."""
     out = into or ParsedOutput()
     for ev in events:
-        if isinstance(ev, TextDelta):
-            out.content += ev.text
-        elif isinstance(ev, ReasoningDelta):
-            out.reasoning += ev.text
-        elif isinstance(ev, ParsedToolCall):
-            out.tool_calls.append(ev)
-        else:
-            out.invalid_tool_calls.append(ev)
+        out.add(ev)
     return out
 
 

@@ -115,7 +115,8 @@ def read_tools(tools: Any) -> tuple[ToolSpec, ...]:
 
     Raises:
         TypeError: ``tools`` is not a list, or a tool has the wrong shape.
-        ValueError: A tool is invalid (the message names it), or two share a name.
+        ValueError: A tool is invalid (the message names it). Of several tools with one
+            name, the first is kept.
     """
     if tools is None:
         return ()
@@ -123,13 +124,13 @@ def read_tools(tools: Any) -> tuple[ToolSpec, ...]:
         raise TypeError(
             f"tools must be a list of tool dicts, got {type(tools).__name__}: {tools!r:.80}"
         )
-    specs = tuple(ToolSpec.from_openai(tool, i) for i, tool in enumerate(tools))
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ValueError(f"Two tools are named {spec.name!r}; tool names must be unique")
-        seen.add(spec.name)
-    return specs
+    specs: dict[str, ToolSpec] = {}
+    for i, tool in enumerate(tools):
+        spec = ToolSpec.from_openai(tool, i)
+        # A tool bound twice under one name (a function and its schema) is kept once:
+        # the first definition is the one the model sees and the calls are checked against.
+        specs.setdefault(spec.name, spec)
+    return tuple(specs.values())
 
 
 class ToolChoiceMode(StrEnum):

@@ -32,6 +32,7 @@ from mlx_integrations.chat.completion import (
     ParsedToolCall,
     ReasoningDelta,
     TextDelta,
+    Turn,
     pop_engine_options,
     stream_chat_events,
 )
@@ -538,29 +539,18 @@ def _response_metadata(event: Finished) -> dict[str, Any]:
 
 
 def _result_from_events(events: list[Any]) -> ChatResult:
-    content, reasoning = [], []
-    calls, invalid = [], []
-    finished: Finished | None = None
-    for ev in events:
-        if isinstance(ev, TextDelta):
-            content.append(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            reasoning.append(ev.text)
-        elif isinstance(ev, ParsedToolCall):
-            calls.append(to_lc_tool_call(ev))
-        elif isinstance(ev, InvalidToolCall):
-            invalid.append(to_lc_invalid_tool_call(ev))
-        elif isinstance(ev, Finished):
-            finished = ev
-    assert finished is not None
-    additional = {"reasoning_content": "".join(reasoning)} if reasoning else {}
-    metadata = _response_metadata(finished)
+    turn = Turn()
+    for event in events:
+        turn.add(event)
+    assert turn.finished is not None
+    additional = {"reasoning_content": turn.reasoning} if turn.reasoning else {}
+    metadata = _response_metadata(turn.finished)
     message = AIMessage(
-        content="".join(content),
-        tool_calls=calls,
-        invalid_tool_calls=invalid,
+        content=turn.content,
+        tool_calls=[to_lc_tool_call(c) for c in turn.tool_calls],
+        invalid_tool_calls=[to_lc_invalid_tool_call(c) for c in turn.invalid_tool_calls],
         additional_kwargs=additional,
-        usage_metadata=_usage(finished),
+        usage_metadata=_usage(turn.finished),
         response_metadata=metadata,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=metadata)])

@@ -28,10 +28,9 @@ from llama_index.core.types import PydanticProgramMode
 from mlx_integrations.chat.completion import (
     ChatRequest,
     Finished,
-    InvalidToolCall,
-    ParsedToolCall,
     ReasoningDelta,
     TextDelta,
+    Turn,
     pop_engine_options,
     stream_chat_events,
 )
@@ -228,9 +227,7 @@ class MLXLLM(FunctionCallingLLM):
         request = self._request(messages, kwargs)
         state = _ResponseState()
         async for event in stream_chat_events(self.engine, request):
-            response = state.add(event)
-            if response is not None:
-                yield response
+            yield state.add(event)
 
     # ---------------------------------------------------------------- chat
 
@@ -581,43 +578,31 @@ def _usage_raw(
 
 
 class _ResponseState:
-    """Accumulates events into the successive ChatResponses of one stream."""
+    """Folds events into the successive ChatResponses of one stream."""
 
     def __init__(self) -> None:
-        self.text = ""
-        self.thinking = ""
-        self.calls: list[ToolCallBlock] = []
-        self.invalid: list[dict[str, Any]] = []
+        self.turn = Turn()
 
     def _message(self) -> ChatMessage:
+        turn = self.turn
         blocks: list[Any] = []
-        if self.thinking:
-            blocks.append(ThinkingBlock(content=self.thinking))
-        blocks.append(TextBlock(text=self.text))
-        blocks.extend(self.calls)
+        if turn.reasoning:
+            blocks.append(ThinkingBlock(content=turn.reasoning))
+        blocks.append(TextBlock(text=turn.content))
+        blocks.extend(
+            ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments)
+            for c in turn.tool_calls
+        )
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
 
-    def add(self, event: Any) -> ChatResponse | None:
+    def add(self, event: Any) -> ChatResponse:
+        self.turn.add(event)
         extra: dict[str, Any] = {}
-        delta = ""
-        raw = None
-        if isinstance(event, TextDelta):
-            self.text += event.text
-            delta = event.text
-        elif isinstance(event, ReasoningDelta):
-            self.thinking += event.text
+        delta = event.text if isinstance(event, TextDelta) else ""
+        if isinstance(event, ReasoningDelta):
             extra["thinking_delta"] = event.text
-        elif isinstance(event, ParsedToolCall):
-            self.calls.append(
-                ToolCallBlock(
-                    tool_call_id=event.id, tool_name=event.name, tool_kwargs=event.arguments
-                )
-            )
-        elif isinstance(event, InvalidToolCall):
-            self.invalid.append(
-                {"id": event.id, "name": event.name, "raw": event.raw, "error": event.error}
-            )
-        elif isinstance(event, Finished):
+        raw = None
+        if isinstance(event, Finished):
             raw = _usage_raw(
                 event.prompt_tokens,
                 event.completion_tokens,
@@ -627,10 +612,11 @@ class _ResponseState:
             )
             raw["time_to_first_token_s"] = event.ttft_s
             raw["tokens_per_second"] = event.generation_tps
-        else:  # pragma: no cover - exhaustive
-            return None
-        if self.invalid:
-            extra["invalid_tool_calls"] = list(self.invalid)
+        if self.turn.invalid_tool_calls:
+            extra["invalid_tool_calls"] = [
+                {"id": c.id, "name": c.name, "raw": c.raw, "error": c.error}
+                for c in self.turn.invalid_tool_calls
+            ]
         return ChatResponse(message=self._message(), delta=delta, raw=raw, additional_kwargs=extra)
 
 

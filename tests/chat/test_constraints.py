@@ -532,8 +532,8 @@ def test_bad_tools_are_rejected_with_the_tool_named():
         tool_choice_constraint([bad], "auto")
     with pytest.raises(ValueError, match="'nope', which is not bound"):
         tool_choice_constraint(TOOLS, "nope")
-    with pytest.raises(ValueError, match="named 'add'"):
-        tool_choice_constraint([ADD, ADD], "required")
+    # The same tool twice is one tool.
+    assert len(tool_choice_constraint([ADD, ADD], "required").request.tools) == 1
     with pytest.raises(ValueError, match="needs tools"):
         tool_choice_constraint([], "required")
     with pytest.raises(TypeError, match="tool_choice 3 is not understood"):

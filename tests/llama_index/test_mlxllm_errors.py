@@ -51,7 +51,8 @@ def test_image_to_a_text_model(llm):
     ],
 )
 def test_bad_tools(llm, tools, match):
-    with pytest.raises(ValueError, match=match):
+    # A value of the wrong type is a TypeError, a wrong value a ValueError.
+    with pytest.raises((TypeError, ValueError), match=match):
         llm.chat(USER, tools=tools)
 
 

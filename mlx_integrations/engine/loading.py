@@ -7,6 +7,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.models.resolve import resolve_model
+from mlx_integrations.models.store import lease_model_folder
+
 
 def resolve_model_path(model: str | Path) -> Path:
     """Turn a model name into a local folder.
@@ -30,10 +33,6 @@ def resolve_model_path(model: str | Path) -> Path:
             "and *.safetensors), a .gguf file, or a model name from `mlxi list`"
         )
     try:
-        from mlx_integrations.models.resolve import resolve_model
-    except ImportError as exc:  # the model store is optional for engines
-        raise FileNotFoundError(f"Model {text!r} is not a folder on this machine") from exc
-    try:
         return Path(resolve_model(text))
     except LookupError as exc:
         hint = getattr(exc, "hint", None)
@@ -46,10 +45,6 @@ def lease_model(path: Path) -> Any:
     Returns:
         A lease with ``release()``, or None for a folder outside the model store.
     """
-    try:
-        from mlx_integrations.models.store import lease_model_folder
-    except ImportError:  # the model store is optional for engines
-        return None
     return lease_model_folder(path)
 
 

@@ -15,6 +15,7 @@ engine comes back into the pool if that succeeds).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 import weakref
 from dataclasses import dataclass
@@ -101,16 +102,31 @@ def _slot_of(engine: BaseEngine) -> _Slot | None:
     return entry[1] if entry is not None else None
 
 
+# Engine kind -> "module:Class", imported on first use so the pool stays cheap to import.
+ENGINE_CLASSES: dict[str, str] = {
+    "simple": "mlx_integrations.engine.simple:SimpleEngine",
+    "batched": "mlx_integrations.engine.batched:BatchedEngine",
+}
+
+
+def engine_class(engine_type: str) -> type[BaseEngine]:
+    """The engine class of a kind in :data:`ENGINE_CLASSES` (imported on first use).
+
+    Raises:
+        ValueError: For a kind not in :data:`ENGINE_CLASSES`.
+    """
+    target = ENGINE_CLASSES.get(engine_type)
+    if target is None:
+        known = ", ".join(repr(kind) for kind in ENGINE_CLASSES)
+        raise ValueError(f"engine_type must be one of {known}, got {engine_type!r}")
+    module, _, name = target.partition(":")
+    cls: type[BaseEngine] = getattr(importlib.import_module(module), name)
+    return cls
+
+
 def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
-    if engine_type == "simple":
-        from mlx_integrations.engine.simple import SimpleEngine
-
-        return SimpleEngine(path, **options)
-    if engine_type == "batched":
-        from mlx_integrations.engine.batched import BatchedEngine
-
-        return BatchedEngine(path, **options)
-    raise ValueError(f"engine_type must be 'simple' or 'batched', got {engine_type!r}")
+    # The contract has no constructor; every engine class takes a model and options.
+    return engine_class(engine_type)(path, **options)  # type: ignore[call-arg]
 
 
 def retain(engine: BaseEngine) -> bool:

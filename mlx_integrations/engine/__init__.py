@@ -12,6 +12,7 @@ from mlx_integrations.engine.base import (
     run_blocking_startup_work,
     suspend_cancellation,
 )
+from mlx_integrations.lazy_imports import lazy_attributes
 
 __all__ = [
     "BaseEngine",
@@ -25,13 +26,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name == "BatchedEngine":
-        from mlx_integrations.engine.batched import BatchedEngine
-
-        return BatchedEngine
-    if name == "SimpleEngine":
-        from mlx_integrations.engine.simple import SimpleEngine
-
-        return SimpleEngine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "BatchedEngine": "mlx_integrations.engine.batched",
+        "SimpleEngine": "mlx_integrations.engine.simple",
+    },
+)

@@ -55,6 +55,7 @@ class ToolFormat:
         aliases: Other names that pick it (mlx-lm's parser module names among them).
         start: Marker that opens a call (or a list of calls); ``""`` for none.
         end: Marker that closes it; ``""`` when the call runs to the end of the turn.
+        clues: Texts whose presence in a chat template marks the family.
         bare_prefixes: How a reply may begin with a call that has no start marker.
         next_call: After a call without end marker, what starts another call.
         maybe_next_call: What may still grow into ``next_call`` (held back meanwhile).
@@ -64,6 +65,7 @@ class ToolFormat:
     aliases: tuple[str, ...] = ()
     start: str = ""
     end: str = ""
+    clues: tuple[str, ...] = ()
     bare_prefixes: tuple[str, ...] = ()
     next_call: re.Pattern[str] = _JSON_START
     maybe_next_call: re.Pattern[str] | None = None
@@ -71,7 +73,7 @@ class ToolFormat:
     @classmethod
     def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
         """This family, set up for the model, when its chat template is of the family."""
-        return None
+        return cls() if any(clue in template for clue in cls.clues) else None
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         """Turn the text of a call (between the markers) into a call dict or a list."""
@@ -147,6 +149,18 @@ def written_call(tokenizer: Any, marker: str) -> str | None:
     if marker not in text:
         return None
     return str(text.rsplit(marker, 1)[1].lstrip())
+
+
+class JsonBodyFormat(ToolFormat):
+    """A family whose call is one JSON object ``{"name": ..., "<arguments_key>": {...}}``."""
+
+    arguments_key = "arguments"
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        return parse_json_calls(body, tools)
+
+    def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
+        return json_call_lark(tool, key=self.arguments_key)
 
 
 def json_call(name: str, arguments: Any, key: str = "arguments") -> str:

@@ -64,10 +64,7 @@ class DeepSeekFormat(ToolFormat):
     aliases = ("deepseek_r1", "deepseek_v3", "deepseekv3", "deepseek_v31")
     start = CALLS_BEGIN
     end = CALLS_END
-
-    @classmethod
-    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
-        return cls() if CALLS_BEGIN in template else None
+    clues = (CALLS_BEGIN,)
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         return parse_deepseek_calls(body, tools)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlx_integrations.chat.tool_formats.base import ToolFormat
 from mlx_integrations.chat.tool_formats.xml_args import TaggedArgsFormat
 
 _BARE_NAME = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*")
@@ -22,10 +21,7 @@ class GlmFormat(TaggedArgsFormat):
     aliases = ("glm47", "glm45", "glm4", "glm4_moe")
     start = "<tool_call>"
     end = "</tool_call>"
-
-    @classmethod
-    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
-        return cls() if "<arg_key>" in template else None
+    clues = ("<arg_key>",)
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         if "<arg_key>" not in body:

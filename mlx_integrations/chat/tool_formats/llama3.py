@@ -9,38 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_integrations.chat.tool_formats.base import (
-    ToolFormat,
-    json_call,
-    json_call_lark,
-    parse_json_calls,
-)
-from mlx_integrations.chat.tools import ToolSpec
+from mlx_integrations.chat.tool_formats.base import JsonBodyFormat, json_call
 
 
-class Llama3JsonFormat(ToolFormat):
+class Llama3JsonFormat(JsonBodyFormat):
     """Bare JSON calls with ``parameters`` (``<|python_tag|>`` read as well)."""
 
     name = "llama3_json"
     aliases = ("llama", "llama3", "llama3.1", "llama3.2_json")
+    clues = ("<|python_tag|>", '"parameters": dictionary of argument')
     start = "<|python_tag|>"
     bare_prefixes = ('{"name"', '{"type"', '{ "name"')
-
-    @classmethod
-    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
-        if "<|python_tag|>" in template or '"parameters": dictionary of argument' in template:
-            return cls()
-        return None
-
-    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
-        return parse_json_calls(body, tools)
+    arguments_key = "parameters"
 
     @property
     def forced_start(self) -> str:
         return ""
-
-    def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
-        return json_call_lark(tool, key="parameters")
 
     def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
         alternatives, rules = self._alternatives(tokenizer, tools)

@@ -85,13 +85,8 @@ class PythonicFormat(ToolFormat):
 
     name = "pythonic"
     aliases = ("llama3.2_pythonic", "llama4_pythonic", "gemma3", "gemma3_pythonic", "llama4")
+    clues = ("[func_name1(", "func_name1(params_name1")
     bare_prefixes = ("[",)
-
-    @classmethod
-    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
-        if "[func_name1(" in template or "func_name1(params_name1" in template:
-            return cls()
-        return None
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         return parse_pythonic_calls(body, tools)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_integrations.chat.tool_formats.base import ToolFormat
 from mlx_integrations.chat.tool_formats.xml_args import TaggedArgsFormat
 
 
@@ -20,12 +19,7 @@ class Qwen3CoderFormat(TaggedArgsFormat):
     start = "<tool_call>"
     end = "</tool_call>"
     tail = "</function>\n"
-
-    @classmethod
-    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
-        if "<tool_call>\\n<function=" in template or "<tool_call>\n<function=" in template:
-            return cls()
-        return None
+    clues = ("<tool_call>\\n<function=", "<tool_call>\n<function=")
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         from mlx_lm.tool_parsers import qwen3_coder

@@ -18,6 +18,7 @@ __all__ = [
     "BaseEngine",
     "BatchedEngine",
     "EngineBusy",
+    "EngineOptions",
     "GenerationOutput",
     "SimpleEngine",
     "cleanup_startup_cancellation",
@@ -30,6 +31,7 @@ __getattr__ = lazy_attributes(
     __name__,
     {
         "BatchedEngine": "mlx_integrations.engine.batched",
+        "EngineOptions": "mlx_integrations.engine.options",
         "SimpleEngine": "mlx_integrations.engine.simple",
     },
 )

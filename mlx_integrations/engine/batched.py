@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
-from mlx_integrations.engine.jobs import Admission, Job, aborted_output
+from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.stats import EngineStats
@@ -162,13 +163,8 @@ class BatchedEngine(MLXEngine):
     prefix of its prompt. Greedy results match :class:`SimpleEngine`'s up to float
     rounding; a seeded request draws from its own random key.
 
-    Generation stops at the context window: prompt and reply together never exceed
-    it, whatever ``max_tokens`` asks (the reply then ends with
-    ``finish_reason="length"``). A ``top_k`` at or above the vocabulary size keeps
-    every token (as 0 does); ``logit_bias`` ids outside the model's logits and
-    non-finite numbers are refused with ``ValueError``. A failure inside a decode
-    step (a custom logits processor raising) ends only that request: its KV cache is
-    dropped, never stored in the prefix cache, and the engine keeps serving.
+    The context window, sampling limits and failures behave as described in
+    :class:`MLXEngine`: a failed decode step ends only its own request.
 
     Example:
         >>> import asyncio
@@ -187,17 +183,12 @@ class BatchedEngine(MLXEngine):
 
     Args:
         model: A model folder, or a name the model store resolves.
-        max_num_seqs: Most requests in the running batch; more wait in line.
-        admission: ``"wait"`` queues requests beyond ``max_num_seqs``;
-            ``"fail_fast"`` raises :class:`EngineBusy` instead.
-        cache_memory_mb: Budget of the prefix cache (KV of earlier prompts).
-        max_cache_entries: Most prefixes kept.
-        prefill_step_size: Prompt tokens processed per forward pass; a long prompt
-            is prefilled in pieces, with decode steps of the others in between.
-            Default: 2048 on a GPU, 512 on the CPU (where smaller pieces run faster).
-        preserve_native_tool_format: Override the flag probed from the template.
-        chat_template_kwargs: Variables passed to the chat template on every call.
-        load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
+        max_num_seqs: Most requests in the running batch; more wait in line (or, with
+            ``admission="fail_fast"``, are refused with :class:`EngineBusy`).
+        options: How the engine serves the model
+            (:class:`~mlx_integrations.engine.options.EngineOptions`).
+        **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
+            ``cache_memory_mb``, ``prefill_step_size``...); they override ``options``.
     """
 
     engine_type = "batched"
@@ -207,30 +198,14 @@ class BatchedEngine(MLXEngine):
         model: str | Path,
         *,
         max_num_seqs: int = 8,
-        admission: Admission = "wait",
-        cache_memory_mb: float = 1024,
-        max_cache_entries: int = 8,
-        prefill_step_size: int | None = None,
-        preserve_native_tool_format: bool | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        load_warm_caches: bool = True,
-        tool_format: str | None = None,
+        options: EngineOptions | None = None,
+        **kwargs: Any,
     ):
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int):
             raise TypeError(f"max_num_seqs must be an integer, got {max_num_seqs!r}")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-        super().__init__(
-            model,
-            admission=admission,
-            cache_memory_mb=cache_memory_mb,
-            max_cache_entries=max_cache_entries,
-            prefill_step_size=prefill_step_size,
-            preserve_native_tool_format=preserve_native_tool_format,
-            chat_template_kwargs=chat_template_kwargs,
-            load_warm_caches=load_warm_caches,
-            tool_format=tool_format,
-        )
+        super().__init__(model, options=options, **kwargs)
         self._max_num_seqs = max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner
         # thread is running the loop (it runs while there is work, then returns).

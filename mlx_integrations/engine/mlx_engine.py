@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from abc import abstractmethod
@@ -44,6 +43,7 @@ from mlx_integrations.engine.loading import (
     resolve_model_path,
     vocab_size,
 )
+from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.owner import close_at_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
@@ -77,72 +77,42 @@ class MLXEngine(BaseEngine):
     Subclasses implement :meth:`_dispatch` (hand a validated request to the owner
     thread) and :meth:`_is_full` (when ``admission="fail_fast"`` refuses work).
 
-    ``max_tokens`` is capped at the context window (prompt + reply <= the window;
-    the reply then ends with ``finish_reason="length"``). A failed load keeps no
-    owner thread and no lease; the next request loads again.
+    Generation stops at the context window: prompt and reply together never exceed
+    it, whatever ``max_tokens`` asks (the reply then ends with
+    ``finish_reason="length"``). A ``top_k`` at or above the vocabulary size keeps
+    every token (as 0 does); ``logit_bias`` ids outside the model's logits and
+    non-finite numbers are refused with ``ValueError``. A failure inside a decode
+    step (a custom logits processor raising) ends only that request: its KV cache is
+    dropped, never stored in the prefix cache, and the engine keeps serving. A failed
+    load keeps no owner thread and no lease; the next request loads again.
 
     Args:
         model: A model folder, or a name the model store resolves.
-        admission: ``"wait"`` queues requests the engine cannot take yet;
-            ``"fail_fast"`` raises :class:`EngineBusy` instead.
-        cache_memory_mb: Budget of the prefix cache (KV of earlier prompts).
-        max_cache_entries: Most prefixes kept.
-        prefill_step_size: Prompt tokens processed per forward pass. Default: 2048 on
-            a GPU, 512 on the CPU (where smaller pieces run faster).
-        preserve_native_tool_format: Override the flag probed from the template.
-        chat_template_kwargs: Variables passed to the chat template on every call.
-        load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
-        tool_format: The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
-            :mod:`mlx_integrations.chat.tool_formats`); by default it is detected once
-            from the tokenizer and the chat template at load.
+        options: How the engine serves the model (:class:`EngineOptions`).
+        **kwargs: Fields of :class:`EngineOptions` as keywords (``admission``,
+            ``cache_memory_mb``, ``max_cache_entries``, ``prefill_step_size``,
+            ``preserve_native_tool_format``, ``chat_template_kwargs``,
+            ``load_warm_caches``, ``tool_format``); they override ``options``.
     """
 
     engine_type = "mlx"
 
-    def __init__(
-        self,
-        model: str | Path,
-        *,
-        admission: Admission = "wait",
-        cache_memory_mb: float = 1024,
-        max_cache_entries: int = 8,
-        prefill_step_size: int | None = None,
-        preserve_native_tool_format: bool | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        load_warm_caches: bool = True,
-        tool_format: str | None = None,
-    ):
-        if tool_format is not None:
-            get_format(tool_format)  # an unknown name fails here, not at load
-        if admission not in ("wait", "fail_fast"):
-            raise ValueError(f"admission must be 'wait' or 'fail_fast', got {admission!r}")
-        if not isinstance(cache_memory_mb, (int, float)) or isinstance(cache_memory_mb, bool):
-            raise TypeError(f"cache_memory_mb must be a number, got {cache_memory_mb!r}")
-        if not math.isfinite(cache_memory_mb) or cache_memory_mb < 0:
-            raise ValueError(
-                f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
-                f"off), got {cache_memory_mb}"
-            )
-        if prefill_step_size is None:
-            prefill_step_size = default_prefill_step_size()
-        if prefill_step_size < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+    def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
+        opts = EngineOptions.build(options, kwargs)
+        self._options = opts
         self._name = str(model)
         self._path = resolve_model_path(model)
         self._config = check_model_dir(self._path)
         self._lease: Any = None  # a store model is marked in use while loaded
         self._context_length = context_length(self._config)
         self._vocab_size = vocab_size(self._config)
-        self._admission: Admission = admission
-        self._prefill_step_size = prefill_step_size
-        self._chat_template_kwargs = validate_template_kwargs(chat_template_kwargs)
-        self._load_warm = load_warm_caches
-        self._native_override = preserve_native_tool_format
-        self._tool_format_name = tool_format
+        self._admission: Admission = opts.admission
+        self._prefill_step_size = opts.prefill_step_size or default_prefill_step_size()
+        self._chat_template_kwargs = dict(opts.chat_template_kwargs or {})
         self._tool_format: ToolFormat | None = None
-        if preserve_native_tool_format is not None:
-            self._preserve_native_tool_format = bool(preserve_native_tool_format)
-        self._prefix = PrefixCache(int(cache_memory_mb * MiB), max_cache_entries)
+        if opts.preserve_native_tool_format is not None:
+            self._preserve_native_tool_format = bool(opts.preserve_native_tool_format)
+        self._prefix = PrefixCache(int(opts.cache_memory_mb * MiB), opts.max_cache_entries)
 
         self._model: Any = None
         self._tokenizer: Any = None
@@ -276,13 +246,9 @@ class MLXEngine(BaseEngine):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        last: GenerationOutput | None = None
-        async for out in self.stream_generate(
-            prompt, max_tokens, temperature, top_p, stop, **kwargs
-        ):
-            last = out
-        assert last is not None
-        return last
+        return await _last(
+            self.stream_generate(prompt, max_tokens, temperature, top_p, stop, **kwargs)
+        )
 
     async def stream_generate(  # type: ignore[override]  # async generator, see base
         self,
@@ -316,13 +282,10 @@ class MLXEngine(BaseEngine):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        last: GenerationOutput | None = None
-        async for out in self.stream_chat(
+        stream = self.stream_chat(
             messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
-        ):
-            last = out
-        assert last is not None
-        return last
+        )
+        return await _last(stream)
 
     async def stream_chat(  # type: ignore[override]  # async generator, see base
         self,
@@ -487,12 +450,12 @@ class MLXEngine(BaseEngine):
             loaded = mlx_lm.load(str(self._path))
             model, tokenizer = loaded[0], loaded[1]
             self._capabilities = probe_template(tokenizer)
-            self._tool_format = detect_format(tokenizer, self._tool_format_name)
-            if self._native_override is None:
+            self._tool_format = detect_format(tokenizer, self._options.tool_format)
+            if self._options.preserve_native_tool_format is None:
                 self._preserve_native_tool_format = self._capabilities.renders_tool_messages
             if self._vocab_size is None:  # config.json did not say: ask the model
                 self._vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
-            if self._load_warm:
+            if self._options.load_warm_caches:
                 self._load_warm_caches()
         except BaseException:
             self._release_lease()
@@ -645,6 +608,15 @@ class MLXEngine(BaseEngine):
                     finish_reason=result.finish_reason,
                 )
         job.emit(result)
+
+
+async def _last(stream: AsyncIterator[GenerationOutput]) -> GenerationOutput:
+    """The last chunk of a stream: the complete output."""
+    last: GenerationOutput | None = None
+    async for last in stream:  # noqa: B007
+        pass
+    assert last is not None
+    return last
 
 
 def _release_owner_thread(engine: MLXEngine) -> None:

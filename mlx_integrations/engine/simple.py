@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput
-from mlx_integrations.engine.jobs import Admission, Job, aborted_output
+from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.random_state import repair_random_state
 
@@ -18,17 +16,9 @@ logger = logging.getLogger(__name__)
 class SimpleEngine(MLXEngine):
     """Serve one model, one request at a time, on a thread that owns the model.
 
-    MLX arrays belong to the thread that made them, so one owner thread loads the
-    weights and runs every prefill and decode step; callers talk to it through
-    queues. Async callers never block their event loop.
-
-    Generation stops at the context window: prompt and reply together never exceed
-    it, whatever ``max_tokens`` asks (the reply then ends with
-    ``finish_reason="length"``). A ``top_k`` at or above the vocabulary size keeps
-    every token (as 0 does); ``logit_bias`` ids outside the model's logits and
-    non-finite numbers are refused with ``ValueError``. A failure inside a decode
-    step (a custom logits processor raising) ends only that request: its KV cache is
-    dropped, never stored in the prefix cache, and the engine keeps serving.
+    Requests that arrive while one runs wait in line (or, with
+    ``admission="fail_fast"``, are refused with :class:`EngineBusy`). The context
+    window, sampling limits and failures behave as described in :class:`MLXEngine`.
 
     Example:
         >>> import asyncio
@@ -43,43 +33,13 @@ class SimpleEngine(MLXEngine):
 
     Args:
         model: A model folder, or a name the model store resolves.
-        admission: ``"wait"`` queues requests that arrive while one runs;
-            ``"fail_fast"`` raises :class:`EngineBusy` instead.
-        cache_memory_mb: Budget of the prefix cache (KV of earlier prompts).
-        max_cache_entries: Most prefixes kept.
-        prefill_step_size: Prompt tokens processed per forward pass. Default: 2048 on
-            a GPU, 512 on the CPU (where smaller pieces run faster).
-        preserve_native_tool_format: Override the flag probed from the template.
-        chat_template_kwargs: Variables passed to the chat template on every call.
-        load_warm_caches: Load prefix caches stored with the model by ``mlxi warm``.
+        options: How the engine serves the model
+            (:class:`~mlx_integrations.engine.options.EngineOptions`).
+        **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
+            ``cache_memory_mb``, ``prefill_step_size``...); they override ``options``.
     """
 
     engine_type = "simple"
-
-    def __init__(
-        self,
-        model: str | Path,
-        *,
-        admission: Admission = "wait",
-        cache_memory_mb: float = 1024,
-        max_cache_entries: int = 8,
-        prefill_step_size: int | None = None,
-        preserve_native_tool_format: bool | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        load_warm_caches: bool = True,
-        tool_format: str | None = None,
-    ):
-        super().__init__(
-            model,
-            admission=admission,
-            cache_memory_mb=cache_memory_mb,
-            max_cache_entries=max_cache_entries,
-            prefill_step_size=prefill_step_size,
-            preserve_native_tool_format=preserve_native_tool_format,
-            chat_template_kwargs=chat_template_kwargs,
-            load_warm_caches=load_warm_caches,
-            tool_format=tool_format,
-        )
 
     def _is_full(self) -> bool:
         return bool(self._jobs)

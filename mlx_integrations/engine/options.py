@@ -1,0 +1,94 @@
+"""The options an mlx-lm engine is made with, checked once, before any model loads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from mlx_integrations.chat.tool_formats import get_format
+from mlx_integrations.engine.jobs import Admission
+from mlx_integrations.engine.params import validate_template_kwargs
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How :class:`SimpleEngine` and :class:`BatchedEngine` serve their model.
+
+    Every field is also a keyword argument of both engines (and an entry of the
+    adapters' ``engine_options``); keywords given next to an ``options`` object
+    override its fields.
+
+    Example:
+        >>> from mlx_integrations.engine.options import EngineOptions
+        >>> opts = EngineOptions(admission="fail_fast", cache_memory_mb=256)
+        >>> opts.max_cache_entries
+        8
+        >>> # SimpleEngine(model, options=opts) is SimpleEngine(model, admission=..., ...)
+
+    Raises:
+        TypeError, ValueError: For a value of the wrong type or out of range.
+    """
+
+    admission: Admission = "wait"
+    """``"wait"`` queues requests the engine cannot take yet (one running for
+    ``SimpleEngine``, ``max_num_seqs`` for ``BatchedEngine``); ``"fail_fast"`` raises
+    :class:`EngineBusy` instead."""
+    cache_memory_mb: float = 1024
+    """Budget of the prefix cache (KV of earlier prompts); 0 turns it off."""
+    max_cache_entries: int = 8
+    """Most prefixes kept in the prefix cache."""
+    prefill_step_size: int | None = None
+    """Prompt tokens processed per forward pass; a long prompt is prefilled in pieces
+    (with ``BatchedEngine``, decode steps of the others run in between). None: 2048 on
+    a GPU, 512 on the CPU (where smaller pieces run faster)."""
+    preserve_native_tool_format: bool | None = None
+    """Override the flag probed from the chat template at load."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Variables passed to the chat template on every call."""
+    load_warm_caches: bool = True
+    """Load the prefix caches stored with the model by ``mlxi warm``."""
+    tool_format: str | None = None
+    """The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
+    :mod:`mlx_integrations.chat.tool_formats`); None detects it once from the tokenizer
+    and the chat template at load."""
+
+    def __post_init__(self) -> None:
+        if self.tool_format is not None:
+            get_format(self.tool_format)  # an unknown name fails here, not at load
+        if self.admission not in ("wait", "fail_fast"):
+            raise ValueError(f"admission must be 'wait' or 'fail_fast', got {self.admission!r}")
+        budget = self.cache_memory_mb
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool):
+            raise TypeError(f"cache_memory_mb must be a number, got {budget!r}")
+        if not math.isfinite(budget) or budget < 0:
+            raise ValueError(
+                f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
+                f"off), got {budget}"
+            )
+        step = self.prefill_step_size
+        if step is not None and step < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {step}")
+        template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
+        object.__setattr__(self, "chat_template_kwargs", template_kwargs)
+
+    @classmethod
+    def build(cls, options: EngineOptions | None, overrides: Mapping[str, Any]) -> EngineOptions:
+        """``options`` (or the defaults) with the keyword arguments ``overrides`` applied.
+
+        Raises:
+            TypeError: For a keyword that is not a field, or ``options`` of another type.
+        """
+        if options is not None and not isinstance(options, EngineOptions):
+            raise TypeError(f"options must be an EngineOptions, got {type(options).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument(s) {unknown}; the engine options are: "
+                f"{', '.join(names)}"
+            )
+        if options is None:
+            return cls(**overrides)
+        return replace(options, **overrides) if overrides else options

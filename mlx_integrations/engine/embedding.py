@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, get_args
 
 from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.sentence_head import (
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "POOLING_MODES",
+    "EmbedOptions",
     "EmbeddingDtype",
     "EmbeddingEngine",
     "EmbeddingModelInfo",
@@ -51,6 +52,21 @@ __all__ = [
 
 EmbeddingDtype = Literal["float32", "float16", "bfloat16"]
 DEFAULT_BATCH_SIZE = 32
+
+
+class EmbedOptions(TypedDict, total=False):
+    """Keyword options of :meth:`EmbeddingEngine.embed` and :meth:`EmbeddingEngine.aembed`."""
+
+    prompt: str
+    """Text put before every input (e.g. ``"query: "`` for e5 models); default ``""``."""
+    batch_size: int
+    """How many texts run through the model at once; default ``DEFAULT_BATCH_SIZE``."""
+    pooling: PoolingMode | None
+    """Override the model's pooling mode."""
+    normalize: bool | None
+    """Override whether vectors are scaled to unit length."""
+    max_length: int | None
+    """A lower token limit than the model's; longer inputs are truncated."""
 
 
 class EmbeddingTruncationWarning(UserWarning):
@@ -156,25 +172,15 @@ class EmbeddingEngine:
                 f"({limit} tokens); use at most {limit}."
             )
 
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        prompt: str = "",
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        pooling: PoolingMode | None = None,
-        normalize: bool | None = None,
-        max_length: int | None = None,
-    ) -> list[list[float]]:
+    def embed(self, texts: Sequence[str], **options: Unpack[EmbedOptions]) -> list[list[float]]:
         """Embed texts, blocking the calling thread only.
 
         Args:
             texts: The texts, in order; the result has one vector per text.
-            prompt: Text put before every input (e.g. ``"query: "`` for e5 models).
-            batch_size: How many texts run through the model at once.
-            pooling: Override the model's pooling mode.
-            normalize: Override whether vectors are scaled to unit length.
-            max_length: A lower token limit than the model's; longer inputs are truncated.
+            **options: See :class:`EmbedOptions`: ``prompt`` (text put before every
+                input, e.g. ``"query: "`` for e5 models), ``batch_size`` (texts run
+                through the model at once), ``pooling`` and ``normalize`` (override the
+                model's), ``max_length`` (a lower token limit than the model's).
 
         Returns:
             One vector (a list of floats) per text.
@@ -183,23 +189,16 @@ class EmbeddingEngine:
             TypeError: When ``texts`` is a string or holds a non-string.
             ValueError: For a bad batch size, pooling mode or max length.
         """
-        request = self._request(texts, prompt, batch_size, pooling, normalize, max_length)
+        request = self._request(texts, **options)
         vectors, truncated = self._submit(request).result()
         self._warn_truncated(truncated, len(request.texts), request.max_length)
         return vectors
 
     async def aembed(
-        self,
-        texts: Sequence[str],
-        *,
-        prompt: str = "",
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        pooling: PoolingMode | None = None,
-        normalize: bool | None = None,
-        max_length: int | None = None,
+        self, texts: Sequence[str], **options: Unpack[EmbedOptions]
     ) -> list[list[float]]:
         """Embed texts without blocking the event loop; arguments as in :meth:`embed`."""
-        request = self._request(texts, prompt, batch_size, pooling, normalize, max_length)
+        request = self._request(texts, **options)
         vectors, truncated = await asyncio.wrap_future(self._submit(request))
         self._warn_truncated(truncated, len(request.texts), request.max_length)
         return vectors
@@ -218,11 +217,12 @@ class EmbeddingEngine:
     def _request(
         self,
         texts: Sequence[str],
-        prompt: str,
-        batch_size: int,
-        pooling: PoolingMode | None,
-        normalize: bool | None,
-        max_length: int | None,
+        *,
+        prompt: str = "",
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        pooling: PoolingMode | None = None,
+        normalize: bool | None = None,
+        max_length: int | None = None,
     ) -> _Request:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise TypeError(

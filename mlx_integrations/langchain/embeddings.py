@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
-
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field
 
-from mlx_integrations.engine.embedding import (
-    DEFAULT_BATCH_SIZE,
-    EmbeddingDtype,
-    EmbeddingEngine,
-    EmbeddingModelInfo,
-    PoolingMode,
-    get_embedding_engine,
-)
+from mlx_integrations.engine.embedding import DEFAULT_BATCH_SIZE
+from mlx_integrations.engine.embedding_settings import EmbeddingSettings, Role
 
 
-class MLXEmbeddings(BaseModel, Embeddings):
+class MLXEmbeddings(EmbeddingSettings, Embeddings):
     """Sentence embeddings from a local MLX model: no server, no torch, no network.
 
     Runs BERT-family sentence-transformers models (all-MiniLM-L6-v2, bge, e5, gte, ...)
@@ -71,45 +63,16 @@ class MLXEmbeddings(BaseModel, Embeddings):
         otherwise set ``query_prompt`` and ``document_prompt``.
     """
 
-    model_config = ConfigDict(
-        extra="forbid", protected_namespaces=(), use_attribute_docstrings=True
-    )
-
-    model_name: str
-    """A model folder, a store name or alias, or a Hub id pulled with ``mlxi pull``."""
+    model_config = ConfigDict(extra="forbid")
 
     batch_size: int = Field(default=DEFAULT_BATCH_SIZE, gt=0)
     """How many texts go through the model at once."""
-
-    normalize: bool | None = None
-    """Scale vectors to unit length; None follows the model's config."""
-
-    pooling: PoolingMode | None = None
-    """``cls``, ``mean``, ``max`` or ``mean_sqrt_len``; None follows the model's config."""
-
-    max_length: int | None = Field(default=None, ge=2)
-    """Truncate inputs to this many tokens; None uses the model's limit."""
 
     query_prompt: str | None = None
     """Text put before each query; None uses the model's ``query`` prompt, if any."""
 
     document_prompt: str | None = None
     """Text put before each document; None uses the model's document prompt, if any."""
-
-    dtype: EmbeddingDtype = "float32"
-    """Floating point type of the forward pass (``float16`` halves memory on a GPU)."""
-
-    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _load_engine(self) -> Self:
-        self._get_engine().check_max_length(self.max_length, self.model_name)
-        return self
-
-    @property
-    def info(self) -> EmbeddingModelInfo:
-        """The model's folder, dimension, token limit, pooling and prompts."""
-        return self._get_engine().info
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed documents for a vector store.
@@ -120,8 +83,7 @@ class MLXEmbeddings(BaseModel, Embeddings):
         Returns:
             One vector per document, in order.
         """
-        engine = self._get_engine()
-        return engine.embed(texts, prompt=self._prompt(engine, "document"), **self._options())
+        return self._embed(texts, "document")
 
     def embed_query(self, text: str) -> list[float]:
         """Embed a query for a similarity search.
@@ -133,42 +95,22 @@ class MLXEmbeddings(BaseModel, Embeddings):
             Its vector.
         """
         _check_text(text)
-        engine = self._get_engine()
-        return engine.embed([text], prompt=self._prompt(engine, "query"), **self._options())[0]
+        return self._embed([text], "query")[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed documents without blocking the event loop; see :meth:`embed_documents`."""
-        engine = self._get_engine()
-        return await engine.aembed(
-            texts, prompt=self._prompt(engine, "document"), **self._options()
-        )
+        return await self._aembed(texts, "document")
 
     async def aembed_query(self, text: str) -> list[float]:
         """Embed a query without blocking the event loop; see :meth:`embed_query`."""
         _check_text(text)
-        engine = self._get_engine()
-        vectors = await engine.aembed(
-            [text], prompt=self._prompt(engine, "query"), **self._options()
-        )
-        return vectors[0]
+        return (await self._aembed([text], "query"))[0]
 
-    def _get_engine(self) -> EmbeddingEngine:
-        # Reload through the pool if the shared engine was closed meanwhile.
-        if self._engine is None or self._engine.closed:
-            self._engine = get_embedding_engine(self.model_name, dtype=self.dtype)
-        return self._engine
+    def _batch_size(self) -> int:
+        return self.batch_size
 
-    def _prompt(self, engine: EmbeddingEngine, role: Literal["query", "document"]) -> str:
-        own = self.query_prompt if role == "query" else self.document_prompt
-        return engine.info.prompt_for(role) if own is None else own
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.batch_size,
-            "pooling": self.pooling,
-            "normalize": self.normalize,
-            "max_length": self.max_length,
-        }
+    def _own_prompt(self, role: Role) -> str | None:
+        return self.query_prompt if role == "query" else self.document_prompt
 
 
 def _check_text(text: object) -> None:

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import Field
 
-from mlx_integrations.engine.embedding import (
-    DEFAULT_BATCH_SIZE,
-    EmbeddingDtype,
-    EmbeddingEngine,
-    EmbeddingModelInfo,
-    PoolingMode,
-    get_embedding_engine,
-)
+from mlx_integrations.engine.embedding import DEFAULT_BATCH_SIZE
+from mlx_integrations.engine.embedding_settings import EmbeddingSettings, Role
 
 
-class MLXEmbedding(BaseEmbedding):
+class MLXEmbedding(EmbeddingSettings, BaseEmbedding):
     """Sentence embeddings from a local MLX model for LlamaIndex: no server, no torch.
 
     Runs BERT-family sentence-transformers models (all-MiniLM-L6-v2, bge, e5, gte, ...)
@@ -68,35 +62,14 @@ class MLXEmbedding(BaseEmbedding):
         otherwise set ``query_instruction`` and ``text_instruction``.
     """
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    model_name: str = Field(
-        description="A model folder, a store name or alias, or a Hub id pulled with mlxi pull."
-    )
-    """A model folder, a store name or alias, or a Hub id pulled with ``mlxi pull``."""
-
     embed_batch_size: int = Field(default=DEFAULT_BATCH_SIZE, gt=0, le=2048)
     """How many texts go through the model at once."""
-
-    normalize: bool | None = None
-    """Scale vectors to unit length; None follows the model's config."""
-
-    pooling: PoolingMode | None = None
-    """``cls``, ``mean``, ``max`` or ``mean_sqrt_len``; None follows the model's config."""
-
-    max_length: int | None = Field(default=None, ge=2)
-    """Truncate inputs to this many tokens; None uses the model's limit."""
 
     query_instruction: str | None = None
     """Text put before each query; None uses the model's ``query`` prompt, if any."""
 
     text_instruction: str | None = None
     """Text put before each text; None uses the model's document prompt, if any."""
-
-    dtype: EmbeddingDtype = "float32"
-    """Floating point type of the forward pass (``float16`` halves memory on a GPU)."""
-
-    _engine: EmbeddingEngine | None = PrivateAttr(default=None)
 
     def __init__(self, model_name: str, **kwargs: Any) -> None:
         """Load the model (or reuse the process's copy of it).
@@ -110,17 +83,11 @@ class MLXEmbedding(BaseEmbedding):
             ValueError: For an unsupported model or a ``max_length`` above its limit.
         """
         super().__init__(model_name=model_name, **kwargs)
-        self._get_engine().check_max_length(self.max_length, model_name)
 
     @classmethod
     def class_name(cls) -> str:
         """The name LlamaIndex records for this class."""
         return "MLXEmbedding"
-
-    @property
-    def info(self) -> EmbeddingModelInfo:
-        """The model's folder, dimension, token limit, pooling and prompts."""
-        return self._get_engine().info
 
     def _get_query_embedding(self, query: str) -> Embedding:
         return self._embed([query], "query")[0]
@@ -140,33 +107,11 @@ class MLXEmbedding(BaseEmbedding):
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         return await self._aembed(texts, "document")
 
-    def _embed(self, texts: list[str], role: Literal["query", "document"]) -> list[Embedding]:
-        engine = self._get_engine()
-        return engine.embed(texts, prompt=self._prompt(engine, role), **self._options())
+    def _batch_size(self) -> int:
+        return self.embed_batch_size
 
-    async def _aembed(
-        self, texts: list[str], role: Literal["query", "document"]
-    ) -> list[Embedding]:
-        engine = self._get_engine()
-        return await engine.aembed(texts, prompt=self._prompt(engine, role), **self._options())
-
-    def _get_engine(self) -> EmbeddingEngine:
-        # Reload through the pool if the shared engine was closed meanwhile.
-        if self._engine is None or self._engine.closed:
-            self._engine = get_embedding_engine(self.model_name, dtype=self.dtype)
-        return self._engine
-
-    def _prompt(self, engine: EmbeddingEngine, role: Literal["query", "document"]) -> str:
-        own = self.query_instruction if role == "query" else self.text_instruction
-        return engine.info.prompt_for(role) if own is None else own
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.embed_batch_size,
-            "pooling": self.pooling,
-            "normalize": self.normalize,
-            "max_length": self.max_length,
-        }
+    def _own_prompt(self, role: Role) -> str | None:
+        return self.query_instruction if role == "query" else self.text_instruction
 
 
 __all__ = ["MLXEmbedding"]

@@ -443,23 +443,32 @@ class ChatMLX(BaseChatModel):
             raise ValueError(f"Received unsupported arguments {kwargs}")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         fmt = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        scalar = _plain_schema(schema) if not is_pydantic else None
         if method == "function_calling":
             if schema is None:
                 raise ValueError("method='function_calling' needs a schema")
-            tool = convert_to_openai_tool(schema)
-            name = tool["function"]["name"]
+            if scalar is not None and scalar.get("type") != "object" and "properties" not in scalar:
+                # Tool arguments are an object: a value of another type travels wrapped.
+                tool = _wrapping_tool(scalar)
+                name = tool["function"]["name"]
+                parser: Runnable = JsonOutputKeyToolsParser(
+                    key_name=name, first_tool_only=True
+                ) | RunnableLambda(_unwrap)
+            else:
+                tool = convert_to_openai_tool(schema)
+                name = tool["function"]["name"]
+                parser = (
+                    PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                    if is_pydantic
+                    else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+                )
             llm = self.bind_tools(
                 [tool], tool_choice=name, parallel_tool_calls=False, ls_structured_output_format=fmt
-            )
-            parser: Runnable = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
-                if is_pydantic
-                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
             )
         elif method == "json_schema":
             if schema is None:
                 raise ValueError("method='json_schema' needs a schema")
-            json_schema = convert_to_json_schema(schema)
+            json_schema = scalar if scalar is not None else convert_to_json_schema(schema)
             llm = self.bind(
                 response_format={"type": "json_schema", "json_schema": {"schema": json_schema}},
                 ls_structured_output_format=fmt,
@@ -475,7 +484,9 @@ class ChatMLX(BaseChatModel):
             if schema is not None:
                 response_format = {
                     "type": "json_schema",
-                    "json_schema": {"schema": convert_to_json_schema(schema)},
+                    "json_schema": {
+                        "schema": scalar if scalar is not None else convert_to_json_schema(schema)
+                    },
                 }
             llm = self.bind(
                 response_format=response_format,
@@ -500,6 +511,44 @@ class ChatMLX(BaseChatModel):
                 [fallback], exception_key="parsing_error"
             )
         return llm | parser
+
+
+_JSON_SCHEMA_KEYS = ("type", "anyOf", "oneOf", "allOf", "enum", "const", "$ref", "properties")
+
+
+def _plain_schema(schema: Any) -> dict[str, Any] | None:
+    """A JSON schema dict taken as it is (any top-level type), or None for other forms.
+
+    OpenAI tool dicts, pydantic classes and TypedDicts go through LangChain's converters;
+    a plain schema such as ``{"title": "Flag", "type": "boolean"}`` must keep its type.
+    """
+    if not isinstance(schema, dict) or "function" in schema or "parameters" in schema:
+        return None
+    return dict(schema) if any(k in schema for k in _JSON_SCHEMA_KEYS) else None
+
+
+_WRAPPED = "value"
+
+
+def _wrapping_tool(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool whose one argument ``value`` holds a value of a non-object schema."""
+    inner = {k: v for k, v in schema.items() if k not in ("title", "description")}
+    return {
+        "type": "function",
+        "function": {
+            "name": str(schema.get("title") or "answer"),
+            "description": str(schema.get("description") or "Give the answer."),
+            "parameters": {
+                "type": "object",
+                "properties": {_WRAPPED: inner},
+                "required": [_WRAPPED],
+            },
+        },
+    }
+
+
+def _unwrap(arguments: Any) -> Any:
+    return arguments.get(_WRAPPED) if isinstance(arguments, dict) else arguments
 
 
 def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -381,8 +382,14 @@ class MLXLLM(FunctionCallingLLM):
     ) -> dict[str, Any]:
         specs = []
         for tool in tools:
-            if tool.metadata.fn_schema is None and not tool.metadata.get_parameters_dict():
-                raise ValueError(f"Tool {tool.metadata.name!r} has no argument schema")
+            if tool.metadata.fn_schema is None:
+                warnings.warn(
+                    f"Tool {tool.metadata.name!r} has fn_schema=None, so it takes LlamaIndex's "
+                    "default argument {'input': str}; give it an fn_schema (FunctionTool."
+                    "from_defaults infers one from the function's signature)",
+                    UserWarning,
+                    stacklevel=2,
+                )
             specs.append(tool.metadata.to_openai_tool())
         read_tools(specs)
         messages = list(chat_history or [])

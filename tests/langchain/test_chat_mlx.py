@@ -370,3 +370,20 @@ def test_copies_count_as_users_of_the_pooled_engine(tiny_qwen2):
 
     gc.collect()
     assert refs(llm.engine) == base
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_structured_output_with_a_non_object_schema(llm, method):
+    """A top-level boolean, integer or enum schema keeps its type in every method."""
+    flag = {"title": "Flag", "description": "Is it sunny?", "type": "boolean"}
+    count = {"title": "Count", "type": "integer", "minimum": 0, "maximum": 9}
+    color = {"title": "Color", "enum": ["red", "blue"]}
+    for schema, kind in ((flag, bool), (count, int), (color, str)):
+        runnable = llm.with_structured_output(schema, method=method)
+        for seed in range(2):
+            value = runnable.invoke("Answer.", seed=seed, temperature=1.0, max_tokens=40)
+            assert isinstance(value, kind), (schema, value)
+            if schema is count:
+                assert 0 <= value <= 9 and not isinstance(value, bool)
+            if schema is color:
+                assert value in ("red", "blue")

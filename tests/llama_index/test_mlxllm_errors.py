@@ -65,3 +65,16 @@ def test_tool_choice_naming_an_unknown_tool(llm):
 def test_unexpected_argument(llm):
     with pytest.raises(TypeError, match="unexpected arguments"):
         llm.chat(USER, temprature=0.3)
+
+
+def test_tool_without_fn_schema_warns_and_takes_the_default_input(llm):
+    from llama_index.core.tools import FunctionTool, ToolMetadata
+
+    tool = FunctionTool(
+        fn=lambda input: input,
+        metadata=ToolMetadata(description="Echo.", name="echo", fn_schema=None),
+    )
+    with pytest.warns(UserWarning, match="'echo' has fn_schema=None"):
+        prepared = llm._prepare_chat_with_tools([tool], user_msg="hi")
+    (spec,) = prepared["tools"]
+    assert list(spec["function"]["parameters"]["properties"]) == ["input"]

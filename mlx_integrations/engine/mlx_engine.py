@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlx_integrations.chat.constraints import constraint_processors
-from mlx_integrations.chat.messages import normalize_messages
+from mlx_integrations.chat.messages import check_text, normalize_messages
 from mlx_integrations.chat.reasoning import opens_reasoning
 from mlx_integrations.chat.template import (
     NO_TEMPLATE,
@@ -263,6 +263,7 @@ class MLXEngine(BaseEngine):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("prompt is empty; pass some text to continue")
+        check_text(prompt, "prompt")
         params = self._params(max_tokens, temperature, top_p, stop, kwargs)
         await self.start()
         bos = getattr(self._tokenizer, "bos_token", None)

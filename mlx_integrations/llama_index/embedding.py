@@ -14,15 +14,13 @@ from mlx_integrations.engine.embedding_settings import EmbeddingSettings, Role
 class MLXEmbedding(EmbeddingSettings, BaseEmbedding):
     """Sentence embeddings from a local MLX model for LlamaIndex: no server, no torch.
 
-    Runs BERT-family sentence-transformers models (all-MiniLM-L6-v2, bge, e5, gte, ...)
-    with the pooling and normalisation their own config asks for. Every object built
-    on the same model shares one copy of the weights, loaded on one owner thread.
+    Runs the same models as LangChain's ``MLXEmbeddings`` (BERT-family
+    sentence-transformers: all-MiniLM-L6-v2, bge, e5, gte...), with the same pooling,
+    normalisation and one copy of the weights per model in the process.
 
     Setup:
-        .. code-block:: bash
-
-            pip install "mlx-integrations[cpu]"   # macOS wheels need no extra
-            mlxi pull sentence-transformers/all-MiniLM-L6-v2
+        ``pip install "mlx-integrations[cpu]"`` (macOS wheels need no extra), then
+        ``mlxi pull sentence-transformers/all-MiniLM-L6-v2`` (or use a model folder).
 
     Instantiate:
         .. code-block:: python

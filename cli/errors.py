@@ -35,7 +35,9 @@ def explain(exc: BaseException) -> tuple[str, str | None, int]:
     if isinstance(exc, StoreError):
         return str(exc), exc.hint, EXIT_FAILURE
     if isinstance(exc, ValueError | TypeError):
-        return str(exc), "Run the command with --help to see the accepted values.", EXIT_USAGE
+        # The library's messages name the bad value and the fix; a generic hint would
+        # point away from it (to --help for a character in the prompt, say).
+        return str(exc), None, EXIT_USAGE
     if isinstance(exc, FileNotFoundError):
         return f"No such file or folder: {exc.filename or exc}", None, EXIT_FAILURE
     if isinstance(exc, PermissionError):

@@ -243,3 +243,12 @@ def test_version_and_doctor(env):
     assert mlxi("--version").stdout.startswith("mlxi ")
     doctor = ok_json("doctor")
     assert doctor["store"] == env["MLXI_HOME"] and doctor["backend"] in {"cpu", "metal", "cuda"}
+
+
+def test_run_names_a_lone_surrogate_in_the_prompt(env, tiny_llama):
+    # A byte that is not UTF-8 on the command line reaches Python as a lone surrogate.
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    result = mlxi("run", "tiny", "caf\udce9", "--max-tokens", "2")
+    assert result.exit_code == 2
+    assert "lone surrogate '\\udce9' at character 3" in result.stderr
+    assert "--help" not in result.stderr

@@ -103,7 +103,7 @@ class Turn(ParsedOutput):
 
     finished: Finished | None = None
 
-    def add(self, event: Event | Finished) -> None:  # type: ignore[override]
+    def add(self, event: Event | Finished) -> None:
         """Fold one more event in (text, reasoning, a call, or the end of the turn)."""
         if isinstance(event, Finished):
             self.finished = event

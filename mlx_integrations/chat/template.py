@@ -66,7 +66,7 @@ def probe_template(tokenizer: Any) -> TemplateCapabilities:
     renders_tools = _renders_tools(tokenizer, "tools")
     if not renders_tools and _renders_tools(tokenizer, "custom_tools"):
         renders_tools, tools_argument = True, "custom_tools"
-    kwargs = {tools_argument: [_PROBE]}
+    kwargs: dict[str, Any] = {tools_argument: [_PROBE]}
     string_args = short_ids = False
     native = _renders_tool_messages(tokenizer, "call_probe_1", {"x": 1}, kwargs)
     if not native and _renders_tool_messages(tokenizer, "callprobe", {"x": 1}, kwargs):

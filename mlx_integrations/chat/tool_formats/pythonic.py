@@ -84,9 +84,15 @@ class PythonicFormat(ToolFormat):
     """A bare Python list of calls at the start of the reply."""
 
     name = "pythonic"
-    aliases = ("llama3.2_pythonic", "llama4_pythonic", "gemma3", "gemma3_pythonic", "llama4")
+    aliases: tuple[str, ...] = (
+        "llama3.2_pythonic",
+        "llama4_pythonic",
+        "gemma3",
+        "gemma3_pythonic",
+        "llama4",
+    )
     clues = ("[func_name1(", "func_name1(params_name1")
-    bare_prefixes = ("[",)
+    bare_prefixes: tuple[str, ...] = ("[",)
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         return parse_pythonic_calls(body, tools)

@@ -16,7 +16,10 @@ from typing import Any
 
 import typer
 
-_HELP = "/clear forgets the conversation, Ctrl-C stops an answer, /bye or Ctrl-D leaves."
+_HELP = (
+    "/clear forgets the conversation, Ctrl-C stops an answer, /bye or Ctrl-D leaves; "
+    "with --tools, type each called tool's result when asked."
+)
 _STOP = object()  # Ctrl-C while an answer streams
 _END = object()  # the answer's task finished (done, failed or cancelled)
 
@@ -142,6 +145,8 @@ class RunOptions:
     verbose: bool = False
     response_format: dict[str, Any] | None = None
     show_thinking: bool = True
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str = "auto"
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""
@@ -186,10 +191,34 @@ def response_format_option(value: str | None) -> dict[str, Any] | None:
     }
 
 
+@dataclass
+class Answer:
+    """What one streamed answer said: its text and the tool calls it made."""
+
+    text: str
+    tool_calls: list[dict[str, Any]]
+
+    def message(self) -> dict[str, Any]:
+        """The answer as an assistant message of the conversation."""
+        calls = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in self.tool_calls
+        ]
+        return {
+            "role": "assistant",
+            "content": self.text,
+            **({"tool_calls": calls} if calls else {}),
+        }
+
+
 def _stream(
-    engine: Any, messages: list[dict[str, str]], opts: RunOptions, signals: SessionSignals
-) -> str:
-    """Print the answer as it streams (reasoning on stderr, dimmed); return its text.
+    engine: Any, messages: list[dict[str, Any]], opts: RunOptions, signals: SessionSignals
+) -> Answer:
+    """Print the answer as it streams (reasoning on stderr, dimmed; tool calls as JSON lines).
 
     The answer runs as a task on the background loop that feeds a queue; this thread
     only reads the queue. Ctrl-C (from the moment this is called) puts a stop there:
@@ -198,10 +227,14 @@ def _stream(
     """
     from mlx_integrations.chat.completion import ChatRequest, Finished, stream_chat_events
     from mlx_integrations.chat.output_parser import ReasoningDelta, TextDelta
+    from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
     from mlx_integrations.engine.sync import background_loop
 
     request = ChatRequest(
         messages,
+        tools=opts.tools,
+        tool_choice=opts.tool_choice if opts.tools else None,
+        parallel_tool_calls=opts.tool_choice == "auto",
         response_format=opts.response_format,
         max_tokens=opts.max_tokens,
         temperature=opts.temperature,
@@ -221,6 +254,7 @@ def _stream(
 
     dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     parts: list[str] = []
+    calls: list[dict[str, Any]] = []
     thinking = False
     stopped = False
     start = time.perf_counter()
@@ -248,6 +282,13 @@ def _stream(
                     parts.append(event.text)
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
+                elif isinstance(event, ParsedToolCall):
+                    call = {"id": event.id, "name": event.name, "arguments": event.arguments}
+                    calls.append(call)
+                    sys.stdout.write(("\n" if parts else "") + json.dumps(call, ensure_ascii=False))
+                    sys.stdout.flush()
+                elif isinstance(event, InvalidToolCall):
+                    typer.echo(f"Warning: invalid tool call ({event.error}): {event.raw}", err=True)
                 elif isinstance(event, Finished):
                     last = event
         except BaseException:
@@ -272,7 +313,21 @@ def _stream(
             f"finish: {last.finish_reason}]",
             err=True,
         )
-    return "".join(parts)
+    return Answer("".join(parts), calls)
+
+
+def _tool_results(answer: Answer) -> list[dict[str, Any]]:
+    """Ask the user for the result of each call the answer made (EOF: no result)."""
+    results = []
+    for call in answer.tool_calls:
+        try:
+            result = input(f"{call['name']} returned> ")
+        except EOFError:
+            result = ""
+        results.append(
+            {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": result}
+        )
+    return results
 
 
 def _engine(model: str) -> Any:
@@ -336,7 +391,12 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 continue
             turns = [*history, {"role": "user", "content": line}]
             try:
-                text = _stream(engine, turns, opts, signals)
+                answer = _stream(engine, turns, opts, signals)
+                # With tools, the user plays each tool the model calls: its result goes
+                # back as a tool message, and the model answers from it.
+                while answer.tool_calls:
+                    turns = [*turns, answer.message(), *_tool_results(answer)]
+                    answer = _stream(engine, turns, opts, signals)
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue
@@ -344,6 +404,6 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 typer.echo(f"Error: {exc}", err=True)
                 typer.echo("Hint: /clear starts the conversation afresh.", err=True)
                 continue
-            history = [*turns, {"role": "assistant", "content": text}]
+            history = [*turns, answer.message()]
     finally:
         _stop(engine)

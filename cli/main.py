@@ -538,12 +538,21 @@ def run(
     hide_thinking: bool = typer.Option(
         False, "--hide-thinking", help="Do not print a reasoning model's thinking (stderr)."
     ),
+    tools: Path | None = typer.Option(
+        None, "--tools", help="JSON file of tool definitions the model may call."
+    ),
+    tool_choice: str = typer.Option(
+        "auto",
+        "--tool-choice",
+        help="With --tools: 'auto', 'required' (a call is forced), 'none', or a tool name.",
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
     The answer goes to stdout; a reasoning model's thinking goes to stderr, dimmed.
-    In the session: /clear forgets the conversation, Ctrl-C stops the answer being
-    written, /bye (or Ctrl-D) leaves.
+    With --tools, each call the model makes is printed on stdout as one JSON line
+    (id, name, arguments); mlxi does not run tools. In the session: /clear forgets the
+    conversation, Ctrl-C stops the answer being written, /bye (or Ctrl-D) leaves.
     """
     import sys
 
@@ -554,7 +563,16 @@ def run(
         response_format_option,
     )
 
+    from mlx_integrations.chat.tools import read_tool_request
+
     response_format = response_format_option(output_format)
+    tool_defs = _read_tools(tools) if tools is not None else None
+    if tool_choice != "auto" and tool_defs is None:
+        raise typer.BadParameter("needs --tools", param_hint="--tool-choice")
+    try:  # checked before the model loads
+        read_tool_request(tool_defs, tool_choice, True)
+    except (TypeError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tools / --tool-choice") from None
     if prompt == "-" or (prompt is None and not stdin_is_tty()):
         prompt = sys.stdin.read()
     if max_tokens < 1:
@@ -566,6 +584,8 @@ def run(
         verbose=verbose,
         response_format=response_format,
         show_thinking=not hide_thinking,
+        tools=tool_defs,
+        tool_choice=tool_choice,
     )
     if prompt is not None:
         one_shot(model, prompt, options)

@@ -252,3 +252,37 @@ def test_run_names_a_lone_surrogate_in_the_prompt(env, tiny_llama):
     assert result.exit_code == 2
     assert "lone surrogate '\\udce9' at character 3" in result.stderr
     assert "--help" not in result.stderr
+
+
+def test_run_with_tools_prints_forced_calls_as_json_lines(env, tiny_llama, tmp_path):
+    assert mlxi("import", str(tiny_llama), "tiny").exit_code == 0
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+    }
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "get_weather", "parameters": schema}]))
+    result = mlxi(
+        "run",
+        "tiny",
+        "Weather in Paris?",
+        "--tools",
+        str(tools),
+        "--tool-choice",
+        "required",
+        "--max-tokens",
+        "60",
+        "--temperature",
+        "0",
+    )
+    assert result.exit_code == 0, result.stderr
+    call = json.loads(result.stdout.strip().splitlines()[-1])
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    import jsonschema
+
+    jsonschema.validate(call["arguments"], schema)
+    # A choice naming no bound tool is refused before the model loads.
+    bad = mlxi("run", "tiny", "hi", "--tools", str(tools), "--tool-choice", "nope")
+    assert bad.exit_code == 2 and "not bound" in bad.stderr
+    assert mlxi("run", "tiny", "hi", "--tool-choice", "required").exit_code == 2

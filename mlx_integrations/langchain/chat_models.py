@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
@@ -37,14 +37,8 @@ from mlx_integrations.chat.completion import (
     stream_chat_events,
 )
 from mlx_integrations.chat.tools import read_tool_request
-from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.engine.params import (
-    model_field_names,
-    reject_unknown_fields,
-    validate_adapter_settings,
-    validate_request_settings,
-    validate_template_kwargs,
-)
+from mlx_integrations.engine.chat_settings import ChatSettings
+from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.langchain.messages import (
     to_lc_invalid_tool_call,
@@ -56,7 +50,7 @@ from mlx_integrations.langchain.messages import (
 _PROVIDER = "mlx"
 
 
-class ChatMLX(BaseChatModel):
+class ChatMLX(ChatSettings, BaseChatModel):
     """A LangChain chat model served by a local MLX engine, no server needed.
 
     Setup:
@@ -111,46 +105,16 @@ class ChatMLX(BaseChatModel):
             city = llm.with_structured_output(City).invoke("Paris is in France.")
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     model: str | None = Field(default=None, alias="model_name")
     """A model folder, a store alias (``mlxi list``) or a Hugging Face repo id pulled with
     ``mlxi pull``. Ignored when ``engine`` is given. A call may name another one
     (``llm.invoke(..., model="other")``); its engine comes from the same shared pool."""
-    engine: BaseEngine | None = Field(default=None, exclude=True)
-    """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
-    engine_type: Literal["simple", "batched"] = "simple"
-    """Kind of engine made from ``model``: one request at a time, or continuous batching."""
-    engine_options: dict[str, Any] = Field(default_factory=dict)
-    """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``...)."""
-    temperature: float = 0.7
-    """Sampling temperature; 0 is greedy."""
-    max_tokens: int = 512
-    """Most tokens to generate per call."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold in (0, 1]; 1.0 disables it."""
-    top_k: int | None = None
-    """Sample among the k most likely tokens; None or 0 disables it."""
-    min_p: float | None = None
-    """Drop tokens less likely than min_p times the top one."""
-    repetition_penalty: float | None = None
-    """Penalty (> 1 discourages) for tokens seen recently."""
-    seed: int | None = None
-    """Random seed, for reproducible sampling."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     """Stop sequences; they are never part of the output."""
     streaming: bool = False
     """Make ``invoke`` stream internally (callbacks see tokens as they come)."""
-    reasoning: bool | None = None
-    """Turn the model's thinking on or off where its template takes ``enable_thinking``;
-    None leaves the template's default. Reasoning never mixes with the answer: it goes to
-    ``additional_kwargs["reasoning_content"]`` (and reasoning blocks with v1 output)."""
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra variables passed to the chat template."""
-    tool_format: str | None = None
-    """Tool-call family (``hermes``, ``llama3_json``, ``pythonic``, ``mistral``,
-    ``qwen3_coder``, ``glm``, ``lfm``, ``deepseek`` or an mlx-lm parser name), to override
-    the one detected from the model's tokenizer and chat template."""
     timeout: float | None = None
     """Accepted for compatibility with LangChain's standard parameters; unused locally."""
     max_retries: int | None = None
@@ -159,52 +123,7 @@ class ChatMLX(BaseChatModel):
     """Accepted for compatibility with LangChain's standard parameters; unused locally
     (no server to authenticate to)."""
 
-    _owns_engine: bool = PrivateAttr(default=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unknown_fields(cls, data: Any) -> Any:
-        # pydantic would drop them silently: ChatMLX(n=2) or a typo must not pass.
-        reject_unknown_fields("ChatMLX", data, model_field_names(cls))
-        if isinstance(data, Mapping) and "chat_template_kwargs" in data:
-            validate_template_kwargs(data["chat_template_kwargs"])
-        return data
-
-    @model_validator(mode="after")
-    def _make_engine(self) -> ChatMLX:
-        from mlx_integrations.engine import pool
-
-        validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
-        engine, self._owns_engine = pool.engine_for(
-            self,
-            self.model,
-            self.engine,
-            engine_type=self.engine_type,
-            options=self.engine_options,
-            adapter="ChatMLX",
-        )
-        object.__setattr__(self, "engine", engine)
-        if self.model is None:
-            assert self.engine is not None
-            object.__setattr__(self, "model", self.engine.model_name)
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        return self
-
     # -------------------------------------------------------------- identity
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> ChatMLX:
-        """A copy that shares the engine and counts as one more user of it in the pool."""
-        copy = super().model_copy(update=update, deep=deep)
-        if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
-            from mlx_integrations.engine import pool
-
-            pool.share(copy, copy.engine)
-        return copy
 
     @property
     def _llm_type(self) -> str:
@@ -236,23 +155,6 @@ class ChatMLX(BaseChatModel):
         if stop or self.stop:
             params["ls_stop"] = stop or self.stop
         return params
-
-    # --------------------------------------------------------------- runtime
-
-    def get_stats(self) -> dict[str, Any]:
-        """The engine's statistics (requests, tokens, prefix cache, memory)."""
-        assert self.engine is not None
-        return self.engine.get_stats()
-
-    def clear_runtime_caches(self) -> dict[str, Any] | None:
-        """Drop the engine's prompt caches and return MLX's buffer pool to the system.
-
-        Call it in long-lived pipelines when ``get_stats()["memory"]`` grows, between
-        unrelated batches of work, or before loading another model. The engine also
-        keeps its prefix cache within ``cache_memory_mb`` on its own.
-        """
-        assert self.engine is not None
-        return self.engine.clear_runtime_caches()
 
     # ------------------------------------------------------------ generation
 
@@ -286,11 +188,10 @@ class ChatMLX(BaseChatModel):
     async def _aevents(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> AsyncIterator[Any]:
-        assert self.engine is not None
         override = kwargs.get("model")
         request = self._request(messages, stop, kwargs)
         if not override or override == self.model:
-            async for event in stream_chat_events(self.engine, request):
+            async for event in stream_chat_events(self._served_engine(), request):
                 yield event
             return
         # A per-call model: its engine comes from the same pool (loaded once, shared).
@@ -442,7 +343,10 @@ class ChatMLX(BaseChatModel):
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        fmt = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        fmt: dict[str, Any] | None = {
+            "kwargs": {"method": method, "strict": strict},
+            "schema": schema,
+        }
         scalar = _plain_schema(schema) if not is_pydantic else None
         if method == "function_calling":
             if schema is None:
@@ -465,33 +369,17 @@ class ChatMLX(BaseChatModel):
             llm = self.bind_tools(
                 [tool], tool_choice=name, parallel_tool_calls=False, ls_structured_output_format=fmt
             )
-        elif method == "json_schema":
-            if schema is None:
+        elif method in ("json_schema", "json_mode"):
+            if schema is None and method == "json_schema":
                 raise ValueError("method='json_schema' needs a schema")
-            json_schema = scalar if scalar is not None else convert_to_json_schema(schema)
-            llm = self.bind(
-                response_format={"type": "json_schema", "json_schema": {"schema": json_schema}},
-                ls_structured_output_format=fmt,
-            )
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
-                if is_pydantic
-                else JsonOutputParser()
-            )
-        elif method == "json_mode":
-            # Any JSON object; when a schema is given, constrain to it as well.
+            # json_mode: any JSON object; when a schema is given, constrained to it as well.
             response_format: dict[str, Any] = {"type": "json_object"}
             if schema is not None:
-                response_format = {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "schema": scalar if scalar is not None else convert_to_json_schema(schema)
-                    },
-                }
-            llm = self.bind(
-                response_format=response_format,
-                ls_structured_output_format={**fmt, "schema": schema} if schema else None,
-            )
+                json_schema = scalar if scalar is not None else convert_to_json_schema(schema)
+                response_format = {"type": "json_schema", "json_schema": {"schema": json_schema}}
+            if method == "json_mode" and not schema:
+                fmt = None
+            llm = self.bind(response_format=response_format, ls_structured_output_format=fmt)
             parser = (
                 PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
                 if is_pydantic

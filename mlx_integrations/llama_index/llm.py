@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -20,7 +20,6 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
@@ -36,13 +35,9 @@ from mlx_integrations.chat.completion import (
     stream_chat_events,
 )
 from mlx_integrations.chat.tools import read_tools
-from mlx_integrations.engine.params import (
-    model_field_names,
-    reject_unknown_fields,
-    validate_adapter_settings,
-    validate_request_settings,
-    validate_template_kwargs,
-)
+from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.chat_settings import ChatSettings
+from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.llama_index.messages import to_neutral_messages
 
@@ -54,7 +49,7 @@ if TYPE_CHECKING:
 DEFAULT_CONTEXT_WINDOW = 4096
 
 
-class MLXLLM(FunctionCallingLLM):
+class MLXLLM(ChatSettings, FunctionCallingLLM):
     """A LlamaIndex LLM served by a local MLX engine: chat, tools, structured output.
 
     Every entry point is native (sync from any thread, async without blocking the
@@ -89,84 +84,12 @@ class MLXLLM(FunctionCallingLLM):
             print(llm.get_tool_calls_from_response(response))
     """
 
-    model: str | None = Field(default=None, description="Model folder, store alias or Hub id.")
-    engine: Any = Field(default=None, exclude=True, description="Any BaseEngine to use.")
-    engine_type: Literal["simple", "batched"] = Field(
-        default="simple", description="Engine made from `model`."
-    )
-    engine_options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the engine made from `model`."
-    )
-    temperature: float = Field(default=0.7, ge=0.0, description="Sampling temperature.")
-    max_tokens: int = Field(default=512, ge=1, description="Most tokens per response.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
-    top_k: int | None = Field(default=None, description="Top-k sampling.")
-    min_p: float | None = Field(default=None, description="Min-p sampling.")
-    repetition_penalty: float | None = Field(default=None, description="Repetition penalty.")
-    seed: int | None = Field(default=None, description="Random seed.")
-    stop: list[str] | None = Field(default=None, description="Stop sequences.")
-    context_window: int | None = Field(
-        default=None, description="Context window; read from the model's config when None."
-    )
-    reasoning: bool | None = Field(
-        default=None, description="enable_thinking for templates that take it."
-    )
-    chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Extra chat template variables."
-    )
-    tool_format: str | None = Field(
-        default=None,
-        description=(
-            "Tool-call family (hermes, llama3_json, pythonic, mistral, qwen3_coder, glm, lfm, "
-            "deepseek or an mlx-lm parser name), overriding the one detected from the model."
-        ),
-    )
-    response_format: dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | None = Field(
-        default=None,
-        description=(
-            "Constraint applied to calls that set none: {'type': 'json_object'}, "
-            "{'type': 'json_schema', ...} or {'type': 'grammar', 'grammar': <lark>} "
-            "(see react_response_format for ReAct agents)."
-        ),
-    )
-
-    _owns_engine: bool = PrivateAttr(default=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unknown_fields(cls, data: Any) -> Any:
-        # pydantic would drop them silently: MLXLLM(n=2) or a typo must not pass.
-        reject_unknown_fields("MLXLLM", data, model_field_names(cls))
-        if isinstance(data, Mapping) and "chat_template_kwargs" in data:
-            validate_template_kwargs(data["chat_template_kwargs"])
-        return data
-
-    @model_validator(mode="after")
-    def _make_engine(self) -> MLXLLM:
-        from mlx_integrations.engine import pool
-
-        validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
-        engine, self._owns_engine = pool.engine_for(
-            self,
-            self.model,
-            self.engine,
-            engine_type=self.engine_type,
-            options=self.engine_options,
-            adapter="MLXLLM",
-        )
-        self.engine = engine
-        if self.model is None:
-            self.model = self.engine.model_name
-        return self
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> MLXLLM:
-        """A copy that shares the engine and counts as one more user of it in the pool."""
-        copy = super().model_copy(update=update, deep=deep)
-        if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
-            from mlx_integrations.engine import pool
-
-            pool.share(copy, copy.engine)
-        return copy
+    context_window: int | None = None
+    """Context window; read from the model's config when None."""
+    response_format: dict[str, Any] | Callable[[list[dict[str, Any]]], Any] | None = None
+    """Constraint applied to calls that set none: ``{'type': 'json_object'}``,
+    ``{'type': 'json_schema', ...}`` or ``{'type': 'grammar', 'grammar': <lark>}`` (see
+    ``react_response_format`` for ReAct agents)."""
 
     @classmethod
     def class_name(cls) -> str:
@@ -182,16 +105,6 @@ class MLXLLM(FunctionCallingLLM):
             is_function_calling_model=True,
             model_name=self.model or "",
         )
-
-    # --------------------------------------------------------------- runtime
-
-    def get_stats(self) -> dict[str, Any]:
-        """The engine's statistics (requests, tokens, prefix cache, memory)."""
-        return self.engine.get_stats()
-
-    def clear_runtime_caches(self) -> dict[str, Any] | None:
-        """Drop prompt caches and return MLX's buffer pool; see ``ChatMLX.clear_runtime_caches``."""
-        return self.engine.clear_runtime_caches()
 
     # ------------------------------------------------------------- internals
 
@@ -227,7 +140,7 @@ class MLXLLM(FunctionCallingLLM):
     ) -> AsyncIterator[ChatResponse]:
         request = self._request(messages, kwargs)
         state = _ResponseState()
-        async for event in stream_chat_events(self.engine, request):
+        async for event in stream_chat_events(self._served_engine(), request):
             yield state.add(event)
 
     # ---------------------------------------------------------------- chat
@@ -302,17 +215,22 @@ class MLXLLM(FunctionCallingLLM):
             if constraint is not None:
                 options["logits_processors"] = [
                     *options.get("logits_processors", []),
-                    constraint.make_processor(self.engine.tokenizer),
+                    constraint.make_processor(self._served_engine().tokenizer),
                 ]
+        # The contract declares stream_generate ``async def``; engines make it a generator.
+        stream = cast(
+            AsyncIterator[GenerationOutput],
+            self._served_engine().stream_generate(
+                prompt,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                stop=request.stop,
+                **options,
+            ),
+        )
         text = ""
-        async for out in self.engine.stream_generate(
-            prompt,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=request.stop,
-            **options,
-        ):
+        async for out in stream:
             text += out.new_text
             raw = None
             if out.finished:
@@ -449,9 +367,18 @@ class MLXLLM(FunctionCallingLLM):
 
     # ---------------------------------------------------- structured output
 
-    def _schema_request(self, output_cls: type[BaseModel]) -> dict[str, Any]:
+    def _schema_call(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None,
+        prompt_args: dict[str, Any],
+    ) -> tuple[list[ChatMessage], dict[str, Any]]:
+        """The messages and chat arguments of a call constrained to ``output_cls``'s schema."""
+        messages = self._extend_messages(prompt.format_messages(**prompt_args))
         schema = output_cls.model_json_schema()
-        return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+        response_format = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return messages, {**(llm_kwargs or {}), "response_format": response_format}
 
     def structured_predict(
         self,
@@ -463,9 +390,8 @@ class MLXLLM(FunctionCallingLLM):
         """Predict an instance of ``output_cls``; the output is constrained to its schema."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        messages = self._extend_messages(prompt.format_messages(**prompt_args))
-        response = self.chat(messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)})
-        return _parse_structured(output_cls, response)
+        messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
+        return _parse_structured(output_cls, self.chat(messages, **kwargs))
 
     async def astructured_predict(
         self,
@@ -476,11 +402,8 @@ class MLXLLM(FunctionCallingLLM):
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        messages = self._extend_messages(prompt.format_messages(**prompt_args))
-        response = await self.achat(
-            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
-        )
-        return _parse_structured(output_cls, response)
+        messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
+        return _parse_structured(output_cls, await self.achat(messages, **kwargs))
 
     def stream_structured_predict(  # type: ignore[override]
         self,
@@ -492,20 +415,15 @@ class MLXLLM(FunctionCallingLLM):
         """Yield partial objects as the JSON streams in, the complete one last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        messages = self._extend_messages(prompt.format_messages(**prompt_args))
-        stream = self.stream_chat(
-            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
-        )
+        messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
+        stream = self.stream_chat(messages, **kwargs)
 
         def gen() -> Iterator[Any]:
-            last = None
+            fold = _StructuredStream(output_cls)
             for response in stream:
-                last = response
-                partial = _partial(output_cls, response.message.content or "")
-                if partial is not None and response.raw is None:
+                if (partial := fold.add(response)) is not None:
                     yield partial
-            assert last is not None
-            yield _parse_structured(output_cls, last)
+            yield fold.result()
 
         return gen()
 
@@ -520,22 +438,36 @@ class MLXLLM(FunctionCallingLLM):
             return await super().astream_structured_predict(
                 output_cls, prompt, llm_kwargs, **prompt_args
             )
-        messages = self._extend_messages(prompt.format_messages(**prompt_args))
-        stream = await self.astream_chat(
-            messages, **{**(llm_kwargs or {}), **self._schema_request(output_cls)}
-        )
+        messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
+        stream = await self.astream_chat(messages, **kwargs)
 
         async def gen() -> AsyncIterator[Any]:
-            last = None
+            fold = _StructuredStream(output_cls)
             async for response in stream:
-                last = response
-                partial = _partial(output_cls, response.message.content or "")
-                if partial is not None and response.raw is None:
+                if (partial := fold.add(response)) is not None:
                     yield partial
-            assert last is not None
-            yield _parse_structured(output_cls, last)
+            yield fold.result()
 
         return gen()
+
+
+class _StructuredStream:
+    """Partial objects of ``output_cls`` from a stream of responses, then the complete one."""
+
+    def __init__(self, output_cls: type[BaseModel]) -> None:
+        self.output_cls = output_cls
+        self.last: ChatResponse | None = None
+
+    def add(self, response: ChatResponse) -> Any:
+        """The partial object so far, or None (not enough JSON yet, or the last chunk)."""
+        self.last = response
+        if response.raw is not None:
+            return None
+        return _partial(self.output_cls, response.message.content or "")
+
+    def result(self) -> BaseModel:
+        assert self.last is not None
+        return _parse_structured(self.output_cls, self.last)
 
 
 class StructuredOutputTruncated(ValueError):

@@ -1,0 +1,121 @@
+"""The fields, checks and engine sharing that ``ChatMLX`` and ``MLXLLM`` have in common."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.engine.params import (
+    model_field_names,
+    reject_unknown_fields,
+    validate_adapter_settings,
+    validate_template_kwargs,
+)
+
+
+class ChatSettings(BaseModel):
+    """Sampling and engine fields of a chat adapter, and the engine they run on.
+
+    An adapter subclasses this before its framework's base class. Unknown constructor
+    arguments are refused (pydantic would drop them), numbers are checked as the
+    engines check them, and an adapter made from ``model`` shares the pooled engine
+    of that model (see :mod:`mlx_integrations.engine.pool`).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, use_attribute_docstrings=True)
+
+    model: str | None = None
+    """A model folder, a store alias (``mlxi list``) or a Hugging Face repo id pulled with
+    ``mlxi pull``. Ignored when ``engine`` is given."""
+    engine: BaseEngine | None = Field(default=None, exclude=True)
+    """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
+    engine_type: Literal["simple", "batched"] = "simple"
+    """Kind of engine made from ``model``: one request at a time, or continuous batching."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``...;
+    see :class:`~mlx_integrations.engine.options.EngineOptions`)."""
+    temperature: float = 0.7
+    """Sampling temperature; 0 is greedy."""
+    max_tokens: int = 512
+    """Most tokens to generate per call."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold in (0, 1]; 1.0 disables it."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens; None or 0 disables it."""
+    min_p: float | None = None
+    """Drop tokens less likely than min_p times the top one."""
+    repetition_penalty: float | None = None
+    """Penalty (> 1 discourages) for tokens seen recently."""
+    seed: int | None = None
+    """Random seed, for reproducible sampling."""
+    stop: list[str] | None = None
+    """Stop sequences; they are never part of the output."""
+    reasoning: bool | None = None
+    """Turn the model's thinking on or off where its template takes ``enable_thinking``;
+    None leaves the template's default. Reasoning never mixes with the answer: ChatMLX
+    puts it in ``additional_kwargs["reasoning_content"]`` (and reasoning blocks with v1
+    output), MLXLLM in a ``ThinkingBlock``."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables passed to the chat template."""
+    tool_format: str | None = None
+    """Tool-call family (``hermes``, ``llama3_json``, ``pythonic``, ``mistral``,
+    ``qwen3_coder``, ``glm``, ``lfm``, ``deepseek`` or an mlx-lm parser name), to override
+    the one detected from the model's tokenizer and chat template."""
+
+    _owns_engine: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_fields(cls, data: Any) -> Any:
+        # pydantic would drop them silently: ChatMLX(n=2) or a typo must not pass.
+        reject_unknown_fields(cls.__name__, data, model_field_names(cls))
+        if isinstance(data, Mapping) and "chat_template_kwargs" in data:
+            validate_template_kwargs(data["chat_template_kwargs"])
+        return data
+
+    @model_validator(mode="after")
+    def _make_engine(self) -> Self:
+        from mlx_integrations.engine import pool
+
+        validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
+        engine, self._owns_engine = pool.engine_for(
+            self,
+            self.model,
+            self.engine,
+            engine_type=self.engine_type,
+            options=self.engine_options,
+            adapter=type(self).__name__,
+        )
+        object.__setattr__(self, "engine", engine)
+        if self.model is None:
+            object.__setattr__(self, "model", engine.model_name)
+        return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy that shares the engine and counts as one more user of it in the pool."""
+        copy = super().model_copy(update=update, deep=deep)
+        if self._owns_engine and copy.engine is not None and copy.engine is self.engine:
+            from mlx_integrations.engine import pool
+
+            pool.share(copy, copy.engine)
+        return copy
+
+    def _served_engine(self) -> BaseEngine:
+        assert self.engine is not None  # set by _make_engine
+        return self.engine
+
+    def get_stats(self) -> dict[str, Any]:
+        """The engine's statistics (requests, tokens, prefix cache, memory)."""
+        return self._served_engine().get_stats()
+
+    def clear_runtime_caches(self) -> dict[str, Any] | None:
+        """Drop the engine's prompt caches and return MLX's buffer pool to the system.
+
+        Call it in long-lived pipelines when ``get_stats()["memory"]`` grows, between
+        unrelated batches of work, or before loading another model. The engine also
+        keeps its prefix cache within ``cache_memory_mb`` on its own.
+        """
+        return self._served_engine().clear_runtime_caches()

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -394,9 +394,11 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 answer = _stream(engine, turns, opts, signals)
                 # With tools, the user plays each tool the model calls: its result goes
                 # back as a tool message, and the model answers from it.
+                # A forced choice holds for the turn's first answer only, as in agents.
+                follow = replace(opts, tool_choice="auto")
                 while answer.tool_calls:
                     turns = [*turns, answer.message(), *_tool_results(answer)]
-                    answer = _stream(engine, turns, opts, signals)
+                    answer = _stream(engine, turns, follow, signals)
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue

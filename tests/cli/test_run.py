@@ -242,3 +242,24 @@ def test_a_reasoning_models_thinking_goes_to_stderr_or_nowhere(
     hidden = CliRunner().invoke(app, [*args, "--hide-thinking"])
     assert hidden.exit_code == 0, hidden.stderr
     assert thought not in hidden.stderr and hidden.stdout == shown.stdout
+
+
+def test_a_session_with_tools_asks_for_each_result(home, tmp_path):
+    tools = tmp_path / "tools.json"
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}}
+    schema["required"] = ["city"]
+    tools.write_text(json.dumps([{"name": "get_weather", "parameters": schema}]))
+    args = ["run", "tiny", "--tools", str(tools), "--tool-choice", "get_weather"]
+    with Terminal([*args, "--max-tokens", "40", "--temperature", "0"]) as term:
+        term.read_until(">>> ")
+        mark = len(term.seen)
+        term.send("Weather in Paris?")
+        term.read_until('"name": "get_weather"', start=mark)
+        term.read_until("get_weather returned> ", start=mark)
+        mark = len(term.seen)
+        term.send("sunny, 21 C")
+        # The model answers from the result (no forced call the second time), then the
+        # session waits for the next turn.
+        term.read_until(">>> ", start=mark)
+        term.send("/bye")
+        assert term.close() == 0

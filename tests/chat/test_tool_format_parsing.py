@@ -523,3 +523,87 @@ def test_mistral_call_ids_and_the_same_words_inside_arguments():
         collect(streaming.feed(text) + streaming.finish()),
     ):
         assert as_pairs(out.tool_calls) == [("get_weather", {"city": "x[CALL_ID]y[ARGS]z"}), TIME]
+
+
+# ------------------------------------------------- what the templates need from us
+
+
+def _history_without_tool_name() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_abcdef123",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        # LangChain's ToolMessage often carries no name: the call it answers names it.
+        {"role": "tool", "tool_call_id": "call_abcdef123", "content": "sunny"},
+    ]
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3"])
+def test_a_tool_result_without_a_name_renders(family: str, family_tokenizers: dict[str, Any]):
+    tokenizer = family_tokenizers[family]
+    messages = normalize_messages(_history_without_tool_name())
+    assert messages[2]["name"] == "get_weather"
+    prompt = render_chat_prompt(
+        tokenizer,
+        messages,
+        tools=TOOLS,
+        native_tool_format=True,
+        capabilities=probe_template(tokenizer),
+        tool_format=detect_format(tokenizer),
+    )
+    assert "sunny" in prompt and "get_weather" in prompt
+
+
+def test_llama4_takes_its_tools_as_custom_tools(family_tokenizers: dict[str, Any]):
+    tokenizer = family_tokenizers["llama4_pythonic"]
+    caps = probe_template(tokenizer)
+    assert caps.renders_tools and caps.tools_argument == "custom_tools"
+    prompt = render_chat_prompt(
+        tokenizer,
+        normalize_messages([{"role": "user", "content": "hi"}]),
+        tools=TOOLS,
+        native_tool_format=caps.renders_tool_messages,
+        capabilities=caps,
+        tool_format=detect_format(tokenizer),
+    )
+    # The definitions reach the template itself: no Hermes description is added.
+    assert "Weather forecast for a city." in prompt and "<tool_call>" not in prompt
+
+
+# A DeepSeek-style template that concatenates the arguments into the prompt as a string.
+STRING_ARGUMENTS_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+    "{% for c in m.tool_calls %}<|call|>{{ c.function.name }}\n"
+    "{{ '```json\\n' + c.function.arguments + '\\n```' }}{% endfor %}"
+    "{% elif m.role == 'tool' %}<|result|>{{ m.content }}"
+    "{% else %}<|{{ m.role }}|>{{ m.content }}{% endif %}{% endfor %}"
+    "{% if tools %}{{ tools | tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_templates_that_take_arguments_as_a_string_get_them_natively(tmp_path: Path):
+    from mlx_lm.tokenizer_utils import load
+
+    tokenizer = load(write_tokenizer(tmp_path, STRING_ARGUMENTS_TEMPLATE))
+    caps = probe_template(tokenizer)
+    assert caps.renders_tool_messages and caps.string_arguments
+    prompt = render_chat_prompt(
+        tokenizer,
+        normalize_messages(_history_without_tool_name()),
+        tools=TOOLS,
+        native_tool_format=True,
+        capabilities=caps,
+        tool_format=detect_format(tokenizer),
+    )
+    assert '<|call|>get_weather\n```json\n{"city": "Paris"}\n```' in prompt
+    assert "<|result|>sunny" in prompt

@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
-from mlx_integrations.chat.constraints import JsonSchemaConstraint, validate_json_output
+from mlx_integrations.chat.constraints import JsonSchemaConstraint
+from mlx_integrations.chat.schemas import validate_json_output
 from mlx_integrations.engine import SimpleEngine
 
 TARGET = 0.85

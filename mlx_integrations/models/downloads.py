@@ -19,12 +19,30 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mlx_integrations.models.progress import ProgressCallback, tqdm_bridge
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HubRevision:
+    """One revision of a Hub repository, and where and how to download it."""
+
+    repo_id: str
+    """``namespace/name`` on the Hub."""
+    revision: str
+    """Branch, tag or commit sha."""
+    endpoint: str | None = None
+    """Hub URL; None for huggingface_hub's default."""
+    cache_dir: str | None = None
+    """Hugging Face cache; None for huggingface_hub's default."""
+    token: str | bool | None = field(default=None, repr=False)
+    """Hub token; left out of the repr so that it is never printed."""
+
 
 # <sha256>.<id>.incomplete: huggingface_hub's file in flight (LFS files, named by sha256).
 _IN_FLIGHT = re.compile(r"([0-9a-f]{64})\.[0-9a-f]+\.incomplete")
@@ -228,13 +246,10 @@ def keep_partial(path: Path) -> Path | None:
 
 
 def resume_partials(
-    repo_id: str,
+    repo: HubRevision,
     *,
-    revision: str,
     storage: Path,
     locks: Path,
-    endpoint: str | None,
-    token: str | bool | None,
     cancellation: Cancellation,
     follow: Callable[[Path], None] | None = None,
     progress: ProgressCallback | None = None,
@@ -248,12 +263,9 @@ def resume_partials(
     pull left in flight are taken over when no other process holds their lock.
 
     Args:
-        repo_id: The repository.
-        revision: The revision being pulled.
+        repo: The repository and revision being pulled, with the Hub URL and token.
         storage: The repository's folder in the Hugging Face cache.
         locks: The repository's folder of lock files.
-        endpoint: The Hub URL.
-        token: Hub token.
         cancellation: Stops the transfer on Ctrl-C.
         follow: Called with each file before it grows (the streamed hasher).
         progress: Receives ``"bytes"`` updates, starting at the size already on disk.
@@ -284,9 +296,9 @@ def resume_partials(
             if (blobs / etag).exists():
                 partial.unlink(missing_ok=True)
                 continue
-            url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint)
+            url = hf_hub_url(repo.repo_id, filename, revision=repo.revision, endpoint=repo.endpoint)
             try:
-                meta = get_hf_file_metadata(url, token=token, endpoint=endpoint)
+                meta = get_hf_file_metadata(url, token=repo.token, endpoint=repo.endpoint)
             except EntryNotFoundError:
                 continue  # not in this revision: kept for the one that has it
             if meta.etag != etag or meta.size is None:
@@ -307,7 +319,7 @@ def resume_partials(
                     meta.location,
                     fh,
                     resume_size=have,
-                    headers=build_hf_headers(token=token),
+                    headers=build_hf_headers(token=repo.token),
                     expected_size=meta.size,
                     displayed_filename=filename,
                     tqdm_class=bar,

@@ -18,6 +18,7 @@ from typing import Any
 
 from mlx_integrations.models.downloads import (
     Cancellation,
+    HubRevision,
     keep_partial,
     resume_partials,
     run_interruptibly,
@@ -176,20 +177,11 @@ def pull(
     patterns = (
         list(MODEL_FILE_PATTERNS) + (["*.py"] if trust_remote_code else []) + list(include or [])
     )
-    endpoint = hub_endpoint(endpoint)
-    cache = hub_cache_dir(cache_dir)
+    repo = HubRevision(repo_id, requested, hub_endpoint(endpoint), hub_cache_dir(cache_dir), token)
     # Files are hashed while they download; verifying afterwards reads only what is left.
-    with DownloadHasher(_repo_folder(repo_id, cache) / "blobs") as hasher:
+    with DownloadHasher(_repo_folder(repo_id, repo.cache_dir) / "blobs") as hasher:
         snapshot = _snapshot(
-            repo_id,
-            revision=requested,
-            endpoint=endpoint,
-            cache_dir=cache,
-            token=token,
-            patterns=patterns,
-            max_workers=max_workers,
-            progress=progress,
-            hasher=hasher,
+            repo, patterns=patterns, max_workers=max_workers, progress=progress, hasher=hasher
         )
     commit = snapshot.name
     if not is_commit_sha(commit):
@@ -226,7 +218,7 @@ def pull(
                 repo_id=repo_id,
                 revision=requested,
                 commit=commit,
-                endpoint=endpoint,
+                endpoint=repo.endpoint,
             ),
             files=entries,
             quantization=quantization_of(config),
@@ -278,12 +270,8 @@ def _complete(model: StoredModel) -> bool:
 
 
 def _snapshot(
-    repo_id: str,
+    repo: HubRevision,
     *,
-    revision: str,
-    endpoint: str | None,
-    cache_dir: str | None,
-    token: str | bool | None,
     patterns: list[str],
     max_workers: int,
     progress: ProgressCallback | None,
@@ -294,24 +282,20 @@ def _snapshot(
     Partial files that an interrupted pull kept are resumed first. On Ctrl-C the files
     in flight are kept and their transfers stopped, then KeyboardInterrupt goes on.
     """
-    from huggingface_hub import errors as hf_errors
     from huggingface_hub import snapshot_download
 
+    repo_id, revision, token = repo.repo_id, repo.revision, repo.token  # for the messages
     offline = hub_offline()
-    where = endpoint or "the Hub"
-    storage = _repo_folder(repo_id, cache_dir)
+    storage = _repo_folder(repo_id, repo.cache_dir)
     cancellation = Cancellation(repo_id)
 
     def download() -> str:
         resumed = 0.0
         if not offline:
             resumed = resume_partials(
-                repo_id,
-                revision=revision,
+                repo,
                 storage=storage,
-                locks=_cache_root(cache_dir) / ".locks" / storage.name,
-                endpoint=endpoint,
-                token=token,
+                locks=_cache_root(repo.cache_dir) / ".locks" / storage.name,
                 cancellation=cancellation,
                 follow=hasher.follow,
                 progress=progress,
@@ -319,8 +303,8 @@ def _snapshot(
         return snapshot_download(
             repo_id,
             revision=revision,
-            endpoint=endpoint,
-            cache_dir=cache_dir,
+            endpoint=repo.endpoint,
+            cache_dir=repo.cache_dir,
             token=token,
             allow_patterns=patterns,
             local_files_only=offline,
@@ -339,49 +323,14 @@ def _snapshot(
             # A full disk is reported below as an error with a hint, not as a warning.
             warnings.filterwarnings("ignore", "Not enough free disk space", UserWarning)
             path = run_interruptibly(download, interrupt)
-    except hf_errors.GatedRepoError as exc:
-        raise GatedRepoError(
-            f"{repo_id} is a gated repository: its terms must be accepted first.",
-            hint=f"Accept them on {where}/{repo_id}, then log in (hf auth login) or set HF_TOKEN.",
-        ) from _scrub(exc, token)
-    except hf_errors.RepositoryNotFoundError as exc:
-        raise RepoNotFoundError(
-            f"Repository {repo_id} was not found on {where}.",
-            hint="Check the spelling; a private repository needs a token (HF_TOKEN).",
-        ) from _scrub(exc, token)
-    except hf_errors.RevisionNotFoundError as exc:
-        raise RevisionNotFoundError(
-            f"Revision {revision!r} does not exist in {repo_id}.",
-            hint="Use a branch, tag or full commit sha of that repository.",
-        ) from _scrub(exc, token)
-    except hf_errors.RemoteEntryNotFoundError as exc:
-        raise RemoteFileMissingError(
-            f"A file of {repo_id}@{revision} is listed but missing on {where}: {_url_file(exc)}.",
-            hint="The repository is inconsistent; try another revision or report it to its owner.",
-        ) from _scrub(exc, token)
-    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled) as exc:
-        if offline:
-            raise OfflineError(
-                f"{repo_id}@{revision} is not in the Hugging Face cache and HF_HUB_OFFLINE is set.",
-                hint=f"Unset HF_HUB_OFFLINE and run: mlxi pull {repo_id}",
-            ) from _scrub(exc, token)
-        raise OfflineError(
-            f"Could not reach {where} to download {repo_id}, and it is not cached.",
-            hint="Check the network connection (or HF_ENDPOINT) and run the command again.",
-        ) from _scrub(exc, token)
-    except hf_errors.HfHubHTTPError as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", "?")
-        raise HubError(
-            f"{where} answered HTTP {status} for {repo_id}.",
-            hint="Run the command again; files already downloaded are kept in the cache.",
-        ) from _scrub(exc, token)
-    except StoreError:
-        raise
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise _disk_full(repo_id, exc, _cache_root(cache_dir)) from None
     except Exception as exc:
+        error = _hub_error(exc, repo, offline)
+        if error is not None:
+            raise error from _scrub(exc, token)
+        if isinstance(exc, StoreError):
+            raise
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(repo_id, exc, _cache_root(repo.cache_dir)) from None
         # httpx/httpx2 transport errors after the library's own retries.
         if type(exc).__module__.split(".")[0] in {"httpx", "httpx2", "httpcore", "requests"}:
             raise HubError(
@@ -390,6 +339,82 @@ def _snapshot(
             ) from None
         raise
     return Path(path)
+
+
+def _hub_error(exc: Exception, repo: HubRevision, offline: bool) -> StoreError | None:
+    """The store error, with one line of advice, for a huggingface_hub exception (or None).
+
+    The first row whose exception class matches wins (GatedRepoError is also a
+    RepositoryNotFoundError; most are HfHubHTTPErrors). Messages and hints are formatted
+    with ``repo_id``, ``revision``, ``where`` (the Hub URL), ``file`` and ``status``.
+    """
+    from huggingface_hub import errors as hf
+
+    not_cached = (
+        (
+            "{repo_id}@{revision} is not in the Hugging Face cache and HF_HUB_OFFLINE is set.",
+            "Unset HF_HUB_OFFLINE and run: mlxi pull {repo_id}",
+        )
+        if offline
+        else (
+            "Could not reach {where} to download {repo_id}, and it is not cached.",
+            "Check the network connection (or HF_ENDPOINT) and run the command again.",
+        )
+    )
+    table: tuple[tuple[Any, type[StoreError], tuple[str, str]], ...] = (
+        (
+            hf.GatedRepoError,
+            GatedRepoError,
+            (
+                "{repo_id} is a gated repository: its terms must be accepted first.",
+                "Accept them on {where}/{repo_id}, then log in (hf auth login) or set HF_TOKEN.",
+            ),
+        ),
+        (
+            hf.RepositoryNotFoundError,
+            RepoNotFoundError,
+            (
+                "Repository {repo_id} was not found on {where}.",
+                "Check the spelling; a private repository needs a token (HF_TOKEN).",
+            ),
+        ),
+        (
+            hf.RevisionNotFoundError,
+            RevisionNotFoundError,
+            (
+                "Revision {revision!r} does not exist in {repo_id}.",
+                "Use a branch, tag or full commit sha of that repository.",
+            ),
+        ),
+        (
+            hf.RemoteEntryNotFoundError,
+            RemoteFileMissingError,
+            (
+                "A file of {repo_id}@{revision} is listed but missing on {where}: {file}.",
+                "The repository is inconsistent; try another revision or report it to its owner.",
+            ),
+        ),
+        ((hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled), OfflineError, not_cached),
+        (
+            hf.HfHubHTTPError,
+            HubError,
+            (
+                "{where} answered HTTP {status} for {repo_id}.",
+                "Run the command again; files already downloaded are kept in the cache.",
+            ),
+        ),
+    )
+    for kinds, error, (message, hint) in table:
+        if isinstance(exc, kinds):
+            values = {
+                "repo_id": repo.repo_id,
+                "revision": repo.revision,
+                "where": repo.endpoint or "the Hub",
+                "file": _url_file(exc),
+                "status": getattr(getattr(exc, "response", None), "status_code", "?"),
+            }
+            return error(message.format(**values), hint=hint.format(**values))
+    return None
 
 
 def _disk_full(repo_id: str, exc: OSError, cache: Path) -> StoreIOError:

@@ -115,16 +115,6 @@ def test_pull_after_an_interrupted_one_asks_only_for_the_missing_bytes(
         # A killed pull leaves huggingface_hub's own file in flight, under its lock's name.
         (blobs(env) / f"{SHA}.incomplete").rename(blobs(env) / f"{SHA}.0badf00d.incomplete")
 
-    from mlx_integrations.models import hub as hub_module
-
-    streamed: list[str] = []
-    real_hash_files = hub_module.hash_files
-
-    def hash_files(folder, files, **kwargs):
-        streamed.extend(kwargs.get("known") or {})
-        return real_hash_files(folder, files, **kwargs)
-
-    monkeypatch.setattr(hub_module, "hash_files", hash_files)
     hub.rate = None
     before = len(hub.requests)
     updates = []
@@ -137,8 +127,10 @@ def test_pull_after_an_interrupted_one_asks_only_for_the_missing_bytes(
     assert [g.range for g in gets] == [f"bytes={kept}-"]
     entry = {f.path: f for f in result.model.manifest.files}["model.safetensors"]
     assert entry.sha256 == SHA and entry.size == len(WEIGHTS)
-    # Hashed while it was resumed, kept bytes included: the file was not read again.
-    assert "model.safetensors" in streamed
+    # Whether the hash was taken while the file grew (the kept bytes included) or from
+    # disk once it was whole depends on how fast the rest arrived; both are checked
+    # against the sha256 the Hub published. The streamed case is tested in
+    # tests/models/test_hashing.py without timing.
     assert not list(blobs(env).glob("*.incomplete"))
     first = next(u for u in updates if u.task == "bytes")
     assert first.completed == kept and first.total == len(WEIGHTS)

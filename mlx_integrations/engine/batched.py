@@ -206,6 +206,17 @@ class BatchedEngine(MLXEngine):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         super().__init__(model, options=options, **kwargs)
+        if self._options.speculation != "off":
+            source = (
+                f"draft_model={self._options.draft_model!r}"
+                if self._options.draft_model is not None
+                else f"prompt_lookup={self._options.prompt_lookup}"
+            )
+            raise ValueError(
+                f"BatchedEngine cannot decode speculatively ({source}): its batch steps "
+                "every sequence one token at a time; use SimpleEngine (engine_type="
+                "'simple') for speculative decoding, or drop the option"
+            )
         self._max_num_seqs = max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner
         # thread is running the loop (it runs while there is work, then returns).

@@ -57,6 +57,9 @@ class OutputBuilder:
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        # Speculative decoding: tokens drafted so far and drafts the target accepted.
+        self.drafted = 0
+        self.accepted = 0
         self._first_token_at: float | None = None
 
     @property
@@ -107,6 +110,8 @@ class OutputBuilder:
             finish_reason=self.finish_reason,
             new_text=new_text,
             finished=self.finish_reason is not None,
+            mtp_drafts=self.drafted,
+            mtp_accepted=self.accepted,
             request_id=self.request_id,
             cached_tokens=self.cached_tokens,
             ttft_s=ttft,

@@ -131,6 +131,8 @@ class MLXEngine(BaseEngine):
         self._total_prompt = 0
         self._total_completion = 0
         self._total_cached = 0
+        self._total_drafted = 0  # speculative decoding: drafted and accepted tokens
+        self._total_accepted = 0
         self._last_request: RequestStats | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MLXEngine:
@@ -383,6 +385,9 @@ class MLXEngine(BaseEngine):
                 admission=self._admission,
                 busy_rejections=self._busy_rejections,
                 last_request=self._last_request,
+                speculative=self._options.speculative_stats(
+                    self._total_drafted, self._total_accepted
+                ),
                 prefix_cache=self._prefix.stats(),
                 memory=memory_stats(),
             )
@@ -599,6 +604,8 @@ class MLXEngine(BaseEngine):
                 self._total_prompt += len(job.tokens)
                 self._total_completion += result.completion_tokens
                 self._total_cached += result.cached_tokens
+                self._total_drafted += result.mtp_drafts
+                self._total_accepted += result.mtp_accepted
                 self._last_request = RequestStats(
                     request_id=rid,
                     prompt_tokens=len(job.tokens),
@@ -607,6 +614,8 @@ class MLXEngine(BaseEngine):
                     ttft_s=result.ttft_s,
                     generation_tps=result.generation_tps,
                     finish_reason=result.finish_reason,
+                    mtp_drafts=result.mtp_drafts,
+                    mtp_accepted=result.mtp_accepted,
                 )
         job.emit(result)
 

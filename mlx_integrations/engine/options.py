@@ -10,6 +10,8 @@ from typing import Any
 from mlx_integrations.chat.tool_formats import get_format
 from mlx_integrations.engine.jobs import Admission
 from mlx_integrations.engine.params import validate_template_kwargs
+from mlx_integrations.engine.speculative import validate_speculative_options
+from mlx_integrations.engine.stats import SpeculativeStats
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,16 @@ class EngineOptions:
     """The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
     :mod:`mlx_integrations.chat.tool_formats`); None detects it once from the tokenizer
     and the chat template at load."""
+    draft_model: str | None = None
+    """A small model that drafts tokens for the target to verify (speculative decoding,
+    ``SimpleEngine`` only): a folder, store name or pulled Hub id, resolved like the
+    model. It must share the target's tokenizer. Greedy replies are unchanged."""
+    num_draft_tokens: int = 3
+    """Tokens the draft model proposes per verification step."""
+    prompt_lookup: int = 0
+    """Most tokens drafted per step from an earlier occurrence (in the prompt or the
+    reply so far) of the context's last few tokens; no second model needed
+    (``SimpleEngine`` only). 0 turns it off."""
 
     def __post_init__(self) -> None:
         if self.tool_format is not None:
@@ -70,8 +82,29 @@ class EngineOptions:
         step = self.prefill_step_size
         if step is not None and step < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {step}")
+        validate_speculative_options(self.draft_model, self.num_draft_tokens, self.prompt_lookup)
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
+
+    @property
+    def speculation(self) -> str:
+        """The draft source: ``"draft_model"``, ``"prompt_lookup"`` or ``"off"``."""
+        if self.draft_model is not None:
+            return "draft_model"
+        return "prompt_lookup" if self.prompt_lookup else "off"
+
+    def speculative_stats(self, drafted: int, accepted: int) -> SpeculativeStats:
+        """The ``speculative`` entry of ``get_stats()`` for these options."""
+        mode = self.speculation
+        per_step = {"draft_model": self.num_draft_tokens, "prompt_lookup": self.prompt_lookup}
+        return SpeculativeStats(
+            mode=mode,
+            draft_model=str(self.draft_model) if self.draft_model is not None else None,
+            max_draft_tokens=per_step.get(mode, 0),
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+        )
 
     @classmethod
     def build(cls, options: EngineOptions | None, overrides: Mapping[str, Any]) -> EngineOptions:

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput
 from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.random_state import repair_random_state
+from mlx_integrations.engine.speculative import (
+    DraftCache,
+    Step,
+    check_draft_vocabulary,
+    draft_model_steps,
+    prompt_lookup_steps,
+)
+from mlx_integrations.engine.stats import ClearStats
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +33,16 @@ class SimpleEngine(MLXEngine):
     ``admission="fail_fast"``, are refused with :class:`EngineBusy`). The context
     window, sampling limits and failures behave as described in :class:`MLXEngine`.
 
+    Speculative decoding (``draft_model=...`` or ``prompt_lookup=N``; see
+    :mod:`~mlx_integrations.engine.speculative`) drafts tokens that the model verifies
+    several at a time. Greedy replies are token for token those of plain decoding;
+    with ``temperature > 0`` a draft is kept only when it equals the token the model
+    samples at its position, so replies follow the model's own distribution. A request
+    with logits processors (penalties, ``logit_bias``, constraints such as tool choice
+    or ``response_format``, the caller's own) decodes without speculation, since
+    processors that keep state cannot be run over drafts that are then rejected.
+    Every chunk carries the cumulative ``mtp_drafts`` and ``mtp_accepted``.
+
     Example:
         >>> import asyncio
         >>> from mlx_integrations.engine import SimpleEngine
@@ -30,16 +53,68 @@ class SimpleEngine(MLXEngine):
         ...         print(out.new_text, end="", flush=True)
         ...     await engine.stop()
         >>> asyncio.run(main())  # doctest: +SKIP
+        >>> fast_quotes = SimpleEngine("path/to/mlx-model", prompt_lookup=4)  # doctest: +SKIP
 
     Args:
         model: A model folder, or a name the model store resolves.
         options: How the engine serves the model
             (:class:`~mlx_integrations.engine.options.EngineOptions`).
         **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
-            ``cache_memory_mb``, ``prefill_step_size``...); they override ``options``.
+            ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
+            ``num_draft_tokens``, ``prompt_lookup``...); they override ``options``.
+
+    Raises:
+        FileNotFoundError: The model or the draft model is not found.
+        ValueError: A draft model whose vocabulary differs from the model's (at load).
     """
 
     engine_type = "simple"
+
+    def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
+        super().__init__(model, options=options, **kwargs)
+        draft = self._options.draft_model
+        self._draft_path = resolve_model_path(draft) if draft is not None else None
+        if self._draft_path is not None:
+            check_model_dir(self._draft_path)
+        # Owner thread only.
+        self._draft: Any = None
+        self._draft_lease: Any = None
+        self._drafts = DraftCache()
+
+    def _load(self) -> None:
+        super()._load()
+        if self._draft_path is None:
+            return
+        try:
+            self._load_draft(self._draft_path)
+        except BaseException:
+            self._unload()  # nothing half-loaded stays: the next request loads again
+            raise
+
+    def _load_draft(self, path: Path) -> None:
+        import mlx_lm
+
+        lease = lease_model(path)
+        try:
+            loaded = mlx_lm.load(str(path))
+            check_draft_vocabulary(self._tokenizer, loaded[1], str(self._options.draft_model))
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        self._draft, self._draft_lease = loaded[0], lease
+
+    def _unload(self) -> None:
+        self._drafts.clear()
+        self._draft = None
+        lease, self._draft_lease = self._draft_lease, None
+        if lease is not None:
+            lease.release()
+        super()._unload()
+
+    def _clear(self) -> ClearStats:
+        self._drafts.clear()
+        return super()._clear()
 
     def _is_full(self) -> bool:
         return bool(self._jobs)
@@ -73,7 +148,6 @@ class SimpleEngine(MLXEngine):
 
     def _generate(self, job: Job) -> MLXGenerationOutput:
         import mlx.core as mx
-        from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.sample_utils import make_sampler
 
@@ -86,20 +160,14 @@ class SimpleEngine(MLXEngine):
         sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
         processors = self._logits_processors(p)
         builder = self._output_builder(job, reused)
-        steps = generate_step(
-            mx.array(job.tokens[reused:]),
-            self._model,
-            max_tokens=p.max_tokens,
-            sampler=sampler,
-            logits_processors=processors or None,
-            prompt_cache=cache,
-            prefill_step_size=self._prefill_step_size,
-        )
+        steps, draft_cache = self._steps(job, cache, reused, sampler, processors)
         reusable = False
         final: MLXGenerationOutput | None = None
         try:
-            for token, _ in steps:
-                out = builder.add(int(token))
+            for token, drafted, accepted in steps:
+                builder.drafted += drafted
+                builder.accepted += accepted
+                out = builder.add(token)
                 if builder.finished:
                     final = out
                     break
@@ -116,4 +184,80 @@ class SimpleEngine(MLXEngine):
             if reusable:
                 # The cache holds the prompt and the sampled tokens it has seen.
                 self._prefix.put(job.tokens + builder.tokens, cache)
+                if draft_cache is not None:
+                    self._drafts.put(job.tokens + builder.tokens, draft_cache)
         return final
+
+    def _steps(
+        self,
+        job: Job,
+        cache: list[Any],
+        reused: int,
+        sampler: Callable[[Any], Any],
+        processors: list[Callable[..., Any]],
+    ) -> tuple[Generator[Step, None, None], list[Any] | None]:
+        """The request's decode loop, and the draft model's cache when one drafts."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        p, opts = job.params, self._options
+        # Speculation rewinds the cache over rejected drafts, which processors that
+        # keep state (constraints) cannot follow: such requests decode plainly.
+        speculate = opts.speculation != "off" and not processors
+        if speculate and not can_trim_prompt_cache(cache):
+            logger.debug("%s: the KV cache cannot be trimmed; decoding plainly", self._name)
+            speculate = False
+        if speculate and self._draft is not None:
+            draft_cache = self._drafts.take(
+                self._draft, job.tokens[:reused], self._prefill_step_size
+            )
+            steps = draft_model_steps(
+                self._model,
+                self._draft,
+                job.tokens[reused:],
+                cache,
+                draft_cache,
+                num_draft_tokens=opts.num_draft_tokens,
+                max_tokens=p.max_tokens,
+                sampler=sampler,
+                prefill_step_size=self._prefill_step_size,
+            )
+            return steps, draft_cache
+        if speculate and opts.prompt_lookup:
+            steps = prompt_lookup_steps(
+                self._model,
+                job.tokens,
+                len(job.tokens) - reused,
+                cache,
+                max_draft=opts.prompt_lookup,
+                max_tokens=p.max_tokens,
+                sampler=sampler,
+                prefill_step_size=self._prefill_step_size,
+            )
+            return steps, None
+        return self._plain_steps(job, cache, reused, sampler, processors), None
+
+    def _plain_steps(
+        self,
+        job: Job,
+        cache: list[Any],
+        reused: int,
+        sampler: Callable[[Any], Any],
+        processors: list[Callable[..., Any]],
+    ) -> Generator[Step, None, None]:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+
+        steps = generate_step(
+            mx.array(job.tokens[reused:]),
+            self._model,
+            max_tokens=job.params.max_tokens,
+            sampler=sampler,
+            logits_processors=processors or None,
+            prompt_cache=cache,
+            prefill_step_size=self._prefill_step_size,
+        )
+        try:
+            for token, _ in steps:
+                yield int(token), 0, False
+        finally:
+            steps.close()

@@ -53,6 +53,24 @@ class RequestStats(TypedDict):
     ttft_s: float
     generation_tps: float
     finish_reason: str | None
+    mtp_drafts: int
+    """Tokens drafted for the target to verify (0 without speculative decoding)."""
+    mtp_accepted: int
+    """Drafted tokens the target accepted."""
+
+
+class SpeculativeStats(TypedDict):
+    """Speculative decoding since the engine was made (``SimpleEngine`` options)."""
+
+    mode: str
+    """"draft_model", "prompt_lookup" or "off"."""
+    draft_model: str | None
+    max_draft_tokens: int
+    """Most tokens drafted per verification step (0 when off)."""
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    """accepted / drafted, 0.0 before any draft."""
 
 
 class EngineStats(TypedDict):
@@ -76,6 +94,7 @@ class EngineStats(TypedDict):
     """"wait" (queue) or "fail_fast" (raise EngineBusy)."""
     busy_rejections: int
     last_request: RequestStats | None
+    speculative: SpeculativeStats
     prefix_cache: PrefixCacheStats
     memory: MemoryStats
 

@@ -104,6 +104,7 @@ def build_tiny_model(
     max_position_embeddings: int = 4096,
     dtype: str = "float32",
     special_tokens: Sequence[str] = (),
+    tie_word_embeddings: bool = True,
 ) -> Path:
     """Write a random model folder that ``mlx_lm.load`` opens.
 
@@ -120,6 +121,9 @@ def build_tiny_model(
         max_position_embeddings: Context length written to config.json.
         dtype: Weight dtype.
         special_tokens: More special tokens (a model family's markers), one token each.
+        tie_word_embeddings: Share the input embedding as output head. A random model
+            with tied weights tends to repeat one token under greedy decoding; an own
+            head gives varied greedy replies.
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -147,7 +151,7 @@ def build_tiny_model(
         "vocab_size": vocab_size,
         "max_position_embeddings": max_position_embeddings,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": tie_word_embeddings,
         "bos_token_id": tok.token_to_id("<|endoftext|>"),
         "eos_token_id": eos_id,
         "torch_dtype": dtype,

@@ -1,0 +1,259 @@
+"""Speculative decoding for ``SimpleEngine``: drafts from a small model or from the context.
+
+Two draft sources propose a few tokens; the target model checks them in one forward
+pass over ``[last token + drafts]`` and keeps the longest prefix where its own choice
+equals the draft, plus the token it chose after that prefix. The KV cache of the
+rejected rest is trimmed away (mlx-lm's ``trim_prompt_cache``), so the tokens are the
+ones plain decoding gives:
+
+- ``draft_model``: mlx-lm's ``speculative_generate_step`` with a second, smaller model
+  that shares the target's vocabulary.
+- ``prompt_lookup``: no second model; the tokens that followed the latest earlier
+  occurrence of the context's last n-gram (3, 2, then 1 tokens) are proposed. Cheap,
+  and it pays off where the reply copies its input (RAG quotes, code edits).
+
+Both yield ``(token, drafted, accepted)``: the token, how many tokens were drafted
+for the verification round this token opens (0 on the round's other tokens), and
+whether the token was a draft the target accepted.
+
+With ``temperature > 0`` the target samples at every drafted position and a draft is
+kept only when it equals the target's sample there, so the reply follows the target's
+own distribution (a seeded request draws differently from plain decoding, though).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlx_integrations.engine.prefix_cache import cache_offset, common_prefix_len
+
+Step = tuple[int, int, bool]
+"""``(token, tokens drafted for the round this token opens, accepted draft)``."""
+
+NGRAM_SIZES = (3, 2, 1)
+"""n-gram lengths tried by prompt lookup, longest first."""
+
+
+def validate_speculative_options(
+    draft_model: Any, num_draft_tokens: Any, prompt_lookup: Any
+) -> None:
+    """Check the speculative decoding options of an engine.
+
+    Raises:
+        TypeError: A value of the wrong type. ValueError: out of range, or both sources.
+    """
+    if draft_model is not None and (
+        not isinstance(draft_model, (str, Path)) or not str(draft_model).strip()
+    ):
+        raise TypeError(
+            f"draft_model must be a model folder, store name or pulled Hub id, got "
+            f"{draft_model!r}; pass None to decode without a draft model"
+        )
+    for name, value, low, fix in (
+        ("num_draft_tokens", num_draft_tokens, 1, "2 to 5 is usual"),
+        ("prompt_lookup", prompt_lookup, 0, "0 turns prompt lookup off, 4 to 10 is usual"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r}; {fix}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}; {fix}")
+    if draft_model is not None and prompt_lookup:
+        raise ValueError(
+            f"draft_model={str(draft_model)!r} and prompt_lookup={prompt_lookup} are two "
+            "draft sources; pick one (prompt_lookup=0 or draft_model=None)"
+        )
+
+
+def check_draft_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, draft: str) -> None:
+    """Refuse a draft model whose tokenizer does not share the target's vocabulary.
+
+    Raises:
+        ValueError: Naming both vocabulary sizes.
+    """
+    target_size, draft_size = len(target_tokenizer.vocab), len(draft_tokenizer.vocab)
+    if target_size != draft_size:
+        raise ValueError(
+            f"The draft model {draft!r} has a vocabulary of {draft_size} tokens but the "
+            f"target model has {target_size}; use a draft model of the same family "
+            "(same tokenizer), or prompt_lookup instead of a draft model"
+        )
+
+
+class NgramIndex:
+    """Where each recent n-gram of a token sequence was last followed by a token."""
+
+    def __init__(self, tokens: Sequence[int], sizes: Sequence[int] = NGRAM_SIZES):
+        self.tokens: list[int] = []
+        self._sizes = sorted(sizes, reverse=True)
+        # n-gram -> index of the token that followed its latest occurrence.
+        self._follower: dict[tuple[int, ...], int] = {}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        end = len(self.tokens)
+        for n in self._sizes:
+            if end >= n:
+                self._follower[tuple(self.tokens[end - n : end])] = end
+        self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the longest n-gram ending the sequence."""
+        if limit <= 0:
+            return []
+        end = len(self.tokens)
+        for n in self._sizes:
+            if end >= n:
+                start = self._follower.get(tuple(self.tokens[end - n :]))
+                if start is not None:
+                    return self.tokens[start : start + limit]
+        return []
+
+
+def prefill(model: Any, cache: list[Any], tokens: Sequence[int], step_size: int) -> None:
+    """Feed ``tokens`` into ``cache`` in pieces of ``step_size``."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    with mx.stream(generation_stream):
+        for start in range(0, len(tokens), step_size):
+            piece = list(tokens[start : start + step_size])
+            model(mx.array(piece, mx.uint32)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+
+
+def prompt_lookup_steps(
+    model: Any,
+    context: list[int],
+    new_tokens: int,
+    cache: list[Any],
+    *,
+    max_draft: int,
+    max_tokens: int,
+    sampler: Callable[[Any], Any],
+    prefill_step_size: int,
+) -> Generator[Step, None, None]:
+    """Decode with drafts looked up in the context (prompt and reply so far).
+
+    Args:
+        model: The target model.
+        context: The whole prompt; its last ``new_tokens`` are not in ``cache`` yet.
+        new_tokens: Prompt tokens left to prefill (at least one).
+        cache: The target's KV cache holding the rest of the prompt; must be trimmable.
+        max_draft: Most tokens proposed per round.
+        max_tokens: Tokens to generate.
+        sampler: Picks a token per row of log-probabilities (argmax when greedy).
+        prefill_step_size: Prompt tokens per forward pass.
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    index = NgramIndex(context)
+    last = context[-1]
+    produced = 0
+    with mx.stream(generation_stream):
+        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size)
+        while produced < max_tokens:
+            # Leave room for the target's own token after the drafts.
+            drafts = index.propose(min(max_draft, max_tokens - produced - 1))
+            logits = model(mx.array([last, *drafts], mx.uint32)[None], cache=cache)[0]
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            chosen: list[int] = sampler(logprobs).tolist()
+            accepted = 0
+            while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
+                accepted += 1
+            # The cache now holds the last token and every draft: drop the rejected ones.
+            trim_prompt_cache(cache, len(drafts) - accepted)
+            for i, token in enumerate(chosen[: accepted + 1]):
+                index.append(token)
+                produced += 1
+                yield token, len(drafts) if i == 0 else 0, i < accepted
+            last = chosen[accepted]
+
+
+def draft_model_steps(
+    model: Any,
+    draft_model: Any,
+    prompt: list[int],
+    cache: list[Any],
+    draft_cache: list[Any],
+    *,
+    num_draft_tokens: int,
+    max_tokens: int,
+    sampler: Callable[[Any], Any],
+    prefill_step_size: int,
+) -> Generator[Step, None, None]:
+    """Decode with mlx-lm's ``speculative_generate_step`` and a draft model.
+
+    ``cache`` and ``draft_cache`` must hold the same tokens; ``prompt`` is what
+    follows them. On close, both caches are left holding only tokens yielded so far
+    (mlx-lm rewinds them), so they can be stored for the next request.
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+
+    steps = speculative_generate_step(
+        mx.array(prompt, mx.uint32),
+        model,
+        draft_model,
+        num_draft_tokens=num_draft_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        prompt_cache=[*cache, *draft_cache],
+        prefill_step_size=prefill_step_size,
+    )
+    produced = 0
+    opens_round = True
+    try:
+        for token, _, from_draft in steps:
+            # mlx-lm drafts min(num_draft_tokens, tokens left) per round; a round ends
+            # with the target's own token.
+            drafted = min(num_draft_tokens, max_tokens - produced) if opens_round else 0
+            produced += 1
+            opens_round = not from_draft
+            yield int(token), drafted, bool(from_draft)
+    finally:
+        steps.close()
+
+
+class DraftCache:
+    """The draft model's KV cache of the last request, reused when a prompt extends it.
+
+    The target's prefix cache hands a request the KV of ``reused`` prompt tokens; the
+    draft model must hold the same tokens, so its cache is trimmed to the common
+    prefix and the rest prefilled. Owner thread only.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: list[int] = []
+        self._cache: list[Any] | None = None
+
+    def take(self, model: Any, prefix: list[int], step_size: int) -> list[Any]:
+        """A draft cache holding exactly ``prefix``."""
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        cache, tokens = self._cache, self._tokens
+        self.clear()
+        keep = common_prefix_len(tokens, prefix) if cache is not None else 0
+        if cache is None or keep == 0:
+            cache = make_prompt_cache(model)
+        else:
+            trim_prompt_cache(cache, cache_offset(cache) - keep)
+        prefill(model, cache, prefix[keep:], step_size)
+        return cache
+
+    def put(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep the draft cache of ``tokens`` (it may hold fewer, never other ones)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        offset = cache_offset(cache)
+        if offset > len(tokens):
+            trim_prompt_cache(cache, offset - len(tokens))
+            offset = len(tokens)
+        self._tokens, self._cache = tokens[:offset], cache
+
+    def clear(self) -> None:
+        self._tokens, self._cache = [], None

@@ -91,6 +91,26 @@ class Finished:
     generation_tps: float
     text: str
     """The raw reply, markup included (for debugging and ``include_raw``)."""
+    draft_tokens: int = 0
+    """Tokens drafted by speculative decoding (0 when it did not run)."""
+    accepted_draft_tokens: int = 0
+    """Drafted tokens the model accepted."""
+
+    def speculative_metadata(self) -> dict[str, Any]:
+        """Acceptance figures for the adapters' metadata; empty without speculation."""
+        return speculative_metadata(self.draft_tokens, self.accepted_draft_tokens)
+
+
+def speculative_metadata(drafted: int, accepted: int) -> dict[str, Any]:
+    """``draft_tokens``, ``accepted_draft_tokens`` and ``draft_acceptance_rate``, or {}
+    when nothing was drafted."""
+    if not drafted:
+        return {}
+    return {
+        "draft_tokens": drafted,
+        "accepted_draft_tokens": accepted,
+        "draft_acceptance_rate": round(accepted / drafted, 4),
+    }
 
 
 @dataclass
@@ -249,4 +269,6 @@ async def stream_chat_events(
         ttft_s=float(getattr(last, "ttft_s", 0.0) or ((first_at or started) - started)),
         generation_tps=float(getattr(last, "generation_tps", 0.0) or 0.0),
         text=last.text,
+        draft_tokens=last.mtp_drafts,
+        accepted_draft_tokens=last.mtp_accepted,
     )

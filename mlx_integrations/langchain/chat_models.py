@@ -472,6 +472,7 @@ def _response_metadata(event: Finished) -> dict[str, Any]:
         "finish_reason": event.finish_reason,
         "time_to_first_token_s": round(event.ttft_s, 6),
         "tokens_per_second": round(event.generation_tps, 3),
+        **event.speculative_metadata(),
     }
 
 

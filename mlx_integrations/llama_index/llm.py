@@ -32,6 +32,7 @@ from mlx_integrations.chat.completion import (
     TextDelta,
     Turn,
     pop_engine_options,
+    speculative_metadata,
     stream_chat_events,
 )
 from mlx_integrations.chat.tools import read_tools
@@ -241,6 +242,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
                     out.finish_reason,
                     self.model,
                 )
+                raw.update(speculative_metadata(out.mtp_drafts, out.mtp_accepted))
             if out.new_text or out.finished:
                 yield CompletionResponse(text=text, delta=out.new_text, raw=raw)
 
@@ -551,6 +553,7 @@ class _ResponseState:
             )
             raw["time_to_first_token_s"] = event.ttft_s
             raw["tokens_per_second"] = event.generation_tps
+            raw.update(event.speculative_metadata())
         if self.turn.invalid_tool_calls:
             extra["invalid_tool_calls"] = [
                 {"id": c.id, "name": c.name, "raw": c.raw, "error": c.error}

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -147,6 +147,8 @@ class RunOptions:
     show_thinking: bool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str = "auto"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """Keywords of the engine (``draft_model``, ``prompt_lookup``)."""
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""
@@ -307,9 +309,14 @@ def _stream(
     if opts.verbose and last is not None:
         seconds = time.perf_counter() - start
         n = last.completion_tokens
+        drafts = (
+            f", {last.accepted_draft_tokens}/{last.draft_tokens} drafts accepted"
+            if last.draft_tokens
+            else ""
+        )
         typer.echo(
             f"[{last.prompt_tokens} prompt tokens, {n} tokens in "
-            f"{seconds:.2f} s, {n / max(seconds, 1e-9):.1f} tok/s, "
+            f"{seconds:.2f} s, {n / max(seconds, 1e-9):.1f} tok/s{drafts}, "
             f"finish: {last.finish_reason}]",
             err=True,
         )
@@ -330,12 +337,12 @@ def _tool_results(answer: Answer) -> list[dict[str, Any]]:
     return results
 
 
-def _engine(model: str) -> Any:
+def _engine(model: str, opts: RunOptions) -> Any:
     from mlx_integrations.engine.simple import SimpleEngine
     from mlx_integrations.engine.sync import run_sync
     from mlx_integrations.models.resolve import resolve_model
 
-    engine = SimpleEngine(resolve_model(model))
+    engine = SimpleEngine(resolve_model(model), **opts.engine_options)
     run_sync(engine.start())
     return engine
 
@@ -350,7 +357,7 @@ def one_shot(model: str, prompt: str, opts: RunOptions) -> None:
     """Answer one prompt and exit (Ctrl-C: exit code 130)."""
     messages = [*opts.first_messages(), {"role": "user", "content": prompt}]
     with SessionSignals() as signals:
-        engine = _engine(model)
+        engine = _engine(model, opts)
         try:
             _stream(engine, messages, opts, signals)
         finally:
@@ -368,7 +375,7 @@ def chat_session(model: str, opts: RunOptions) -> None:
 
 def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
     history = opts.first_messages()
-    engine = _engine(model)
+    engine = _engine(model, opts)
     typer.echo(f"Type /? for help. {_HELP}", err=True)
     try:
         while True:

@@ -546,6 +546,12 @@ def run(
         "--tool-choice",
         help="With --tools: 'auto', 'required' (a call is forced), 'none', or a tool name.",
     ),
+    draft_model: str | None = typer.Option(
+        None, "--draft-model", help="A small model of the same family that drafts tokens."
+    ),
+    prompt_lookup: int = typer.Option(
+        0, "--prompt-lookup", help="Draft up to N tokens from matches in the context (0: off)."
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
@@ -553,6 +559,7 @@ def run(
     With --tools, each call the model makes is printed on stdout as one JSON line
     (id, name, arguments); mlxi does not run tools. In the session: /clear forgets the
     conversation, Ctrl-C stops the answer being written, /bye (or Ctrl-D) leaves.
+    --draft-model or --prompt-lookup decode speculatively (greedy answers unchanged).
     """
     import sys
 
@@ -577,6 +584,7 @@ def run(
         prompt = sys.stdin.read()
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
+    engine_options = _speculative_options(draft_model, prompt_lookup)
     options = RunOptions(
         system=system,
         max_tokens=max_tokens,
@@ -586,11 +594,26 @@ def run(
         show_thinking=not hide_thinking,
         tools=tool_defs,
         tool_choice=tool_choice,
+        engine_options=engine_options,
     )
     if prompt is not None:
         one_shot(model, prompt, options)
     else:
         chat_session(model, options)
+
+
+def _speculative_options(draft_model: str | None, prompt_lookup: int) -> dict[str, Any]:
+    """``--draft-model`` / ``--prompt-lookup`` as engine keywords, checked before loading."""
+    from mlx_integrations.engine.options import EngineOptions
+
+    options: dict[str, Any] = {"draft_model": draft_model} if draft_model else {}
+    if prompt_lookup:
+        options["prompt_lookup"] = prompt_lookup
+    try:
+        EngineOptions(**options)
+    except (TypeError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--draft-model / --prompt-lookup") from None
+    return options
 
 
 @app.command()

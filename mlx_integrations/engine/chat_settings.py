@@ -35,8 +35,9 @@ class ChatSettings(BaseModel):
     engine_type: Literal["simple", "batched"] = "simple"
     """Kind of engine made from ``model``: one request at a time, or continuous batching."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
-    """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``...;
-    see :class:`~mlx_integrations.engine.options.EngineOptions`)."""
+    """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``,
+    speculative decoding's ``prompt_lookup`` or ``draft_model``...; see
+    :class:`~mlx_integrations.engine.options.EngineOptions`)."""
     temperature: float = 0.7
     """Sampling temperature; 0 is greedy."""
     max_tokens: int = 512

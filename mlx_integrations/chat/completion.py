@@ -210,12 +210,20 @@ async def stream_chat_events(
     fmt = engine_tool_format(engine, override)
     if override and hasattr(engine, "tool_format"):
         options["tool_format"] = fmt  # our engines render text-form calls in it too
-    # Building a grammar can take a moment: keep it off the event loop.
-    processors = await asyncio.to_thread(
-        constraint_processors, engine.tokenizer, fmt, tools, request.response_format
-    )
-    if processors:
-        options["logits_processors"] = [*options.get("logits_processors", []), *processors]
+    if hasattr(engine, "tool_format"):
+        # Our engines build the constraints themselves once they have rendered the
+        # prompt, so that they hold after a thinking block the prompt opens.
+        options["tool_choice"] = request.tool_choice
+        options["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.response_format is not None:
+            options["response_format"] = request.response_format
+    else:
+        # Building a grammar can take a moment: keep it off the event loop.
+        processors = await asyncio.to_thread(
+            constraint_processors, engine.tokenizer, fmt, tools, request.response_format
+        )
+        if processors:
+            options["logits_processors"] = [*options.get("logits_processors", []), *processors]
     openai_tools = tools.openai_tools()
     parser: ChatOutputParser | None = None
     started = time.perf_counter()

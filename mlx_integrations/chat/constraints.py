@@ -56,14 +56,33 @@ class Constraint(ABC):
     def grammar(self, tokenizer: Any) -> str:
         """The llguidance grammar of this constraint for the given tokenizer."""
 
-    def make_processor(self, tokenizer: Any) -> LogitsProcessor:
+    def lark_body(self, tokenizer: Any) -> str | None:
+        """Lark rules defining ``body``, the constrained output, or None when there are none."""
+        return None
+
+    def make_processor(self, tokenizer: Any, reasoning_end: str | None = None) -> LogitsProcessor:
         """A fresh, single-use logits processor for one request.
 
         Args:
             tokenizer: The model's tokenizer (mlx-lm ``TokenizerWrapper``), e.g.
                 ``engine.tokenizer``.
+            reasoning_end: The prompt opened a thinking block that this marker closes:
+                the model thinks freely first, and the constraint holds after the marker
+                (user Lark grammars hold from the first token).
         """
-        return GrammarLogitsProcessor(tokenizer, self.grammar(tokenizer))
+        return GrammarLogitsProcessor(tokenizer, self._grammar(tokenizer, reasoning_end))
+
+    def _grammar(self, tokenizer: Any, reasoning_end: str | None) -> str:
+        from llguidance import LLMatcher
+
+        body = self.lark_body(tokenizer) if reasoning_end else None
+        if body is None or reasoning_end is None:
+            return self.grammar(tokenizer)
+        end = lark.marker_pieces(tokenizer, reasoning_end)
+        lazy = "[lazy]" if isinstance(end[0], str) else ""
+        return LLMatcher.grammar_from_lark(
+            f"start: thinking /[ \\t\\n]*/ body\nthinking{lazy}: /(?s:.*)/ {lark.seq(end)}\n{body}"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,10 +111,14 @@ class JsonSchemaConstraint(Constraint):
     def grammar(self, tokenizer: Any = None) -> str:
         from llguidance import LLMatcher
 
-        options: JsonCompileOptions = (
-            {"whitespace_flexible": True} if self.whitespace_flexible else COMPACT_JSON
-        )
-        return LLMatcher.grammar_from_json_schema(self.schema, overrides=options)
+        return LLMatcher.grammar_from_json_schema(self.schema, overrides=self._options)
+
+    @property
+    def _options(self) -> JsonCompileOptions:
+        return {"whitespace_flexible": True} if self.whitespace_flexible else COMPACT_JSON
+
+    def lark_body(self, tokenizer: Any) -> str | None:
+        return f"body: %json {json.dumps({**self.schema, 'x-guidance': self._options})}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +128,13 @@ class JsonObjectConstraint(Constraint):
     whitespace_flexible: bool = False
 
     def grammar(self, tokenizer: Any = None) -> str:
-        return JsonSchemaConstraint({"type": "object"}, self.whitespace_flexible).grammar()
+        return self._as_schema().grammar()
+
+    def lark_body(self, tokenizer: Any) -> str | None:
+        return self._as_schema().lark_body(tokenizer)
+
+    def _as_schema(self) -> JsonSchemaConstraint:
+        return JsonSchemaConstraint({"type": "object"}, self.whitespace_flexible)
 
 
 @dataclass(frozen=True)
@@ -169,7 +198,9 @@ class ToolChoiceConstraint(Constraint):
         """The family in use with this tokenizer."""
         return self.format if self.format is not None else detect_format(tokenizer)
 
-    def make_processor(self, tokenizer: Any) -> LogitsProcessor | None:  # type: ignore[override]
+    def make_processor(  # type: ignore[override]
+        self, tokenizer: Any, reasoning_end: str | None = None
+    ) -> LogitsProcessor | None:
         """A fresh processor, or None when nothing needs enforcing.
 
         None comes for ``auto`` and ``none`` on families whose calls have no start
@@ -186,7 +217,15 @@ class ToolChoiceConstraint(Constraint):
                 return TokenBanProcessor([pieces[0]])
         elif mode is ToolChoiceMode.AUTO and not fmt.forced_start:
             return None
-        return GrammarLogitsProcessor(tokenizer, self.grammar(tokenizer))
+        return GrammarLogitsProcessor(tokenizer, self._grammar(tokenizer, reasoning_end))
+
+    def lark_body(self, tokenizer: Any) -> str | None:
+        if not self.request.forced:
+            return None  # free text: nothing to hold after the thinking
+        fmt = self.resolved_format(tokenizer)
+        calls = fmt.calls_grammar(tokenizer, self.request.callable_tools, self.request.parallel)
+        start = lark.seq(lark.marker_pieces(tokenizer, fmt.forced_start))
+        return f"body: {start} calls\n{calls}"
 
     def grammar(self, tokenizer: Any) -> str:
         from llguidance import LLMatcher
@@ -199,11 +238,14 @@ class ToolChoiceConstraint(Constraint):
             if first and isinstance(first[0], str):
                 text = f"/(?s:.*)/ & ~(/(?s:.*)/ {lark.lit(first[0])} /(?s:.*)/)"
             return LLMatcher.grammar_from_lark(f"start: TEXT\nTEXT: {text}")
+        body = self.lark_body(tokenizer)
+        if body is not None:
+            return LLMatcher.grammar_from_lark(f"start: body\n{body}")
         calls = fmt.calls_grammar(tokenizer, self.request.callable_tools, self.request.parallel)
         start = lark.marker_pieces(tokenizer, fmt.forced_start)
-        if mode is not ToolChoiceMode.AUTO:
-            rules = f"start: {lark.seq(start)} calls\n"
-        elif isinstance(start[0], int):
+        if not start:  # calls without a marker cannot be told from text as they begin
+            return LLMatcher.grammar_from_lark("start: TEXT\nTEXT: /(.|\\n)*/")
+        if isinstance(start[0], int):
             rules = f"start: TEXT | TEXT {lark.seq(start)} calls\nTEXT: /(.|\\n)*/\n"
         else:
             # A text marker: free text ends at the first occurrence of the marker.
@@ -220,6 +262,7 @@ def constraint_processors(
     tool_format: ToolFormat,
     tools: ToolRequest,
     response_format: Any,
+    reasoning_end: str | None = None,
 ) -> list[LogitsProcessor]:
     """The logits processors that enforce a response format or the tool choice.
 
@@ -228,6 +271,8 @@ def constraint_processors(
         tool_format: The model's tool-call family.
         tools: The request's tools and tool choice.
         response_format: An OpenAI-style response format, or None.
+        reasoning_end: The rendered prompt opened a thinking block that this marker
+            closes: the constraint holds after it.
 
     Raises:
         ValueError: A constraint is asked for but the tokenizer cannot take one.
@@ -246,7 +291,7 @@ def constraint_processors(
             "tool_choice / response_format need constrained decoding, which needs the "
             "model's tokenizer with an end-of-sequence token; this engine exposes none"
         )
-    processor = constraint.make_processor(tokenizer)
+    processor = constraint.make_processor(tokenizer, reasoning_end)
     return [processor] if processor is not None else []
 
 

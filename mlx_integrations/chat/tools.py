@@ -203,6 +203,8 @@ def read_tool_request(tools: Any, tool_choice: Any = None, parallel: Any = True)
         TypeError / ValueError: naming the bad tool or choice and how to fix it.
     """
     specs = read_tools(tools)
+    if parallel is None:  # what OpenAI clients send when they leave it to the server
+        parallel = True
     if not isinstance(parallel, bool):
         raise TypeError(f"parallel_tool_calls must be True or False, got {parallel!r}")
     name: str | None = None

@@ -315,16 +315,22 @@ class MLXEngine(BaseEngine):
         await self.start()
         if not isinstance(fmt, ToolFormat):
             fmt = get_format(fmt, self._tokenizer) if fmt else self.tool_format
-        if "tool_choice" in kwargs or "response_format" in kwargs:
-            # A direct caller's OpenAI-style constraints (the adapters pass processors).
-            params.logits_processors += constraint_processors(
-                self._tokenizer, fmt, tool_request, kwargs.get("response_format")
-            )
         prompt = self.render_prompt(
             normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
         )
         tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
         in_reasoning = opens_reasoning(prompt, self._tokenizer)
+        if "tool_choice" in kwargs or "response_format" in kwargs:
+            # OpenAI-style constraints, built once the prompt is known: after a prompt that
+            # opens a thinking block they hold from its end marker on. Off the event loop.
+            params.logits_processors += await asyncio.to_thread(
+                constraint_processors,
+                self._tokenizer,
+                fmt,
+                tool_request,
+                kwargs.get("response_format"),
+                self._tokenizer.think_end if in_reasoning else None,
+            )
         async for out in self._submit(params, prompt, tokens):
             out.starts_in_reasoning = in_reasoning
             yield out

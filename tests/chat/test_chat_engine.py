@@ -335,3 +335,47 @@ def test_a_reasoning_turn_renders_the_template_once(thinking_model: Path, reason
         assert message.additional_kwargs.get("reasoning_content") == expected
     finally:
         asyncio.run(engine.stop())
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_forced_calls_and_json_hold_after_the_thinking_the_prompt_opens(thinking_model: Path):
+    """The model thinks first, then the constraint holds from the end of the thinking on."""
+    from langchain_core.messages import HumanMessage
+
+    from mlx_integrations.langchain import ChatMLX
+    from tests.support.forcing import forcing
+
+    engine = SimpleEngine(thinking_model)
+    try:
+        llm = ChatMLX(engine=engine, max_tokens=80, reasoning=True)
+        call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        reply = f"The user wants Paris.</think>\n\n{call}"
+        bound = llm.bind_tools([WEATHER_TOOL], tool_choice="required")
+        message = bound.invoke(
+            [HumanMessage("Weather?")], logits_processors=[forcing(engine.tokenizer, reply)[0]]
+        )
+        assert message.additional_kwargs["reasoning_content"] == "The user wants Paris."
+        assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+            ("get_weather", {"city": "Paris"})
+        ]
+        schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+        schema["required"] = ["city"]
+        reply = 'Just the city.</think>\n\n{"city": "Paris"}'
+        structured = llm.with_structured_output(schema)
+        value = structured.invoke("Where?", logits_processors=[forcing(engine.tokenizer, reply)[0]])
+        assert value == {"city": "Paris"}
+    finally:
+        asyncio.run(engine.stop())

@@ -39,7 +39,8 @@ MARKUP = {
     "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=", "<parameter="],
     "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
     "llama3_json": ["<|python_tag|>", '"parameters"'],
-    "pythonic": ["get_weather(", "get_time(", "search(", "f("],
+    # A pythonic call is only one where the reply starts, so these may stand in text.
+    "pythonic": [],
     "lfm": ["<|tool_call_start|>", "<|tool_call_end|>"],
     "glm": ["<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>"],
     "deepseek": ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"],

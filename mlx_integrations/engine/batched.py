@@ -164,7 +164,9 @@ class BatchedEngine(MLXEngine):
     rounding; a seeded request draws from its own random key.
 
     The context window, sampling limits and failures behave as described in
-    :class:`MLXEngine`: a failed decode step ends only its own request.
+    :class:`MLXEngine`: a failed decode step ends only its own request. Speculative
+    decoding (``draft_model``, ``prompt_lookup``) is refused with ``ValueError``: the
+    batch advances every sequence one token per step; use :class:`SimpleEngine` for it.
 
     Example:
         >>> import asyncio

@@ -87,6 +87,7 @@ class ChatOutputParser:
         self._buf = ""
         self._state = "reasoning" if (starts_in_reasoning and think_markers) else "text"
         self._at_start = True  # no answer text yet (bare-call formats only start a reply)
+        self._bare = False  # the call being read began without a marker
         self._after_think = False  # newlines right after the end of reasoning are dropped
         self._scanned = 0  # end-less call: buffer positions already tried as a call's end
 
@@ -144,11 +145,13 @@ class ChatOutputParser:
             stripped = self._buf.lstrip()
             if not stripped:
                 return False if not final else self._flush_text(events)
-            if any(stripped.startswith(p) for p in fmt.bare_prefixes):
+            begins = fmt.bare_start(stripped)
+            if begins:
                 self._buf = stripped
                 self._state = "call"
+                self._bare = True
                 return True
-            if not final and any(p.startswith(stripped) for p in fmt.bare_prefixes):
+            if begins is None and not final:
                 return False  # too short to tell yet
         markers: list[tuple[str, str]] = []
         if self._think:
@@ -234,8 +237,13 @@ class ChatOutputParser:
         self._scanned = limit
         if nxt < 0 and not final:
             return False
-        if self._buf[:limit].strip():
-            events.extend(parse_calls(fmt, self._buf[:limit], self._tools))
+        body = self._buf[:limit]
+        if body.strip():
+            if self._bare and fmt.is_answer(body, self._tools):
+                self._emit_text(events, body)  # it looked like a call, but it is the answer
+            else:
+                events.extend(parse_calls(fmt, body, self._tools))
+        self._bare = False
         self._buf = self._buf[limit + len(fmt.start) :] if nxt >= 0 else ""
         self._scanned = 0
         self._state = "call" if nxt >= 0 else "text"

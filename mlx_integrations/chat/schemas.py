@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,12 @@ def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, A
         raise TypeError(f"{what} must be a dict, got {type(schema).__name__}: {schema!r:.80}")
     schema = dict(schema)
     try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):
+        key = None  # not JSON: checked below, and refused there
+    if key is not None and key in _checked:
+        return schema
+    try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "the top level"
@@ -67,7 +75,19 @@ def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, A
         check_grammar(grammar)
     except ValueError as exc:
         raise ValueError(f"{what} cannot be enforced: {exc}") from exc
+    if key is not None:
+        with _checked_lock:
+            _checked[key] = None
+            while len(_checked) > _CHECKED_SIZE:
+                _checked.popitem(last=False)
     return schema
+
+
+# Schemas already checked (compiling one takes milliseconds; a turn checks its tools
+# at the adapter and again in the engine).
+_CHECKED_SIZE = 256
+_checked: OrderedDict[str, None] = OrderedDict()
+_checked_lock = threading.Lock()
 
 
 def cut_message(text: str, finish_reason: str | None, what: str) -> str:

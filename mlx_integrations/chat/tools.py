@@ -73,6 +73,7 @@ class ToolSpec:
                 f"(type 'object'), got type {parameters.get('type')!r}"
             )
         parameters = check_json_schema(parameters, f"The parameters of tool {name!r}")
+        _check_required(name, parameters)
         description = function.get("description") or ""
         if not isinstance(description, str):
             raise TypeError(
@@ -81,6 +82,8 @@ class ToolSpec:
             )
         function = dict(function)
         function["parameters"] = parameters
+        # Optional in OpenAI's format, but some templates read it unconditionally.
+        function.setdefault("description", "")
         return cls(name=name, parameters=parameters, description=description, function=function)
 
     def to_openai(self) -> dict[str, Any]:
@@ -108,6 +111,20 @@ class ToolSpec:
     def required(self) -> list[str]:
         """The names of the required arguments."""
         return [str(name) for name in self.parameters.get("required") or []]
+
+
+def _check_required(name: str, parameters: Mapping[str, Any]) -> None:
+    """Required arguments must be listed: calls are held to the listed properties."""
+    if parameters.get("additionalProperties") not in (None, False):
+        return
+    listed = parameters.get("properties") or {}
+    missing = [r for r in parameters.get("required") or [] if r not in listed]
+    if missing:
+        raise ValueError(
+            f"Tool {name!r} requires {missing[0]!r}, which is not among its properties "
+            f"({', '.join(listed) or 'none'}); add it to 'properties' or remove it from "
+            "'required'"
+        )
 
 
 def read_tools(tools: Any) -> tuple[ToolSpec, ...]:

@@ -26,7 +26,7 @@ from mlx_integrations.chat.template import (
     probe_template,
     render_chat_prompt,
 )
-from mlx_integrations.chat.tool_formats import ToolFormat, detect_format, get_format
+from mlx_integrations.chat.tool_formats import ToolFormat, detect_format
 from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.base import (
     BaseEngine,
@@ -314,7 +314,7 @@ class MLXEngine(BaseEngine):
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
         await self.start()
         if not isinstance(fmt, ToolFormat):
-            fmt = get_format(fmt, self._tokenizer) if fmt else self.tool_format
+            fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
         prompt = self.render_prompt(
             normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
         )

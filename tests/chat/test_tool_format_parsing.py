@@ -607,3 +607,137 @@ def test_templates_that_take_arguments_as_a_string_get_them_natively(tmp_path: P
     )
     assert '<|call|>get_weather\n```json\n{"city": "Paris"}\n```' in prompt
     assert "<|result|>sunny" in prompt
+
+
+# ------------------------------------------------- replies that only look like calls
+
+ODD_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "send-mail",
+            "parameters": {
+                "type": "object",
+                "properties": {"from": {"type": "string"}, "user-id": {"type": "integer"}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "rate",
+            "parameters": {"type": "object", "properties": {"title": {"type": "array"}}},
+        },
+    },
+]
+
+
+def test_pythonic_calls_with_names_python_cannot_read():
+    text = '[send-mail(from="ann@x.org", user-id=7), rate(title=["True Grit"])]'
+    out = parse_output(text, tool_format=get_format("pythonic"), tools=ODD_TOOLS)
+    assert as_pairs(out.tool_calls) == [
+        ("send-mail", {"from": "ann@x.org", "user-id": 7}),
+        ("rate", {"title": ["True Grit"]}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["[1] Smith et al. found it.", "[Paris](https://en.wikipedia.org/wiki/Paris)", "[2, 3]"],
+)
+def test_a_pythonic_answer_starting_with_a_bracket_is_text(answer: str):
+    fmt = get_format("pythonic")
+    for out in (
+        parse_output(answer, tool_format=fmt, tools=TOOLS),
+        _stream_chars(answer, tool_format=fmt, tools=TOOLS),
+    ):
+        assert out.content == answer and out.tool_calls == out.invalid_tool_calls == []
+
+
+def test_a_json_answer_is_not_a_llama_call():
+    fmt = get_format("llama3_json")
+    answer = '{"name": "Paris", "population": 2100000}'
+    for out in (
+        parse_output(answer, tool_format=fmt, tools=TOOLS),
+        _stream_chars(answer, tool_format=fmt, tools=TOOLS),
+    ):
+        assert out.content == answer and out.tool_calls == out.invalid_tool_calls == []
+    # A call of a tool that is not bound is not taken for a call either.
+    other = '{"name": "book_flight", "parameters": {"to": "Rome"}}'
+    assert parse_output(other, tool_format=fmt, tools=TOOLS).content == other
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "cut"),
+    [
+        (
+            "glm",
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3",
+        ),
+        (
+            "qwen3_coder",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3",
+        ),
+    ],
+)
+def test_a_tagged_call_cut_at_the_token_limit_is_invalid(fmt_name: str, cut: str):
+    fmt = get_format(fmt_name)
+    for out in (
+        parse_output(cut, tool_format=fmt, tools=TOOLS),
+        _stream_chars(cut, tool_format=fmt, tools=TOOLS),
+    ):
+        assert out.tool_calls == [] and len(out.invalid_tool_calls) == 1
+
+
+def test_strings_are_read_back_as_declared_types_only_when_whole():
+    from mlx_integrations.chat.tool_formats.base import coerce_to_schema
+
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "n": {"type": "integer"},
+                        "ok": {"type": "boolean"},
+                        "xs": {"type": "array"},
+                        "x": {"type": "number"},
+                        "level": {"enum": [1, 2]},
+                    },
+                },
+            },
+        }
+    ]
+    calls = [
+        {
+            "name": "f",
+            "arguments": {"n": "3", "ok": "True", "xs": '["True Grit"]', "x": "NaN", "level": "2"},
+        }
+    ]
+    assert coerce_to_schema(calls, tools)[0]["arguments"] == {
+        "n": 3,
+        "ok": True,
+        "xs": ["True Grit"],
+        "x": "NaN",
+        "level": 2,
+    }
+
+
+def test_required_arguments_must_be_listed():
+    from mlx_integrations.chat.tools import read_tools
+
+    bad = {
+        "name": "f",
+        "parameters": {"type": "object", "properties": {"city": {}}, "required": ["town"]},
+    }
+    with pytest.raises(
+        ValueError, match=r"Tool 'f' requires 'town', which is not among its properties \(city\)"
+    ):
+        read_tools([bad])
+    open_ended = {
+        "name": "g",
+        "parameters": {"type": "object", "required": ["town"], "additionalProperties": True},
+    }
+    assert read_tools([open_ended])[0].name == "g"

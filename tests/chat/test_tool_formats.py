@@ -217,3 +217,64 @@ def test_family_override_on_the_engine(tmp_path: Path):
         asyncio.run(engine.stop())
     with pytest.raises(ValueError, match="Unknown tool-call format 'nope'"):
         SimpleEngine(tmp_path / "m", tool_format="nope")
+
+
+# Argument shapes that layouts write differently: a referenced enum, an optional string,
+# a nested object, a list, and a tool without arguments.
+SHAPES = [
+    {
+        "type": "function",
+        "function": {
+            "name": "plan",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "unit": {"$ref": "#/$defs/Unit"},
+                    "note": {"anyOf": [{"type": "string", "maxLength": 6}, {"type": "null"}]},
+                    "where": {
+                        "type": "object",
+                        "properties": {"lat": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["lat"],
+                    },
+                    "tags": {
+                        "type": "array",
+                        "items": {"enum": ["a", "b"]},
+                        "maxItems": 2,
+                    },
+                },
+                "required": ["unit", "note", "where", "tags"],
+                "$defs": {"Unit": {"type": "string", "enum": ["celsius", "kelvin"]}},
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}},
+]
+
+
+@pytest.mark.parametrize("family", sorted(FORCED))
+async def test_forced_calls_of_every_argument_shape_read_back_valid(family: str, engines: Any):
+    engine = engines(family)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in SHAPES}
+    finished = 0
+    for seed in range(3):
+        for choice in ("plan", "ping"):
+            out = await engine.chat(
+                MESSAGES,
+                tools=SHAPES,
+                tool_choice=choice,
+                parallel_tool_calls=False,
+                max_tokens=150,
+                temperature=1.0,
+                seed=seed,
+            )
+            if out.finish_reason != "stop":
+                continue
+            finished += 1
+            parsed = parse_output(out.text, tool_format=engine.tool_format, tools=SHAPES)
+            assert not parsed.invalid_tool_calls and len(parsed.tool_calls) == 1, out.text
+            call = parsed.tool_calls[0]
+            assert call.name == choice
+            jsonschema.validate(call.arguments, schemas[choice])
+            if choice == "plan":
+                assert call.arguments["unit"] in ("celsius", "kelvin")  # no quotes kept
+    assert finished >= 3

@@ -68,7 +68,8 @@ _FROM_MLX_LM = {
 }
 
 _cache_lock = threading.Lock()
-_detected: weakref.WeakKeyDictionary[Any, ToolFormat] = weakref.WeakKeyDictionary()
+# Per tokenizer, the family detected ("") and each override asked for by name.
+_detected: weakref.WeakKeyDictionary[Any, dict[str, ToolFormat]] = weakref.WeakKeyDictionary()
 
 
 def format_names() -> list[str]:
@@ -111,19 +112,18 @@ def detect_format(tokenizer: Any, override: str | None = None) -> ToolFormat:
     Order: the user's ``override``; the parser mlx-lm's ``TokenizerWrapper`` inferred;
     the chat template's clues; Hermes ``<tool_call>``.
     """
-    if override:
-        return get_format(override, tokenizer)
+    key = override or ""
     try:
         with _cache_lock:
-            cached = _detected.get(tokenizer)
+            cached = _detected.get(tokenizer, {}).get(key)
     except TypeError:  # not weakly referenceable: detect every time
         cached = None
     if cached is not None:
         return cached
-    found = _detect(tokenizer)
+    found = get_format(override, tokenizer) if override else _detect(tokenizer)
     try:
         with _cache_lock:
-            _detected[tokenizer] = found
+            _detected.setdefault(tokenizer, {})[key] = found
     except TypeError:
         pass
     return found

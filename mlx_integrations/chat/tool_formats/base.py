@@ -79,6 +79,20 @@ class ToolFormat:
         """Turn the text of a call (between the markers) into a call dict or a list."""
         raise NotImplementedError
 
+    def is_answer(self, body: str, tools: list[dict[str, Any]] | None) -> bool:
+        """Whether a reply that began like a bare call is whole and no call: the answer."""
+        return False
+
+    def bare_start(self, text: str) -> bool | None:
+        """Whether a reply beginning with ``text`` begins with a call without marker.
+
+        Returns:
+            True or False, or None while ``text`` is too short to tell.
+        """
+        if any(text.startswith(p) for p in self.bare_prefixes):
+            return True
+        return None if any(p.startswith(text) for p in self.bare_prefixes) else False
+
     # ------------------------------------------------------------------ forcing
 
     @property
@@ -203,22 +217,26 @@ def _json_call(obj: Any) -> dict[str, Any]:
     return {"name": name, "arguments": loads_args(args)}
 
 
-def parse_json_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
-    """One JSON call, a JSON list of calls, or calls separated by ``;`` or newlines."""
+def json_objects(body: str) -> list[Any]:
+    """The JSON values of ``body``: one, a list (flattened), or several separated by ``;``."""
     text = body.strip()
     if not text:
         raise ValueError("the tool call is empty")
     decoder = json.JSONDecoder()
-    calls: list[dict[str, Any]] = []
+    values: list[Any] = []
     pos = 0
     while pos < len(text):
         obj, end = decoder.raw_decode(text, pos)
-        items = obj if isinstance(obj, list) else [obj]
-        calls.extend(_json_call(item) for item in items)
+        values.extend(obj if isinstance(obj, list) else [obj])
         pos = end
         while pos < len(text) and text[pos] in " \t\r\n;,":
             pos += 1
-    return calls
+    return values
+
+
+def parse_json_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
+    """One JSON call, a JSON list of calls, or calls separated by ``;`` or newlines."""
+    return [_json_call(item) for item in json_objects(body)]
 
 
 def _as_list(parsed: Any) -> list[dict[str, Any]]:
@@ -256,7 +274,13 @@ def _declared_types(schema: Any) -> tuple[type, ...]:
     for key in ("anyOf", "oneOf"):
         for option in schema.get(key) or []:
             found += _declared_types(option)
+    if isinstance(schema.get("enum"), list):
+        found += [type(v) for v in schema["enum"]]
     return tuple(found)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def coerce_to_schema(calls: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
@@ -276,8 +300,11 @@ def coerce_to_schema(calls: list[dict[str, Any]], tools: Any) -> list[dict[str, 
             wanted = _declared_types(props.get(key))
             if not isinstance(value, str) or not wanted or str in wanted:
                 continue
+            text = value.strip()
             try:
-                parsed = json.loads(value.strip().replace("True", "true").replace("False", "false"))
+                parsed = {"True": True, "False": False}.get(text)
+                if parsed is None:
+                    parsed = json.loads(text, parse_constant=_no_constant)
             except ValueError:
                 continue
             if isinstance(parsed, wanted) and (bool in wanted or not isinstance(parsed, bool)):

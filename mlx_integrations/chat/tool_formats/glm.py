@@ -21,9 +21,10 @@ class GlmFormat(TaggedArgsFormat):
     aliases = ("glm47", "glm45", "glm4", "glm4_moe")
     start = "<tool_call>"
     end = "</tool_call>"
+    balanced = (("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"))
     clues = ("<arg_key>",)
 
-    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+    def parse_whole(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         if "<arg_key>" not in body:
             # A call without arguments is its name alone; mlx-lm would call it "unknown".
             bare = _BARE_NAME.fullmatch(body)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_integrations.chat.tool_formats.base import JsonBodyFormat, json_call
+from mlx_integrations.chat.tool_formats.base import JsonBodyFormat, json_call, json_objects
 
 
 class Llama3JsonFormat(JsonBodyFormat):
@@ -21,6 +21,28 @@ class Llama3JsonFormat(JsonBodyFormat):
     start = "<|python_tag|>"
     bare_prefixes = ('{"name"', '{"type"', '{ "name"')
     arguments_key = "parameters"
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        if self.is_answer(body, tools):
+            raise ValueError("this JSON is no call: it has no 'parameters' or names no bound tool")
+        return super().parse(body, tools)
+
+    def is_answer(self, body: str, tools: list[dict[str, Any]] | None) -> bool:
+        """Whole JSON that is no call: without ``parameters``, or naming no bound tool.
+
+        ``{"name": "Paris", "population": 2100000}`` is the model's answer.
+        """
+        try:
+            objects = json_objects(body)
+        except ValueError:
+            return False  # cut or broken: an invalid call, not an answer
+        keys = ("parameters", "arguments", "function")
+        if not all(isinstance(o, dict) and any(k in o for k in keys) for o in objects):
+            return True
+        names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+        return bool(names) and any(
+            isinstance(o.get("name"), str) and o["name"] not in names for o in objects
+        )
 
     @property
     def forced_start(self) -> str:

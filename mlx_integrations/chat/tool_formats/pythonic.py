@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
+import re
 from typing import Any
 
 from mlx_integrations.chat import lark
@@ -34,11 +36,38 @@ def _literal(node: ast.expr) -> Any:
     return ast.literal_eval(_BareNames().visit(node))
 
 
+_CALL_START = re.compile(r"\[\s*[A-Za-z_][\w.-]*\s*\(")
+_MAYBE_CALL_START = re.compile(r"\[\s*(?:[A-Za-z_][\w.-]*\s*)?")
+
+
+def _python_names(text: str, tools: Any) -> tuple[str, dict[str, str]]:
+    """``text`` with tool and argument names Python cannot read (``from``, ``user-id``,
+    ``send-mail``) replaced by stand-ins, and the stand-ins' real names."""
+    names: set[str] = set()
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict):
+            names.add(str(function.get("name", "")))
+            names.update((function.get("parameters") or {}).get("properties") or {})
+    real: dict[str, str] = {}
+    for i, name in enumerate(sorted(n for n in names if n)):
+        if name.isidentifier() and not keyword.iskeyword(name):
+            continue
+        stand_in = f"_zq{i}_"
+        # A tool name before "(", an argument name before "=", where a call puts them.
+        pattern = rf"(?<=[\[(,\s]){re.escape(name)}(?=\s*[(=])"
+        text, count = re.subn(pattern, stand_in, text)
+        if count:
+            real[stand_in] = name
+    return text, real
+
+
 def parse_pythonic_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
     """``[get_weather(city="Paris"), now()]`` as a list of call dicts."""
     text = body.strip()
     if not text.startswith("["):
         text = f"[{text}]"
+    text, real = _python_names(text, tools)
     tree = ast.parse(text, mode="eval").body
     if not isinstance(tree, ast.List) or not tree.elts:
         raise ValueError("expected a list of calls like [name(arg=value)]")
@@ -48,11 +77,12 @@ def parse_pythonic_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
             raise ValueError("each call must look like name(arg=value, ...)")
         func = node.func
         name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
+        name = real.get(name, name)
         args = {}
         for kw in node.keywords:
             if kw.arg is None:
                 raise ValueError("**kwargs are not allowed in a tool call")
-            args[kw.arg] = _literal(kw.value)
+            args[real.get(kw.arg, kw.arg)] = _literal(kw.value)
         calls.append({"name": name, "arguments": args})
     return calls
 
@@ -96,6 +126,12 @@ class PythonicFormat(ToolFormat):
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         return parse_pythonic_calls(body, tools)
+
+    def bare_start(self, text: str) -> bool | None:
+        # ``[name(`` begins a call; ``[1] Smith`` or ``[Paris](...)`` is text.
+        if _CALL_START.match(text):
+            return True
+        return None if _MAYBE_CALL_START.fullmatch(text) else False
 
     def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
         return pythonic_call_lark(tool)

@@ -18,10 +18,11 @@ class Qwen3CoderFormat(TaggedArgsFormat):
     aliases = ("qwen3coder", "qwen3_xml")
     start = "<tool_call>"
     end = "</tool_call>"
+    balanced = (("<function=", "</function>"), ("<parameter=", "</parameter>"))
     tail = "</function>\n"
     clues = ("<tool_call>\\n<function=", "<tool_call>\n<function=")
 
-    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+    def parse_whole(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         from mlx_lm.tool_parsers import qwen3_coder
 
         return qwen3_coder.parse_tool_call(body, tools)

@@ -15,21 +15,52 @@ from mlx_integrations.chat.tool_formats.base import ToolFormat
 from mlx_integrations.chat.tools import ToolSpec
 
 
+def resolve(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` with a local ``$ref`` (``#/$defs/X``) replaced by what it names."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return schema
+    node: Any = defs
+    for part in ref[2:].split("/"):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if not isinstance(node, Mapping):
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "$ref"}
+    return resolve({**node, **rest}, defs)
+
+
+def is_text(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> bool:
+    """Whether a value of this schema may be a string (then it is written as it is)."""
+    schema = resolve(schema, defs)
+    kinds = schema.get("type")
+    if kinds == "string" or (isinstance(kinds, list) and "string" in kinds):
+        return True
+    if isinstance(schema.get("const"), str):
+        return True
+    enum = schema.get("enum")
+    if isinstance(enum, list) and any(isinstance(v, str) for v in enum):
+        return True
+    options = [*(schema.get("anyOf") or []), *(schema.get("oneOf") or [])]
+    return any(isinstance(o, Mapping) and is_text(o, defs) for o in options)
+
+
 def value_rule(
     tokenizer: Any, rule: str, schema: Mapping[str, Any], defs: Mapping[str, Any], close: str
 ) -> str:
     """A Lark rule ``rule``: one value followed by its closing tag ``close``.
 
-    A string is free text up to the first ``close`` (within the schema's length
-    bounds); an ``enum`` of strings is one of them; anything else is JSON.
+    A value that may be a string is written as it is: one of an ``enum`` of strings, or
+    free text up to the first ``close`` within the schema's length bounds (a pattern or
+    format is not enforced on raw text). Anything else is JSON.
     """
     end = lark.marker(tokenizer, close)
+    schema = resolve(schema, defs)
     enum = schema.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return f"{rule}: ({' | '.join(lark.lit(v) for v in enum)}) {end}"
     if isinstance(schema.get("const"), str):
         return f"{rule}: {lark.lit(schema['const'])} {end}"
-    if schema.get("type") == "string" and not schema.get("pattern") and not schema.get("format"):
+    if is_text(schema, defs):
         low = int(schema.get("minLength", 0))
         high = schema.get("maxLength")
         bounds = f"{{{low},{int(high)}}}" if high is not None else f"{{{low},}}"
@@ -86,6 +117,18 @@ class TaggedArgsFormat(ToolFormat):
     """
 
     tail = ""
+    balanced: tuple[tuple[str, str], ...] = ()
+    """Opening and closing tags that a whole call holds as many of each."""
+
+    def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        for opening, closing in self.balanced:
+            if body.count(opening) != body.count(closing):
+                raise ValueError(f"the call was cut: {opening!r} without {closing!r}")
+        return self.parse_whole(body, tools)
+
+    def parse_whole(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
+        """Parse a call whose tags are all closed."""
+        raise NotImplementedError
 
     def head(self, name: str) -> str:
         raise NotImplementedError

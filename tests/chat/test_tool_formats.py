@@ -278,3 +278,60 @@ async def test_forced_calls_of_every_argument_shape_read_back_valid(family: str,
             if choice == "plan":
                 assert call.arguments["unit"] in ("celsius", "kelvin")  # no quotes kept
     assert finished >= 3
+
+
+# DeepSeek V3.1 writes ``name<｜tool▁sep｜>{...}`` without the type and the fence.
+V31_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>"
+    "{% for c in m.tool_calls %}<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"
+    "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜>{% endfor %}"
+    "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    "{% elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
+    "{% else %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>{% endif %}{% endfor %}"
+    "{% if tools %}{{ tools | tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+)
+V31_TOKENS = (
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+)
+
+
+async def test_deepseek_v31_calls_are_forced_in_its_own_layout(tmp_path: Path):
+    path = build_tiny_model(tmp_path / "v31", chat_template=V31_TEMPLATE, special_tokens=V31_TOKENS)
+    engine = SimpleEngine(path)
+    try:
+        assert engine.tool_format.name == "deepseek" and engine.tool_format.bare
+        finished = 0
+        for seed in range(3):
+            out = await engine.chat(
+                MESSAGES,
+                tools=TOOLS,
+                tool_choice="add",
+                parallel_tool_calls=False,
+                max_tokens=80,
+                temperature=1.0,
+                seed=seed,
+            )
+            assert out.text.startswith(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{"
+            ), out.text
+            if out.finish_reason == "stop":
+                finished += 1
+                parsed = parse_output(out.text, tool_format=engine.tool_format, tools=TOOLS)
+                assert [c.name for c in parsed.tool_calls] == [
+                    "add"
+                ] and not parsed.invalid_tool_calls
+                jsonschema.validate(parsed.tool_calls[0].arguments, PARAMS["add"])
+        assert finished >= 2
+    finally:
+        await engine.stop()

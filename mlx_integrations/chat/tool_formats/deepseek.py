@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from mlx_integrations.chat import lark
-from mlx_integrations.chat.tool_formats.base import ToolFormat
+from mlx_integrations.chat.tool_formats.base import ToolFormat, written_call
 from mlx_integrations.chat.tools import ToolSpec
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -58,7 +58,11 @@ def parse_deepseek_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
 
 
 class DeepSeekFormat(ToolFormat):
-    """DeepSeek's tool-call blocks."""
+    """DeepSeek's tool-call blocks, in the layout the model's template writes.
+
+    Args:
+        bare: V3.1's layout, ``name<｜tool▁sep｜>{...}``; else R1's typed and fenced one.
+    """
 
     name = "deepseek"
     aliases = ("deepseek_r1", "deepseek_v3", "deepseekv3", "deepseek_v31")
@@ -66,16 +70,28 @@ class DeepSeekFormat(ToolFormat):
     end = CALLS_END
     clues = (CALLS_BEGIN,)
 
+    def __init__(self, bare: bool = False) -> None:
+        self.bare = bare
+
+    @classmethod
+    def recognise(cls, template: str, tokenizer: Any) -> ToolFormat | None:
+        if CALLS_BEGIN not in template:
+            return None
+        written = written_call(tokenizer, CALL_BEGIN)
+        return cls(bare=written is not None and written.startswith("zq_probe_tool"))
+
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
         return parse_deepseek_calls(body, tools)
 
     def call_lark(self, tokenizer: Any, tool: ToolSpec) -> str:
         args = lark.json_value(tool.constrained_parameters)
-        head = f"{lark.marker(tokenizer, CALL_BEGIN)} {lark.lit('function')} "
-        head += (
-            f"{lark.marker(tokenizer, SEP)} {lark.lit(tool.name + chr(10) + '```json' + chr(10))}"
+        begin, sep, end = (lark.marker(tokenizer, m) for m in (CALL_BEGIN, SEP, CALL_END))
+        if self.bare:
+            return f"{begin} {lark.lit(tool.name)} {sep} {args} {end}"
+        fence = lark.lit(f"{tool.name}\n```json\n")
+        return (
+            f"{begin} {lark.lit('function')} {sep} {fence} {args} {lark.lit(chr(10) + '```')} {end}"
         )
-        return f"{head} {args} {lark.lit(chr(10) + '```')} {lark.marker(tokenizer, CALL_END)}"
 
     def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
         alternatives, rules = self._alternatives(tokenizer, tools)
@@ -86,8 +102,10 @@ class DeepSeekFormat(ToolFormat):
 
     def write_calls(self, calls: Any) -> str:
         body = "\n".join(
-            f"{CALL_BEGIN}function{SEP}{name}\n```json\n{json.dumps(args, ensure_ascii=False)}"
-            f"\n```{CALL_END}"
+            f"{CALL_BEGIN}{name}{SEP}{json.dumps(args, ensure_ascii=False)}{CALL_END}"
+            if self.bare
+            else f"{CALL_BEGIN}function{SEP}{name}\n```json\n"
+            f"{json.dumps(args, ensure_ascii=False)}\n```{CALL_END}"
             for name, args in calls
         )
         return f"{CALLS_BEGIN}{body}{CALLS_END}"

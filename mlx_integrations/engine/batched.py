@@ -167,6 +167,7 @@ class BatchedEngine(MLXEngine):
     :class:`MLXEngine`: a failed decode step ends only its own request. Speculative
     decoding (``draft_model``, ``prompt_lookup``) is refused with ``ValueError``: the
     batch advances every sequence one token per step; use :class:`SimpleEngine` for it.
+    So is a quantized KV cache (``kv_bits``): mlx-lm's batch generator has none.
 
     Example:
         >>> import asyncio
@@ -218,6 +219,15 @@ class BatchedEngine(MLXEngine):
                 f"BatchedEngine cannot decode speculatively ({source}): its batch steps "
                 "every sequence one token at a time; use SimpleEngine (engine_type="
                 "'simple') for speculative decoding, or drop the option"
+            )
+        if self._options.kv_bits is not None:
+            # mlx-lm's BatchGenerator batches only KVCache layers (QuantizedKVCache has
+            # no merge) and takes no kv_bits.
+            raise ValueError(
+                f"BatchedEngine cannot quantize its KV cache (kv_bits="
+                f"{self._options.kv_bits}): mlx-lm's batch generator has no quantized "
+                "batch cache; use SimpleEngine (engine_type='simple') for kv_bits, or "
+                "drop the option"
             )
         self._max_num_seqs = max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner

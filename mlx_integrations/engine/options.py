@@ -9,6 +9,7 @@ from typing import Any
 
 from mlx_integrations.chat.tool_formats import get_format
 from mlx_integrations.engine.jobs import Admission
+from mlx_integrations.engine.kv_quantization import validate_kv_options
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.speculative import validate_speculative_options
 from mlx_integrations.engine.stats import SpeculativeStats
@@ -65,6 +66,17 @@ class EngineOptions:
     """Most tokens drafted per step from an earlier occurrence (in the prompt or the
     reply so far) of the context's last few tokens; no second model needed
     (``SimpleEngine`` only). 0 turns it off."""
+    kv_bits: int | None = None
+    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` only,
+    not with ``draft_model``); None keeps the cache in the model's dtype. 8 bits halves
+    a float16 cache with little drift in replies, 4 bits takes about 0.28x."""
+    kv_group_size: int = 64
+    """Values sharing one scale and bias in the quantized KV cache (32, 64 or 128; it
+    must divide the model's attention head size)."""
+    quantized_kv_start: int = 0
+    """Tokens a request's KV cache holds unquantized before it is quantized (mlx-lm's
+    ``quantized_kv_start``). 0 quantizes it from the start, so a reply is the same
+    whether its prompt came from the prefix cache or was prefilled afresh."""
 
     def __post_init__(self) -> None:
         if self.tool_format is not None:
@@ -83,6 +95,15 @@ class EngineOptions:
         if step is not None and step < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {step}")
         validate_speculative_options(self.draft_model, self.num_draft_tokens, self.prompt_lookup)
+        validate_kv_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
+        if self.kv_bits is not None and self.draft_model is not None:
+            # mlx-lm's speculative_generate_step quantizes a copy of the cache list,
+            # so the request's own cache would miss the tokens decoded after it.
+            raise ValueError(
+                f"kv_bits={self.kv_bits} does not work with draft_model="
+                f"{str(self.draft_model)!r}; drop one of them, or use prompt_lookup "
+                "(which works with a quantized KV cache) instead of a draft model"
+            )
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
 

@@ -15,14 +15,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlx_integrations.engine.kv_quantization import layer_nbytes
 from mlx_integrations.engine.stats import PrefixCacheStats
 
 MiB = 1024 * 1024
 
 
 def cache_nbytes(cache: list[Any]) -> int:
-    """Bytes held by a list of per-layer caches."""
-    return int(sum(getattr(c, "nbytes", 0) for c in cache))
+    """Bytes held by a list of per-layer caches (quantized layers at their real size)."""
+    return sum(layer_nbytes(c) for c in cache)
 
 
 def cache_offset(cache: list[Any]) -> int:

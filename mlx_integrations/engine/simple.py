@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,7 @@ from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput
 from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.kv_quantization import check_head_dims, maybe_quantize
 from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
@@ -43,6 +45,11 @@ class SimpleEngine(MLXEngine):
     processors that keep state cannot be run over drafts that are then rejected.
     Every chunk carries the cumulative ``mtp_drafts`` and ``mtp_accepted``.
 
+    A quantized KV cache (``kv_bits=4`` or ``8``; see
+    :mod:`~mlx_integrations.engine.kv_quantization`) holds long contexts in a fraction
+    of the memory; the prefix cache keeps and reuses quantized entries at their real
+    size. It works with prompt lookup, not with a draft model.
+
     Example:
         >>> import asyncio
         >>> from mlx_integrations.engine import SimpleEngine
@@ -54,6 +61,7 @@ class SimpleEngine(MLXEngine):
         ...     await engine.stop()
         >>> asyncio.run(main())  # doctest: +SKIP
         >>> fast_quotes = SimpleEngine("path/to/mlx-model", prompt_lookup=4)  # doctest: +SKIP
+        >>> small_kv = SimpleEngine("path/to/mlx-model", kv_bits=8)  # doctest: +SKIP
 
     Args:
         model: A model folder, or a name the model store resolves.
@@ -61,11 +69,13 @@ class SimpleEngine(MLXEngine):
             (:class:`~mlx_integrations.engine.options.EngineOptions`).
         **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
             ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
-            ``num_draft_tokens``, ``prompt_lookup``...); they override ``options``.
+            ``num_draft_tokens``, ``prompt_lookup``, ``kv_bits``...); they override
+            ``options``.
 
     Raises:
         FileNotFoundError: The model or the draft model is not found.
-        ValueError: A draft model whose vocabulary differs from the model's (at load).
+        ValueError: A draft model whose vocabulary differs from the model's, or a
+            ``kv_group_size`` that does not divide the model's head size (at load).
     """
 
     engine_type = "simple"
@@ -83,10 +93,11 @@ class SimpleEngine(MLXEngine):
 
     def _load(self) -> None:
         super()._load()
-        if self._draft_path is None:
-            return
+        opts = self._options
         try:
-            self._load_draft(self._draft_path)
+            check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            if self._draft_path is not None:
+                self._load_draft(self._draft_path)
         except BaseException:
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
@@ -155,6 +166,11 @@ class SimpleEngine(MLXEngine):
         cache, reused = self._prefix.take(job.tokens)
         if cache is None:
             cache = make_prompt_cache(self._model)
+        quantize = self._quantize()
+        if quantize is not None:
+            # Before the first prefill step (mlx-lm quantizes after it), so the reply does
+            # not depend on how much of the prompt came from the prefix cache.
+            quantize(cache)
         if p.seed is not None:
             mx.random.seed(p.seed)
         sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
@@ -232,9 +248,22 @@ class SimpleEngine(MLXEngine):
                 max_tokens=p.max_tokens,
                 sampler=sampler,
                 prefill_step_size=self._prefill_step_size,
+                quantize=self._quantize(),
             )
             return steps, None
         return self._plain_steps(job, cache, reused, sampler, processors), None
+
+    def _quantize(self) -> Callable[[list[Any]], None] | None:
+        """What quantizes a request's KV cache in place, or None for a plain cache."""
+        opts = self._options
+        if opts.kv_bits is None:
+            return None
+        return functools.partial(
+            maybe_quantize,
+            kv_bits=opts.kv_bits,
+            group_size=opts.kv_group_size,
+            start=opts.quantized_kv_start,
+        )
 
     def _plain_steps(
         self,
@@ -255,6 +284,9 @@ class SimpleEngine(MLXEngine):
             logits_processors=processors or None,
             prompt_cache=cache,
             prefill_step_size=self._prefill_step_size,
+            kv_bits=self._options.kv_bits,
+            kv_group_size=self._options.kv_group_size,
+            quantized_kv_start=self._options.quantized_kv_start,
         )
         try:
             for token, _ in steps:

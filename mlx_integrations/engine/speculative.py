@@ -112,8 +112,17 @@ class NgramIndex:
         return []
 
 
-def prefill(model: Any, cache: list[Any], tokens: Sequence[int], step_size: int) -> None:
-    """Feed ``tokens`` into ``cache`` in pieces of ``step_size``."""
+def prefill(
+    model: Any,
+    cache: list[Any],
+    tokens: Sequence[int],
+    step_size: int,
+    quantize: Callable[[list[Any]], None] | None = None,
+) -> None:
+    """Feed ``tokens`` into ``cache`` in pieces of ``step_size``.
+
+    ``quantize`` (if given) runs on the cache after each piece, as mlx-lm does.
+    """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
 
@@ -121,6 +130,8 @@ def prefill(model: Any, cache: list[Any], tokens: Sequence[int], step_size: int)
         for start in range(0, len(tokens), step_size):
             piece = list(tokens[start : start + step_size])
             model(mx.array(piece, mx.uint32)[None], cache=cache)
+            if quantize is not None:
+                quantize(cache)
             mx.eval([c.state for c in cache])
 
 
@@ -134,6 +145,7 @@ def prompt_lookup_steps(
     max_tokens: int,
     sampler: Callable[[Any], Any],
     prefill_step_size: int,
+    quantize: Callable[[list[Any]], None] | None = None,
 ) -> Generator[Step, None, None]:
     """Decode with drafts looked up in the context (prompt and reply so far).
 
@@ -146,6 +158,8 @@ def prompt_lookup_steps(
         max_tokens: Tokens to generate.
         sampler: Picks a token per row of log-probabilities (argmax when greedy).
         prefill_step_size: Prompt tokens per forward pass.
+        quantize: Run on ``cache`` after each forward pass: it may replace layers in
+            place with quantized ones (a quantized KV cache).
     """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
@@ -155,11 +169,13 @@ def prompt_lookup_steps(
     last = context[-1]
     produced = 0
     with mx.stream(generation_stream):
-        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size)
+        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
         while produced < max_tokens:
             # Leave room for the target's own token after the drafts.
             drafts = index.propose(min(max_draft, max_tokens - produced - 1))
             logits = model(mx.array([last, *drafts], mx.uint32)[None], cache=cache)[0]
+            if quantize is not None:
+                quantize(cache)
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             chosen: list[int] = sampler(logprobs).tolist()
             accepted = 0

@@ -148,7 +148,7 @@ class RunOptions:
     tools: list[dict[str, Any]] | None = None
     tool_choice: str = "auto"
     engine_options: dict[str, Any] = field(default_factory=dict)
-    """Keywords of the engine (``draft_model``, ``prompt_lookup``)."""
+    """Keywords of the engine (``draft_model``, ``prompt_lookup``, ``kv_bits``)."""
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""

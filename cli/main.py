@@ -552,6 +552,11 @@ def run(
     prompt_lookup: int = typer.Option(
         0, "--prompt-lookup", help="Draft up to N tokens from matches in the context (0: off)."
     ),
+    kv_bits: int | None = typer.Option(
+        None,
+        "--kv-bits",
+        help="Quantize the KV cache to N bits (8: half the memory, 4: about a quarter).",
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
@@ -560,6 +565,7 @@ def run(
     (id, name, arguments); mlxi does not run tools. In the session: /clear forgets the
     conversation, Ctrl-C stops the answer being written, /bye (or Ctrl-D) leaves.
     --draft-model or --prompt-lookup decode speculatively (greedy answers unchanged).
+    --kv-bits holds a long conversation in less memory, with answers that may drift.
     """
     import sys
 
@@ -584,7 +590,7 @@ def run(
         prompt = sys.stdin.read()
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
-    engine_options = _speculative_options(draft_model, prompt_lookup)
+    engine_options = _engine_options(draft_model, prompt_lookup, kv_bits)
     options = RunOptions(
         system=system,
         max_tokens=max_tokens,
@@ -602,17 +608,22 @@ def run(
         chat_session(model, options)
 
 
-def _speculative_options(draft_model: str | None, prompt_lookup: int) -> dict[str, Any]:
-    """``--draft-model`` / ``--prompt-lookup`` as engine keywords, checked before loading."""
+def _engine_options(
+    draft_model: str | None, prompt_lookup: int, kv_bits: int | None
+) -> dict[str, Any]:
+    """``--draft-model``, ``--prompt-lookup`` and ``--kv-bits`` as engine keywords, checked."""
     from mlx_integrations.engine.options import EngineOptions
 
     options: dict[str, Any] = {"draft_model": draft_model} if draft_model else {}
     if prompt_lookup:
         options["prompt_lookup"] = prompt_lookup
+    if kv_bits is not None:
+        options["kv_bits"] = kv_bits
     try:
         EngineOptions(**options)
     except (TypeError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--draft-model / --prompt-lookup") from None
+        hint = "--kv-bits" if "kv_bits" in str(exc) else "--draft-model / --prompt-lookup"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
     return options
 
 

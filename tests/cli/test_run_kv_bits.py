@@ -1,0 +1,46 @@
+"""``mlxi run --kv-bits``: a quantized KV cache from the command line, bad values refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlx_integrations.cli.main import app
+from typer.testing import CliRunner
+
+from mlx_integrations.models import ModelStore, import_model
+from tests.support.tiny_models import build_tiny_model
+
+ARGS = ["run", "heads64", "What is the weather in Paris?", "-t", "0", "-m", "12"]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # Attention heads of 64 values, which the default kv_group_size divides.
+    model = build_tiny_model(
+        tmp_path / "model", hidden_size=128, num_attention_heads=2, tie_word_embeddings=False
+    )
+    home = tmp_path / "mlxi"
+    import_model(model, "heads64", store=ModelStore(home))
+    monkeypatch.setenv("MLXI_HOME", str(home))
+    return home
+
+
+def test_kv_bits_run_answers(home):
+    result = CliRunner().invoke(app, [*ARGS, "--kv-bits", "8"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--kv-bits", "5"], "kv_bits must be one of 2, 3, 4, 6, 8"),
+        (["--kv-bits", "8", "--draft-model", "heads64"], "does not work with draft_model"),
+    ],
+)
+def test_bad_kv_bits_are_usage_errors(home, option, message):
+    result = CliRunner().invoke(app, [*ARGS, *option])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "--kv-bits" in result.stderr

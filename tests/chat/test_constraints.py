@@ -65,6 +65,7 @@ def validate_tool_call_output(
     assert out.tool_calls or not require_call, text
     return out
 
+
 SEEDS = range(6)
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
 

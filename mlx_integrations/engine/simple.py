@@ -222,6 +222,12 @@ class SimpleEngine(MLXEngine):
         if speculate and not can_trim_prompt_cache(cache):
             logger.debug("%s: the KV cache cannot be trimmed; decoding plainly", self._name)
             speculate = False
+        # What every decode loop takes beside the model and the cache.
+        limits: dict[str, Any] = {
+            "max_tokens": p.max_tokens,
+            "sampler": sampler,
+            "prefill_step_size": self._prefill_step_size,
+        }
         if speculate and self._draft is not None:
             draft_cache = self._drafts.take(
                 self._draft, job.tokens[:reused], self._prefill_step_size
@@ -233,9 +239,7 @@ class SimpleEngine(MLXEngine):
                 cache,
                 draft_cache,
                 num_draft_tokens=opts.num_draft_tokens,
-                max_tokens=p.max_tokens,
-                sampler=sampler,
-                prefill_step_size=self._prefill_step_size,
+                **limits,
             )
             return steps, draft_cache
         if speculate and opts.prompt_lookup:
@@ -245,13 +249,21 @@ class SimpleEngine(MLXEngine):
                 len(job.tokens) - reused,
                 cache,
                 max_draft=opts.prompt_lookup,
-                max_tokens=p.max_tokens,
-                sampler=sampler,
-                prefill_step_size=self._prefill_step_size,
                 quantize=self._quantize(),
+                **limits,
             )
             return steps, None
-        return self._plain_steps(job, cache, reused, sampler, processors), None
+        steps = plain_steps(
+            self._model,
+            job.tokens[reused:],
+            cache,
+            processors=processors,
+            kv_bits=opts.kv_bits,
+            kv_group_size=opts.kv_group_size,
+            quantized_kv_start=opts.quantized_kv_start,
+            **limits,
+        )
+        return steps, None
 
     def _quantize(self) -> Callable[[list[Any]], None] | None:
         """What quantizes a request's KV cache in place, or None for a plain cache."""
@@ -265,31 +277,38 @@ class SimpleEngine(MLXEngine):
             start=opts.quantized_kv_start,
         )
 
-    def _plain_steps(
-        self,
-        job: Job,
-        cache: list[Any],
-        reused: int,
-        sampler: Callable[[Any], Any],
-        processors: list[Callable[..., Any]],
-    ) -> Generator[Step, None, None]:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
 
-        steps = generate_step(
-            mx.array(job.tokens[reused:]),
-            self._model,
-            max_tokens=job.params.max_tokens,
-            sampler=sampler,
-            logits_processors=processors or None,
-            prompt_cache=cache,
-            prefill_step_size=self._prefill_step_size,
-            kv_bits=self._options.kv_bits,
-            kv_group_size=self._options.kv_group_size,
-            quantized_kv_start=self._options.quantized_kv_start,
-        )
-        try:
-            for token, _ in steps:
-                yield int(token), 0, False
-        finally:
-            steps.close()
+def plain_steps(
+    model: Any,
+    tokens: list[int],
+    cache: list[Any],
+    *,
+    processors: list[Callable[..., Any]],
+    max_tokens: int,
+    sampler: Callable[[Any], Any],
+    prefill_step_size: int,
+    kv_bits: int | None,
+    kv_group_size: int,
+    quantized_kv_start: int,
+) -> Generator[Step, None, None]:
+    """mlx-lm's decode loop over the prompt's new ``tokens``, one step per token."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(
+        mx.array(tokens),
+        model,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=processors or None,
+        prompt_cache=cache,
+        prefill_step_size=prefill_step_size,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+    )
+    try:
+        for token, _ in steps:
+            yield int(token), 0, False
+    finally:
+        steps.close()

@@ -58,6 +58,24 @@ def family_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     }
 
 
+def render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    caps: Any = None,
+    native: bool = True,
+) -> str:
+    """Messages rendered through the tokenizer's template as the engines render them."""
+    caps = caps or probe_template(tokenizer)
+    return render_chat_prompt(
+        tokenizer,
+        normalize_messages(messages),
+        tools=TOOLS,
+        native_tool_format=native,
+        capabilities=caps,
+        tool_format=detect_format(tokenizer),
+    )
+
+
 def stream_tokens(tokenizer: Any, text: str, **options: Any) -> ParsedOutput:
     """Feed ``text`` to a parser in the pieces the tokenizer's detokenizer yields."""
     detok = tokenizer.detokenizer
@@ -177,14 +195,7 @@ def test_parsed_calls_and_results_render_back_natively(
             for i, c in enumerate(parsed.tool_calls)
         ),
     ]
-    prompt = render_chat_prompt(
-        tokenizer,
-        normalize_messages(history),
-        tools=TOOLS,
-        native_tool_format=True,
-        capabilities=caps,
-        tool_format=detect_format(tokenizer),
-    )
+    prompt = render(tokenizer, history, caps=caps)
     turns = [p.split(fam.reply_end, 1)[0] for p in prompt.split(fam.reply_start)[1:]]
     written = [t for t in turns if t.strip()][-1]
     again = parse_output(written, tool_format=fmt, tools=TOOLS)
@@ -491,14 +502,7 @@ def test_templates_that_need_nine_character_ids_get_native_tool_messages(tmp_pat
         {"role": "tool", "tool_call_id": "call_5f2e9a0b7c1d4e3f", "content": "sunny"},
         {"role": "tool", "tool_call_id": "call_0", "content": "10:00"},
     ]
-    prompt = render_chat_prompt(
-        tokenizer,
-        normalize_messages(history),
-        tools=TOOLS,
-        native_tool_format=True,
-        capabilities=caps,
-        tool_format=detect_format(tokenizer),
-    )
+    prompt = render(tokenizer, history, caps=caps)
     weather_id, time_id = short_call_id("call_5f2e9a0b7c1d4e3f"), short_call_id("call_0")
     assert weather_id != time_id and len(weather_id) == len(time_id) == 9
     # Each result names the id of its own call, so the model can pair them.
@@ -552,14 +556,7 @@ def test_a_tool_result_without_a_name_renders(family: str, family_tokenizers: di
     tokenizer = family_tokenizers[family]
     messages = normalize_messages(_history_without_tool_name())
     assert messages[2]["name"] == "get_weather"
-    prompt = render_chat_prompt(
-        tokenizer,
-        messages,
-        tools=TOOLS,
-        native_tool_format=True,
-        capabilities=probe_template(tokenizer),
-        tool_format=detect_format(tokenizer),
-    )
+    prompt = render(tokenizer, _history_without_tool_name())
     assert "sunny" in prompt and "get_weather" in prompt
 
 
@@ -567,13 +564,8 @@ def test_llama4_takes_its_tools_as_custom_tools(family_tokenizers: dict[str, Any
     tokenizer = family_tokenizers["llama4_pythonic"]
     caps = probe_template(tokenizer)
     assert caps.renders_tools and caps.tools_argument == "custom_tools"
-    prompt = render_chat_prompt(
-        tokenizer,
-        normalize_messages([{"role": "user", "content": "hi"}]),
-        tools=TOOLS,
-        native_tool_format=caps.renders_tool_messages,
-        capabilities=caps,
-        tool_format=detect_format(tokenizer),
+    prompt = render(
+        tokenizer, [{"role": "user", "content": "hi"}], caps=caps, native=caps.renders_tool_messages
     )
     # The definitions reach the template itself: no Hermes description is added.
     assert "Weather forecast for a city." in prompt and "<tool_call>" not in prompt
@@ -597,14 +589,7 @@ def test_templates_that_take_arguments_as_a_string_get_them_natively(tmp_path: P
     tokenizer = load(write_tokenizer(tmp_path, STRING_ARGUMENTS_TEMPLATE))
     caps = probe_template(tokenizer)
     assert caps.renders_tool_messages and caps.string_arguments
-    prompt = render_chat_prompt(
-        tokenizer,
-        normalize_messages(_history_without_tool_name()),
-        tools=TOOLS,
-        native_tool_format=True,
-        capabilities=caps,
-        tool_format=detect_format(tokenizer),
-    )
+    prompt = render(tokenizer, _history_without_tool_name(), caps=caps)
     assert '<|call|>get_weather\n```json\n{"city": "Paris"}\n```' in prompt
     assert "<|result|>sunny" in prompt
 

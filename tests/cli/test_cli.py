@@ -33,20 +33,6 @@ def hub():
         yield server
 
 
-@pytest.fixture
-def env(tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "MLXI_HOME": str(tmp_path / "mlxi"),
-        "HF_ENDPOINT": hub.url,
-        "HF_HUB_CACHE": str(tmp_path / "hf"),
-    }
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    for key in ("HF_HUB_OFFLINE", "MLXI_DEBUG", "HF_TOKEN"):
-        monkeypatch.delenv(key, raising=False)
-    return values
-
-
 def mlxi(*args: str):
     return CliRunner().invoke(app, list(args))
 

@@ -15,15 +15,7 @@ import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
-from mlx_integrations.models import ModelStore, import_model
-
-
-@pytest.fixture
-def home(tmp_path: Path, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "mlxi"
-    import_model(tiny_llama, "tiny", store=ModelStore(home))
-    monkeypatch.setenv("MLXI_HOME", str(home))
-    return home
+from tests.cli.conftest import store_with
 
 
 def test_format_json_schema_constrains_the_answer(home, tmp_path):
@@ -204,10 +196,8 @@ def test_a_turn_past_the_context_window_is_reported_and_the_session_goes_on(
 ):
     from tests.support.tiny_models import build_tiny_model
 
-    home = tmp_path / "mlxi"
     small = build_tiny_model(tmp_path / "small", arch="llama", max_position_embeddings=64)
-    import_model(small, "small", store=ModelStore(home))
-    monkeypatch.setenv("MLXI_HOME", str(home))
+    store_with(tmp_path, monkeypatch, small, "small")
     with Terminal(["run", "small", "--max-tokens", "4", "--temperature", "0"]) as term:
         term.read_until(">>> ")
         mark = len(term.seen)
@@ -229,11 +219,9 @@ def test_a_reasoning_models_thinking_goes_to_stderr_or_nowhere(
     from tests.chat.test_chat_engine import THINKING_TEMPLATE
     from tests.support.tiny_models import build_tiny_model
 
-    home = tmp_path / "mlxi"
     # The template opens a <think> block: what the model writes first is its thinking.
     thinker = build_tiny_model(tmp_path / "thinker", arch="qwen2", chat_template=THINKING_TEMPLATE)
-    import_model(thinker, "thinker", store=ModelStore(home))
-    monkeypatch.setenv("MLXI_HOME", str(home))
+    store_with(tmp_path, monkeypatch, thinker, "thinker")
     args = ["run", "thinker", "Hi", "--max-tokens", "12", "--temperature", "0"]
     shown = CliRunner().invoke(app, args)
     assert shown.exit_code == 0, shown.stderr

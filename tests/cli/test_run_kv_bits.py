@@ -8,7 +8,7 @@ import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
-from mlx_integrations.models import ModelStore, import_model
+from tests.cli.conftest import store_with
 from tests.support.tiny_models import build_tiny_model
 
 ARGS = ["run", "heads64", "What is the weather in Paris?", "-t", "0", "-m", "12"]
@@ -20,10 +20,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     model = build_tiny_model(
         tmp_path / "model", hidden_size=128, num_attention_heads=2, tie_word_embeddings=False
     )
-    home = tmp_path / "mlxi"
-    import_model(model, "heads64", store=ModelStore(home))
-    monkeypatch.setenv("MLXI_HOME", str(home))
-    return home
+    return store_with(tmp_path, monkeypatch, model, "heads64")
 
 
 def test_kv_bits_run_answers(home):

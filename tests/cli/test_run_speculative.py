@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
-from mlx_integrations.models import ModelStore, import_model
-
 ARGS = ["run", "tiny", "Repeat: the lazy dog, the lazy dog", "-t", "0", "-m", "24"]
-
-
-@pytest.fixture
-def home(tmp_path: Path, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "mlxi"
-    import_model(tiny_llama, "tiny", store=ModelStore(home))
-    monkeypatch.setenv("MLXI_HOME", str(home))
-    return home
 
 
 @pytest.mark.parametrize("option", [["--prompt-lookup", "4"], ["--draft-model", "tiny"]])

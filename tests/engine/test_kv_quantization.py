@@ -14,6 +14,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.options import EngineOptions
+from tests.support.pool_keys import assert_pool_keys_by
 from tests.support.tiny_models import build_tiny_model
 
 PROMPTS = [
@@ -201,15 +202,4 @@ async def test_a_group_size_that_does_not_divide_the_heads_fails_at_load(model64
 
 
 def test_the_pool_keys_engines_by_their_kv_options(model64):
-    from mlx_integrations.engine import pool
-
-    taken = [pool.acquire(model64), pool.acquire(model64, kv_bits=8)]
-    try:
-        taken.append(pool.acquire(model64, kv_bits=8))
-        taken.append(pool.acquire(model64, kv_bits=4))
-        assert taken[1] is not taken[0] and taken[2] is taken[1]
-        assert taken[3] is not taken[1]
-    finally:
-        for eng in taken:
-            pool.release(eng)
-        pool.unload_idle()
+    assert_pool_keys_by(model64, "kv_bits", 8, 4)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from tests.support.pool_keys import assert_pool_keys_by
 from tests.support.tiny_models import build_tiny_model
 
 PROMPTS = [
@@ -249,15 +250,4 @@ async def test_a_draft_model_with_another_vocabulary_is_refused(target, tmp_path
 
 
 def test_the_pool_keys_engines_by_their_speculative_options(target):
-    from mlx_integrations.engine import pool
-
-    taken = [pool.acquire(target), pool.acquire(target, prompt_lookup=4)]
-    try:
-        taken.append(pool.acquire(target, prompt_lookup=4))
-        taken.append(pool.acquire(target, prompt_lookup=2))
-        assert taken[1] is not taken[0] and taken[2] is taken[1]
-        assert taken[3] is not taken[1]
-    finally:
-        for eng in taken:
-            pool.release(eng)
-        pool.unload_idle()
+    assert_pool_keys_by(target, "prompt_lookup", 4, 2)

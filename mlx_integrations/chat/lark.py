@@ -76,11 +76,6 @@ def schema_defs(schema: Mapping[str, Any]) -> dict[str, Any]:
     return {k: schema[k] for k in ("$defs", "definitions") if k in schema}
 
 
-def text_without(stop: str) -> str:
-    """A regex terminal body: any text that does not contain ``stop``."""
-    return f"/(?s:.*)/ & ~(/(?s:.*)/ {lit(stop)} /(?s:.*)/)"
-
-
 def keyword_arguments(
     tool_properties: Mapping[str, Any],
     required: Sequence[str],

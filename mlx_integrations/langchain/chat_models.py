@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
@@ -498,7 +497,3 @@ def _result_from_chunks(chunks: list[ChatGenerationChunk]) -> ChatResult:
     from langchain_core.language_models.chat_models import generate_from_stream
 
     return generate_from_stream(iter(chunks))
-
-
-def _tool_args_json(args: dict[str, Any]) -> str:
-    return json.dumps(args, ensure_ascii=False)

@@ -121,16 +121,6 @@ class ToolFormat:
         more = f'("\\n"? {opening} {one})*' if parallel else ""
         return f"calls: {one} {more}\n{rules}"
 
-    def _tagged_calls_grammar(
-        self, tokenizer: Any, tools: Sequence[ToolSpec], parallel: bool
-    ) -> str:
-        """``calls``: one call and the end marker, then more after a newline and the start."""
-        alternatives, rules = self._alternatives(tokenizer, tools)
-        opening = lark.marker(tokenizer, self.start)
-        end = lark.marker(tokenizer, self.end)
-        more = f'("\\n" {opening} ({alternatives}) {end})*' if parallel else ""
-        return f"calls: ({alternatives}) {end} {more}\n{rules}"
-
     def _alternatives(self, tokenizer: Any, tools: Sequence[ToolSpec]) -> tuple[str, str]:
         rules = "\n".join(self.call_rules(tokenizer, t, f"tool_{i}") for i, t in enumerate(tools))
         return " | ".join(f"tool_{i}" for i in range(len(tools))), rules
@@ -205,12 +195,13 @@ def loads_args(value: Any) -> Any:
     return {} if value is None else value
 
 
-def _json_call(obj: Any) -> dict[str, Any]:
+def call_from_json(obj: Any) -> dict[str, Any]:
+    """A decoded JSON call (``name`` with ``arguments``, ``parameters`` or ``function``)."""
     if not isinstance(obj, dict):
         raise ValueError(f"a tool call must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
     if name is None and isinstance(obj.get("function"), dict):
-        return _json_call(obj["function"])
+        return call_from_json(obj["function"])
     if not isinstance(name, str) or not name:
         raise ValueError("the tool call has no 'name'")
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -236,7 +227,7 @@ def json_objects(body: str) -> list[Any]:
 
 def parse_json_calls(body: str, tools: Any = None) -> list[dict[str, Any]]:
     """One JSON call, a JSON list of calls, or calls separated by ``;`` or newlines."""
-    return [_json_call(item) for item in json_objects(body)]
+    return [call_from_json(item) for item in json_objects(body)]
 
 
 def _as_list(parsed: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_integrations.chat.tool_formats.base import JsonBodyFormat, json_call, json_objects
+from mlx_integrations.chat.tool_formats.base import (
+    JsonBodyFormat,
+    call_from_json,
+    json_call,
+    json_objects,
+)
 
 
 class Llama3JsonFormat(JsonBodyFormat):
@@ -23,9 +28,10 @@ class Llama3JsonFormat(JsonBodyFormat):
     arguments_key = "parameters"
 
     def parse(self, body: str, tools: list[dict[str, Any]] | None) -> Any:
-        if self.is_answer(body, tools):
+        objects = json_objects(body)
+        if _no_calls(objects, tools):
             raise ValueError("this JSON is no call: it has no 'parameters' or names no bound tool")
-        return super().parse(body, tools)
+        return [call_from_json(o) for o in objects]
 
     def is_answer(self, body: str, tools: list[dict[str, Any]] | None) -> bool:
         """Whole JSON that is no call: without ``parameters``, or naming no bound tool.
@@ -36,13 +42,7 @@ class Llama3JsonFormat(JsonBodyFormat):
             objects = json_objects(body)
         except ValueError:
             return False  # cut or broken: an invalid call, not an answer
-        keys = ("parameters", "arguments", "function")
-        if not all(isinstance(o, dict) and any(k in o for k in keys) for o in objects):
-            return True
-        names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
-        return bool(names) and any(
-            isinstance(o.get("name"), str) and o["name"] not in names for o in objects
-        )
+        return _no_calls(objects, tools)
 
     @property
     def forced_start(self) -> str:
@@ -55,3 +55,14 @@ class Llama3JsonFormat(JsonBodyFormat):
 
     def write_calls(self, calls: Any) -> str:
         return "; ".join(json_call(n, a, key="parameters") for n, a in calls)
+
+
+def _no_calls(objects: list[Any], tools: list[dict[str, Any]] | None) -> bool:
+    """Decoded JSON values that are no calls: one lacks arguments or names no bound tool."""
+    keys = ("parameters", "arguments", "function")
+    if not all(isinstance(o, dict) and any(k in o for k in keys) for o in objects):
+        return True
+    names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+    return bool(names) and any(
+        isinstance(o.get("name"), str) and o["name"] not in names for o in objects
+    )

@@ -140,7 +140,12 @@ class TaggedArgsFormat(ToolFormat):
         return tagged_call_rules(tokenizer, tool, rule, self.head(tool.name), self.tags, self.tail)
 
     def calls_grammar(self, tokenizer: Any, tools: Any, parallel: bool) -> str:
-        return self._tagged_calls_grammar(tokenizer, tools, parallel)
+        # One call and the end marker, then more after a newline and the start marker.
+        alternatives, rules = self._alternatives(tokenizer, tools)
+        opening = lark.marker(tokenizer, self.start)
+        end = lark.marker(tokenizer, self.end)
+        more = f'("\\n" {opening} ({alternatives}) {end})*' if parallel else ""
+        return f"calls: ({alternatives}) {end} {more}\n{rules}"
 
     def write_calls(self, calls: Any) -> str:
         out = []

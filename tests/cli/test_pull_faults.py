@@ -42,6 +42,10 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _asked_for_weights(hub: FakeHub, since: int) -> bool:
+    return bool(weights_ranges(hub, since))
+
+
 def interrupted_pull(
     hub: FakeHub, env: dict[str, str], *, rate: float = RATE, after: int = 200_000
 ) -> tuple[int, str, float, int]:
@@ -51,7 +55,7 @@ def interrupted_pull(
         Exit code, stderr, seconds from SIGINT to exit, body bytes sent before SIGINT.
     """
     hub.rate = rate
-    start_at = hub.sent_bytes("model.safetensors")
+    before = len(hub.requests)
     exe = Path(sys.executable).with_name("mlxi")
     proc = subprocess.Popen(
         [str(exe), "pull", "org/slow"],
@@ -61,7 +65,11 @@ def interrupted_pull(
         text=True,
     )
     try:
-        # Observable progress first: part of the weights has left the Hub.
+        # Observable progress of this pull first: its request for the weights has come
+        # (bytes counted before it may still belong to an earlier, interrupted transfer),
+        # then part of the weights has left the Hub.
+        wait_for(lambda: _asked_for_weights(hub, before), "the request for the weights")
+        start_at = hub.sent_bytes("model.safetensors")
         wait_for(lambda: hub.sent_bytes("model.safetensors") >= start_at + after, "the download")
         sent = hub.sent_bytes("model.safetensors")
         start = time.monotonic()
@@ -132,17 +140,31 @@ def test_ctrl_c_during_a_stalled_read_of_a_resumed_download(hub, env):
 
     # The next pull resumes; the Hub sends 8 KiB and then nothing for 80 s, so the read
     # is blocked when Ctrl-C comes. It stops at once and keeps at least what it had.
+    resumed_from = len(hub.requests)
     code, err, seconds, _sent = interrupted_pull(hub, env, rate=100, after=8192)
     assert code == 130, err
     assert seconds < 9, f"exit took {seconds:.1f} s after Ctrl-C"
     second = kept.stat().st_size
     assert first <= second < len(WEIGHTS)
     assert kept.read_bytes() == WEIGHTS[:second]
+    # Its transfer asked only for what the first pull had left. (huggingface_hub's
+    # http_get retries once with the same range when Ctrl-C cuts its stream.)
+    assert set(weights_ranges(hub, resumed_from)) == {f"bytes={first}-"}
 
     hub.rate = None
+    last_from = len(hub.requests)
     assert ModelStore(Path(env["MLXI_HOME"])).verify(pull("org/slow").model.name).ok
-    ranges = [r.range for r in hub.requests if r.method == "GET" and "safetensors" in r.path]
-    assert ranges == [None, f"bytes={first}-", f"bytes={second}-"]
+    assert weights_ranges(hub, 0)[0] is None  # the first pull started from byte 0
+    assert weights_ranges(hub, last_from) == [f"bytes={second}-"]
+
+
+def weights_ranges(hub: FakeHub, since: int) -> list[str | None]:
+    """The Range headers of the requests for the weights, from request ``since`` on."""
+    return [
+        r.range
+        for r in hub.requests_since(since)
+        if r.method == "GET" and r.path.endswith("model.safetensors")
+    ]
 
 
 def test_a_corrupt_partial_file_is_caught_by_its_sha256_and_fetched_again(hub, env):

@@ -42,3 +42,20 @@ def test_core_import_is_light():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
+
+
+def test_every_package_folder_is_installed():
+    """A folder with __init__.py that pyproject.toml does not list is missing from the wheel."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(init.parent.relative_to(root).parts)
+        for init in (root / "mlx_integrations").rglob("__init__.py")
+    }
+    folders |= {"mlx_integrations.cli"}
+    assert folders <= listed, f"add {sorted(folders - listed)} to [tool.setuptools] packages"

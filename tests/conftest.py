@@ -8,6 +8,7 @@ import pytest
 
 import mlx_integrations  # noqa: F401  (preloads the CPU BLAS before mlx.core is imported)
 from tests.support.tiny_models import PLAIN_TEMPLATE, build_tiny_model
+from tests.support.tiny_vlm import build_tiny_vlm, make_test_image
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,22 @@ def tiny_plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama-shaped model whose template knows nothing of tools."""
     return build_tiny_model(
         tmp_path_factory.mktemp("tiny-plain"), arch="llama", chat_template=PLAIN_TEMPLATE
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Qwen2.5-VL (text hidden 64, vision hidden 32) with its processor files."""
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+@pytest.fixture(scope="session")
+def test_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two visibly different 112x112 PNGs (red/blue stripes, green/white checks)."""
+    folder = tmp_path_factory.mktemp("images")
+    return (
+        make_test_image(folder / "stripes.png", "stripes"),
+        make_test_image(folder / "checker.png", "checker"),
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from mlx_integrations.chat.constraints import constraint_processors, format_instructions
+from mlx_integrations.chat.media_parts import reject_media_for_text_model
 from mlx_integrations.chat.output_parser import (
     ChatOutputParser,
     Event,
@@ -207,6 +208,8 @@ async def stream_chat_events(
     override = options.pop("tool_format", None)
     messages = with_format_instructions(request.messages, request.response_format)
     await engine.start()
+    # Any engine's text model refuses media here, before a prompt is rendered.
+    reject_media_for_text_model(messages, engine.model_name, bool(engine.is_mllm))
     fmt = engine_tool_format(engine, override)
     if override and hasattr(engine, "tool_format"):
         options["tool_format"] = fmt  # our engines render text-form calls in it too

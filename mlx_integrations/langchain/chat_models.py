@@ -82,6 +82,20 @@ class ChatMLX(ChatSettings, BaseChatModel):
             msg = await llm.ainvoke("Hello")
             results = await llm.abatch(["Hi", "Bonjour"])
 
+    Images (a vision-language model):
+        .. code-block:: python
+
+            from langchain_core.messages import HumanMessage
+
+            vlm = ChatMLX(model="mlx-community/Qwen2.5-VL-3B-Instruct-4bit")
+            msg = HumanMessage(content=[
+                {"type": "image", "url": "chart.png"},  # a path or an http(s)/file/data URL
+                # {"type": "image", "base64": b64, "mime_type": "image/png"}
+                # {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
+                {"type": "text", "text": "What does this chart show?"},
+            ])
+            print(vlm.invoke([msg]).content)
+
     Tool calling:
         .. code-block:: python
 

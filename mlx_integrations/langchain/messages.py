@@ -19,6 +19,7 @@ from langchain_core.messages.tool import ToolCall as LCToolCall
 from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.messages.tool import tool_call_chunk as make_tool_call_chunk
 
+from mlx_integrations.chat.media_parts import MediaKind, data_url, media_kind_of, media_part
 from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
 
 _SKIPPED_BLOCKS = {
@@ -29,16 +30,72 @@ _SKIPPED_BLOCKS = {
     "function_call",
     "server_tool_call",
 }
-_MEDIA_BLOCKS = {
-    "image",
-    "image_url",
-    "input_image",
-    "audio",
-    "input_audio",
-    "video",
-    "file",
-    "pdf",
+_MEDIA_BLOCKS = {"image", "image_url", "input_image", "video", "video_url"}
+
+# Blocks of media that no engine here takes, with what to say about them.
+_UNSUPPORTED_MEDIA = {
+    "audio": "audio",
+    "input_audio": "audio",
+    "file": "files",
+    "input_file": "files",
+    "pdf": "PDF files",
 }
+
+
+def _url_field(value: Any) -> Any:
+    """The URL of an OpenAI-style ``image_url`` / ``video_url`` value: a dict or a string."""
+    return value.get("url") if isinstance(value, dict) else value
+
+
+def _standard_source(block: dict[str, Any], kind: MediaKind, where: str) -> Any:
+    """The source of a standard ``image`` / ``video`` block, in its v1 form
+    (``base64`` / ``url`` / ``file_id``) or its older ``source_type`` form."""
+    source_type = block.get("source_type")
+    mime = block.get("mime_type")
+    if source_type is not None:
+        if source_type == "base64":
+            return data_url(kind, block.get("data"), mime, where)
+        if source_type == "url":
+            return block.get("url")
+        if source_type == "id":
+            raise ValueError(_file_id_error(kind, where, block.get("id")))
+        raise ValueError(
+            f"{where} has a {kind} block with source_type {source_type!r}; use 'base64' "
+            "(with 'data') or 'url' (with 'url')"
+        )
+    if block.get("base64") is not None:
+        return data_url(kind, block["base64"], mime, where)
+    if block.get("url") is not None:
+        return block["url"]
+    if block.get("file_id") is not None:
+        raise ValueError(_file_id_error(kind, where, block["file_id"]))
+    raise ValueError(
+        f"{where} has a {kind} block with neither 'base64' nor 'url'; give "
+        f'{{"type": "{kind}", "url": ...}} (a path or URL) or '
+        f'{{"type": "{kind}", "base64": ..., "mime_type": ...}}'
+    )
+
+
+def _file_id_error(kind: str, where: str, file_id: Any) -> str:
+    return (
+        f"{where} refers to a {kind} by provider file id {file_id!r}, which a local model "
+        f"cannot look up; give the {kind} as a path, a URL or base64 data instead"
+    )
+
+
+def _media_block(block: dict[str, Any], where: str) -> dict[str, str]:
+    """The neutral image / video part of a LangChain media block, in any documented form."""
+    kind = block["type"]
+    if kind == "image_url":
+        return media_part("image", _url_field(block.get("image_url")), where)
+    if kind == "video_url":
+        return media_part("video", _url_field(block.get("video_url")), where)
+    if kind == "input_image":  # OpenAI Responses
+        if block.get("image_url") is None and block.get("file_id") is not None:
+            raise ValueError(_file_id_error("image", where, block["file_id"]))
+        return media_part("image", _url_field(block.get("image_url")), where)
+    assert kind in ("image", "video")
+    return media_part(kind, _standard_source(block, kind, where), where)
 
 
 def _content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -47,7 +104,7 @@ def _content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
     if not isinstance(content, list):
         raise TypeError(f"{where}.content must be a string or a list of blocks, got {content!r}")
     parts: list[dict[str, Any]] = []
-    for block in content:
+    for j, block in enumerate(content):
         if isinstance(block, str):
             parts.append({"type": "text", "text": block})
             continue
@@ -59,11 +116,17 @@ def _content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
         elif kind in _SKIPPED_BLOCKS:
             continue  # carried by tool_calls / not shown to the model again
         elif kind in _MEDIA_BLOCKS:
-            parts.append({"type": "image" if "image" in str(kind) else str(kind)})
+            parts.append(_media_block(block, f"{where}.content[{j}]"))
+        elif kind in _UNSUPPORTED_MEDIA:
+            raise ValueError(
+                f"{where}.content[{j}] is a {kind!r} block, but ChatMLX sends models text, "
+                f"images and video, not {_UNSUPPORTED_MEDIA[kind]}; remove it (or give its "
+                "text content as a text block)"
+            )
         else:
             raise ValueError(
                 f"{where} has a content block of unsupported type {kind!r}; "
-                "use text blocks (images need a vision-language model)"
+                "use text, image or video blocks"
             )
     return parts
 
@@ -97,16 +160,25 @@ def to_neutral_messages(messages: list[BaseMessage]) -> list[dict[str, Any]]:
                 ]
             out.append(item)
         elif isinstance(msg, ToolMessage):
-            content = msg.content
+            content: Any = msg.content
             if not isinstance(content, str):
                 parts = _content_parts(content, where)
-                content = (
-                    parts
-                    if isinstance(parts, str)
-                    else "".join(p.get("text", "") for p in parts if p["type"] == "text")
-                )
+                # Text alone goes as one string (templates print tool results as text);
+                # a result with images keeps its parts, in order, for a vision model.
+                if isinstance(parts, str) or not any(media_kind_of(p) for p in parts):
+                    content = (
+                        parts
+                        if isinstance(parts, str)
+                        else "".join(p.get("text", "") for p in parts if p["type"] == "text")
+                    )
+                else:
+                    content = parts
             if getattr(msg, "status", "success") == "error":
-                content = f"Error: {content}"
+                content = (
+                    f"Error: {content}"
+                    if isinstance(content, str)
+                    else [{"type": "text", "text": "Error: "}, *content]
+                )
             item = {"role": "tool", "tool_call_id": msg.tool_call_id, "content": content}
             if msg.name:
                 item["name"] = msg.name

@@ -50,6 +50,13 @@ if TYPE_CHECKING:
 DEFAULT_CONTEXT_WINDOW = 4096
 
 
+class MLXLLMMetadata(LLMMetadata):
+    """LlamaIndex's ``LLMMetadata``, and whether the model takes images and video."""
+
+    is_multimodal: bool = False
+    """True for a vision-language model: ``ImageBlock`` / ``VideoBlock`` reach it."""
+
+
 class MLXLLM(ChatSettings, FunctionCallingLLM):
     """A LlamaIndex LLM served by a local MLX engine: chat, tools, structured output.
 
@@ -69,6 +76,18 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             print(llm.chat([ChatMessage(role="user", content="Hello!")]))
             for r in llm.stream_complete("The capital of France is"):
                 print(r.delta, end="")
+
+    Images (a vision-language model; ``llm.metadata.is_multimodal`` is True):
+        .. code-block:: python
+
+            from llama_index.core.llms import ImageBlock, TextBlock
+
+            vlm = MLXLLM(model="mlx-community/Qwen2.5-VL-3B-Instruct-4bit")
+            msg = ChatMessage(role="user", blocks=[
+                ImageBlock(path="chart.png"),  # or url="https://...", image=png_bytes
+                TextBlock(text="What does this chart show?"),
+            ])
+            print(vlm.chat([msg]).message.content)
 
     Tool calling:
         .. code-block:: python
@@ -97,14 +116,15 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         return "MLXLLM"
 
     @property
-    def metadata(self) -> LLMMetadata:
+    def metadata(self) -> MLXLLMMetadata:
         window = self.context_window or getattr(self.engine, "context_length", None)
-        return LLMMetadata(
+        return MLXLLMMetadata(
             context_window=window or DEFAULT_CONTEXT_WINDOW,
             num_output=self.max_tokens,
             is_chat_model=True,
             is_function_calling_model=True,
             model_name=self.model or "",
+            is_multimodal=bool(self._served_engine().is_mllm),
         )
 
     # ------------------------------------------------------------- internals

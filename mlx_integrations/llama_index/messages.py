@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from io import IOBase
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -16,6 +17,9 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
     VideoBlock,
 )
+from llama_index.core.utils import resolve_binary
+
+from mlx_integrations.chat.media_parts import MediaKind, data_url, media_part
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -48,15 +52,41 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
         elif isinstance(block, ThinkingBlock):
             continue  # earlier reasoning is not shown to the model again
         elif isinstance(block, ImageBlock):
-            parts.append({"type": "image"})
-        elif isinstance(block, (AudioBlock, VideoBlock, DocumentBlock)):
-            parts.append({"type": type(block).__name__.removesuffix("Block").lower()})
+            data = block.image
+            source = block.path or block.url
+            parts.append(_media(where, "image", data, source, block.image_mimetype))
+        elif isinstance(block, VideoBlock):
+            source = block.path or block.url
+            parts.append(_media(where, "video", block.video, source, block.video_mimetype))
+        elif isinstance(block, (AudioBlock, DocumentBlock)):
+            raise ValueError(
+                f"{where} holds a {type(block).__name__}, but MLXLLM sends models text, "
+                "images and video only; remove it (or give its text as a TextBlock)"
+            )
         else:
             raise ValueError(
                 f"{where} holds a {type(block).__name__}, which MLXLLM cannot send to a "
                 "text model; use TextBlock content"
             )
     return parts, calls
+
+
+def _media(
+    where: str, kind: MediaKind, data: Any, source: Any, mime_type: str | None
+) -> dict[str, str]:
+    """The neutral part of an ``ImageBlock`` / ``VideoBlock``: its bytes as a ``data:``
+    URL, else its path or URL as given (the engine reads or fetches it)."""
+    where = f"{where} ({kind} block)"
+    if isinstance(data, IOBase):
+        data.seek(0)
+        data = data.read()
+    if data:
+        # The block keeps bytes given to it as base64 (and any stream as it came).
+        encoded = resolve_binary(raw_bytes=bytes(data), as_base64=True).read()
+        return media_part(kind, data_url(kind, encoded.decode("ascii"), mime_type, where), where)
+    if source is None:
+        raise ValueError(f"{where} has no data, path or url; give one of them")
+    return media_part(kind, str(source), where)
 
 
 def to_neutral_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Neutral chat messages: validation and the form chat templates take.
 
 A message is a dict with ``role`` and ``content`` (a string, or a list of parts
-``{"type": "text", "text": ...}``), and optionally ``tool_calls`` (assistant),
+``{"type": "text", "text": ...}``, and for vision-language models
+``{"type": "image", "image": source}`` / ``{"type": "video", "video": source}``), and optionally ``tool_calls`` (assistant),
 ``tool_call_id`` and ``name`` (tool), ``reasoning_content`` (assistant).
 """
 
@@ -22,16 +23,40 @@ MEDIA_PART_TYPES = {
 }
 
 
-def _text_of(content: Any, index: int, model_name: str) -> str:
+def text_only_error(model_name: str, kind: str = "images") -> str:
+    """The message for media sent to a text-only model, naming models that take them."""
+    return (
+        f"{model_name!r} is a text-only model and does not take {kind}; use a "
+        "vision-language model such as Qwen2.5-VL (mlx-community/Qwen2.5-VL-3B-Instruct-4bit), "
+        "Gemma 3 or SmolVLM (install mlx-integrations[vision])"
+    )
+
+
+def _media_part(part: dict[str, Any], kind: str, index: int) -> dict[str, Any]:
+    """A neutral ``{"type": "image", "image": source}`` part (or video) from a part."""
+    base = "image" if kind in ("image", "image_url", "input_image") else "video"
+    source = part.get(base, part.get(f"{base}_url", part.get("url")))
+    if isinstance(source, dict):  # OpenAI's {"image_url": {"url": ...}}
+        source = source.get("url")
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(
+            f"messages[{index}] holds a {kind!r} part without a source: give it as "
+            f'{{"type": "{base}", "{base}": "<path, URL, data: URL or base64>"}}'
+        )
+    return {"type": base, base: source}
+
+
+def _content_of(content: Any, index: int, model_name: str, role: str, media: bool) -> Any:
+    """The message's text, or (media models, media present) its parts in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
+        parts: list[dict[str, Any]] = []
         for part in content:
             if isinstance(part, str):
-                texts.append(part)
+                parts.append({"type": "text", "text": part})
                 continue
             if not isinstance(part, dict) or "type" not in part:
                 raise TypeError(
@@ -40,22 +65,53 @@ def _text_of(content: Any, index: int, model_name: str) -> str:
                 )
             kind = part["type"]
             if kind == "text":
-                texts.append(str(part.get("text", "")))
+                parts.append({"type": "text", "text": str(part.get("text", ""))})
             elif kind in MEDIA_PART_TYPES:
-                raise ValueError(
-                    f"messages[{index}] holds a {kind!r} part, but {model_name!r} is a "
-                    "text-only model; remove the media or use a vision-language model"
-                )
+                if not media:
+                    what = "videos" if "video" in kind else "images"
+                    raise ValueError(
+                        f"messages[{index}] holds a {kind!r} part, but "
+                        + (text_only_error(model_name, what))
+                    )
+                if kind in ("audio", "input_audio"):
+                    raise ValueError(
+                        f"messages[{index}] holds an {kind!r} part; audio input is not "
+                        "supported, only images and videos"
+                    )
+                if role != "user":
+                    raise ValueError(
+                        f"messages[{index}] ({role}) holds a {kind!r} part; images and videos "
+                        "go in user messages"
+                    )
+                parts.append(_media_part(part, kind, index))
             else:
                 raise ValueError(
                     f"messages[{index}].content has a part of unknown type {kind!r}; "
-                    "only 'text' parts are supported by text models"
+                    "only 'text', 'image' and 'video' parts are supported"
                 )
-        return "".join(texts)
+        if any(p["type"] != "text" for p in parts):
+            return [p for p in parts if p["type"] != "text" or p["text"]]
+        return "".join(p["text"] for p in parts)
     raise TypeError(
         f"messages[{index}].content must be a string or a list of parts, "
         f"got {type(content).__name__}: {content!r}"
     )
+
+
+def media_sources(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The ``(kind, source)`` of every image and video part, in message order."""
+    found = []
+    for msg in messages:
+        if isinstance(msg["content"], list):
+            found += [(p["type"], p[p["type"]]) for p in msg["content"] if p["type"] != "text"]
+    return found
+
+
+def message_text(content: Any) -> str:
+    """The text of a normalized message's content (media parts left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")
 
 
 def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
@@ -91,8 +147,20 @@ def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
     }
 
 
-def normalize_messages(messages: Any, model_name: str = "this model") -> list[dict[str, Any]]:
+def normalize_messages(
+    messages: Any, model_name: str = "this model", *, media: bool = False
+) -> list[dict[str, Any]]:
     """Validate a message list and return plain dicts with string content.
+
+    Args:
+        messages: The conversation.
+        model_name: Named in error messages.
+        media: The model takes images and videos (a vision-language model): a user
+            message holding them keeps its content as a list of parts, in order:
+            ``{"type": "text", "text": ...}``, ``{"type": "image", "image": source}``,
+            ``{"type": "video", "video": source}``. ``image_url`` parts
+            (``{"image_url": {"url": ...}}``) become image parts. Other messages keep
+            string content.
 
     Raises:
         ValueError: Empty list, unknown role, media for a text model.
@@ -114,7 +182,7 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
             )
         item: dict[str, Any] = {
             "role": role,
-            "content": _text_of(msg.get("content"), i, model_name),
+            "content": _content_of(msg.get("content"), i, model_name, role, media),
         }
         if role == "assistant":
             calls = msg.get("tool_calls")
@@ -137,7 +205,7 @@ def normalize_messages(messages: Any, model_name: str = "this model") -> list[di
                 item["name"] = str(name)
         elif msg.get("name") and role in ("user", "system"):
             item["name"] = str(msg["name"])
-        check_text(item["content"], f"messages[{i}].content")
+        check_text(message_text(item["content"]), f"messages[{i}].content")
         out.append(item)
     return out
 

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
+from mlx_integrations.engine.generation import (
+    MLXGenerationOutput,
+    OutputBuilder,
+    request_processors,
+)
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
@@ -167,7 +171,8 @@ class BatchedEngine(MLXEngine):
     :class:`MLXEngine`: a failed decode step ends only its own request. Speculative
     decoding (``draft_model``, ``prompt_lookup``) is refused with ``ValueError``: the
     batch advances every sequence one token per step; use :class:`SimpleEngine` for it.
-    So is a quantized KV cache (``kv_bits``): mlx-lm's batch generator has none.
+    So is a quantized KV cache (``kv_bits``): mlx-lm's batch generator has none. So is
+    a vision-language model: :class:`SimpleEngine` serves those, one request at a time.
 
     Example:
         >>> import asyncio
@@ -209,6 +214,13 @@ class BatchedEngine(MLXEngine):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         super().__init__(model, options=options, **kwargs)
+        if self._vision:
+            # mlx-vlm batches with its own generator (per-row image inputs and mRoPE
+            # state); this engine is built on mlx-lm's.
+            raise ValueError(
+                f"{self._name!r} is a vision-language model; BatchedEngine serves text "
+                "models only: use SimpleEngine (engine_type='simple') for it"
+            )
         if self._options.speculation != "off":
             source = (
                 f"draft_model={self._options.draft_model!r}"
@@ -374,7 +386,7 @@ class BatchedEngine(MLXEngine):
             self._prefix.put(job.tokens[:reused], cache)
             cache, reused = None, 0
         try:
-            user = self._logits_processors(p)
+            user = request_processors(p)
             processors = _GuardedProcessors(user) if user else None
             sampler = self._sampler(p)
             builder = self._output_builder(job, reused)

@@ -7,11 +7,13 @@ stop sequences held back until they are decided, EOS handling, and the counters.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mlx_integrations.chat.stopping import StopMatcher
 from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.params import SamplingParams
 
 
 @dataclass
@@ -117,3 +119,27 @@ class OutputBuilder:
             ttft_s=ttft,
             generation_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
         )
+
+
+def request_processors(p: SamplingParams) -> list[Callable[..., Any]]:
+    """mlx-lm's processors for the request's penalties and bias, then the caller's."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(
+        p.logit_bias,
+        p.repetition_penalty,
+        p.repetition_context_size,
+        p.presence_penalty,
+        p.repetition_context_size,
+        p.frequency_penalty,
+        p.repetition_context_size,
+    ) + list(p.logits_processors)
+
+
+async def last_chunk(stream: AsyncIterator[GenerationOutput]) -> GenerationOutput:
+    """The last chunk of a stream: the complete output."""
+    last: GenerationOutput | None = None
+    async for last in stream:  # noqa: B007
+        pass
+    assert last is not None
+    return last

@@ -24,6 +24,9 @@ class Job:
     emit: Callable[[Any], None]
     """Hands a chunk (or the exception that ended the request) to the caller; thread-safe."""
     abort: threading.Event = field(default_factory=threading.Event)
+    media: Any = None
+    """A vision request's decoded images and videos (``VisionInputs``); the owner
+    thread turns them into model inputs and ``tokens`` into the expanded prompt."""
 
 
 def default_prefill_step_size() -> int:

@@ -34,7 +34,7 @@ from mlx_integrations.engine.base import (
     GenerationOutput,
     run_blocking_startup_work,
 )
-from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder
+from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Job, default_prefill_step_size
 from mlx_integrations.engine.loading import (
     check_model_dir,
@@ -59,6 +59,12 @@ from mlx_integrations.engine.stats import (
     PrefixCacheStats,
     RequestStats,
     memory_stats,
+)
+from mlx_integrations.engine.vision import (
+    LoadedVision,
+    gather_media,
+    is_vision_config,
+    load_vision_model,
 )
 from mlx_integrations.models.warm import load_warm_caches
 
@@ -103,6 +109,9 @@ class MLXEngine(BaseEngine):
         self._name = str(model)
         self._path = resolve_model_path(model)
         self._config = check_model_dir(self._path)
+        # A vision-language model is served through mlx-vlm (see engine/vision.py).
+        self._vision = is_vision_config(self._config)
+        self._loaded_vision: LoadedVision | None = None
         self._lease: Any = None  # a store model is marked in use while loaded
         self._context_length = context_length(self._config)
         self._vocab_size = vocab_size(self._config)
@@ -162,7 +171,8 @@ class MLXEngine(BaseEngine):
 
     @property
     def is_mllm(self) -> bool:
-        return False
+        """True for a vision-language model (config.json with a ``vision_config``)."""
+        return self._vision
 
     @property
     def tokenizer(self) -> Any:
@@ -248,7 +258,7 @@ class MLXEngine(BaseEngine):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        return await _last(
+        return await last_chunk(
             self.stream_generate(prompt, max_tokens, temperature, top_p, stop, **kwargs)
         )
 
@@ -288,7 +298,7 @@ class MLXEngine(BaseEngine):
         stream = self.stream_chat(
             messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
         )
-        return await _last(stream)
+        return await last_chunk(stream)
 
     async def stream_chat(  # type: ignore[override]  # async generator, see base
         self,
@@ -301,8 +311,9 @@ class MLXEngine(BaseEngine):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationOutput]:
-        reject_media(images, videos, self._name)
-        normalized = normalize_messages(messages, self._name)
+        if not self._vision:
+            reject_media(images, videos, self._name)
+        normalized = normalize_messages(messages, self._name, media=self._vision)
         # Tools are checked on every call, whether or not a constraint is asked for.
         tool_request = read_tool_request(
             tools, kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls", True)
@@ -312,6 +323,12 @@ class MLXEngine(BaseEngine):
             template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
         fmt = kwargs.get("tool_format")
         params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
+        media = None
+        if self._vision:  # downloads and decoding, off the event loop
+            limits = self._options.media_limits
+            normalized, media = await asyncio.to_thread(
+                gather_media, normalized, images, videos, limits
+            )
         await self.start()
         if not isinstance(fmt, ToolFormat):
             fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
@@ -331,7 +348,7 @@ class MLXEngine(BaseEngine):
                 kwargs.get("response_format"),
                 self._tokenizer.think_end if in_reasoning else None,
             )
-        async for out in self._submit(params, prompt, tokens):
+        async for out in self._submit(params, prompt, tokens, media):
             out.starts_in_reasoning = in_reasoning
             yield out
 
@@ -347,7 +364,7 @@ class MLXEngine(BaseEngine):
 
         The engine's own ``chat_template_kwargs`` apply first; ``template_kwargs`` win.
         """
-        normalized = normalize_messages(messages, self._name)
+        normalized = normalize_messages(messages, self._name, media=self._vision)
         return render_chat_prompt(
             self.tokenizer,
             normalized,
@@ -458,9 +475,14 @@ class MLXEngine(BaseEngine):
         import mlx_lm
 
         self._lease = lease_model(self._path)
+        tokenizer: Any
         try:
-            loaded = mlx_lm.load(str(self._path))
-            model, tokenizer = loaded[0], loaded[1]
+            if self._vision:
+                self._loaded_vision = load_vision_model(self._path, self._name)
+                model, tokenizer = self._loaded_vision.model, self._loaded_vision.tokenizer
+            else:
+                loaded = mlx_lm.load(str(self._path))
+                model, tokenizer = loaded[0], loaded[1]
             self._capabilities = probe_template(tokenizer)
             self._tool_format = detect_format(tokenizer, self._options.tool_format)
             if self._options.preserve_native_tool_format is None:
@@ -470,6 +492,7 @@ class MLXEngine(BaseEngine):
             if self._options.load_warm_caches:
                 self._load_warm_caches()
         except BaseException:
+            self._loaded_vision = None
             self._release_lease()
             raise
         self._model, self._tokenizer = model, tokenizer
@@ -487,6 +510,7 @@ class MLXEngine(BaseEngine):
         self._prefix.clear(keep_pinned=False)
         self._model = None
         self._tokenizer = None
+        self._loaded_vision = None
         mx.clear_cache()
         self._release_lease()
 
@@ -508,7 +532,7 @@ class MLXEngine(BaseEngine):
         )
 
     async def _submit(
-        self, params: SamplingParams, prompt: str, tokens: list[int]
+        self, params: SamplingParams, prompt: str, tokens: list[int], media: Any = None
     ) -> AsyncIterator[MLXGenerationOutput]:
         """Register a request, hand it to the owner thread and stream what it emits.
 
@@ -532,7 +556,7 @@ class MLXEngine(BaseEngine):
             except RuntimeError:  # the consumer's loop is gone: stop generating
                 job.abort.set()
 
-        job = Job(params, prompt, tokens, time.perf_counter(), emit)
+        job = Job(params, prompt, tokens, time.perf_counter(), emit, media=media)
         with self._state_lock:
             if params.request_id in self._jobs:
                 raise ValueError(f"request_id {params.request_id!r} is already in use")
@@ -558,20 +582,6 @@ class MLXEngine(BaseEngine):
         finally:
             if not finished:
                 job.abort.set()
-
-    def _logits_processors(self, p: SamplingParams) -> list[Callable[..., Any]]:
-        """mlx-lm's processors for the request's penalties and bias, then the caller's."""
-        from mlx_lm.sample_utils import make_logits_processors
-
-        return make_logits_processors(
-            p.logit_bias,
-            p.repetition_penalty,
-            p.repetition_context_size,
-            p.presence_penalty,
-            p.repetition_context_size,
-            p.frequency_penalty,
-            p.repetition_context_size,
-        ) + list(p.logits_processors)
 
     def _output_builder(self, job: Job, cached_tokens: int) -> OutputBuilder:
         p = job.params
@@ -624,15 +634,6 @@ class MLXEngine(BaseEngine):
                     mtp_accepted=result.mtp_accepted,
                 )
         job.emit(result)
-
-
-async def _last(stream: AsyncIterator[GenerationOutput]) -> GenerationOutput:
-    """The last chunk of a stream: the complete output."""
-    last: GenerationOutput | None = None
-    async for last in stream:  # noqa: B007
-        pass
-    assert last is not None
-    return last
 
 
 def _release_owner_thread(engine: MLXEngine) -> None:

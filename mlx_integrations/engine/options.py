@@ -10,6 +10,7 @@ from typing import Any
 from mlx_integrations.chat.tool_formats import get_format
 from mlx_integrations.engine.jobs import Admission
 from mlx_integrations.engine.kv_quantization import validate_kv_options
+from mlx_integrations.engine.media import MediaLimits
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.speculative import validate_speculative_options
 from mlx_integrations.engine.stats import SpeculativeStats
@@ -78,6 +79,14 @@ class EngineOptions:
     ``quantized_kv_start``). 0 quantizes it from the start, so a reply is the same
     whether its prompt came from the prefix cache or was prefilled afresh."""
 
+    max_images: int = 8
+    """Most images and videos one request may hold (vision-language models)."""
+    max_media_mb: float = 20
+    """Largest image or video one request may bring, as a file, a data URL or an
+    ``http(s)`` download (which is cut off past it)."""
+    media_timeout_s: float = 10
+    """Seconds an ``http(s)`` image download may take to answer and to read."""
+
     def __post_init__(self) -> None:
         if self.tool_format is not None:
             get_format(self.tool_format)  # an unknown name fails here, not at load
@@ -104,8 +113,26 @@ class EngineOptions:
                 f"{str(self.draft_model)!r}; drop one of them, or use prompt_lookup "
                 "(which works with a quantized KV cache) instead of a draft model"
             )
+        _check_media_limits(self.max_images, self.max_media_mb, self.media_timeout_s)
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
+
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What one request may bring in images and videos."""
+        return MediaLimits(
+            self.max_images, int(self.max_media_mb * 1024 * 1024), float(self.media_timeout_s)
+        )
+
+    def vision_kv_options(self) -> dict[str, Any]:
+        """The quantized KV cache settings in mlx-vlm's ``generate_step`` keywords."""
+        if self.kv_bits is None:
+            return {}
+        return {
+            "kv_bits": self.kv_bits,
+            "kv_group_size": self.kv_group_size,
+            "quantized_kv_start": self.quantized_kv_start,
+        }
 
     @property
     def speculation(self) -> str:
@@ -146,3 +173,13 @@ class EngineOptions:
         if options is None:
             return cls(**overrides)
         return replace(options, **overrides) if overrides else options
+
+
+def _check_media_limits(max_images: Any, max_media_mb: Any, timeout: Any) -> None:
+    if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
+        raise ValueError(f"max_images must be an integer >= 1, got {max_images!r}")
+    for name, value in (("max_media_mb", max_media_mb), ("media_timeout_s", timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -221,7 +221,9 @@ def reject_media(images: Any, videos: Any, model_name: str) -> None:
         if value:
             raise ValueError(
                 f"{model_name!r} is a text-only model and cannot take {kind} "
-                f"({len(value)} given); remove them or use a vision-language model"
+                f"({len(value)} given); remove them or use a vision-language model such "
+                "as Qwen2.5-VL (mlx-community/Qwen2.5-VL-3B-Instruct-4bit), Gemma 3 or "
+                "SmolVLM (install mlx-integrations[vision])"
             )
 
 

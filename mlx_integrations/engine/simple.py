@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.engine.generation import MLXGenerationOutput
+from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.kv_quantization import check_head_dims, maybe_quantize
 from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
@@ -24,6 +24,7 @@ from mlx_integrations.engine.speculative import (
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
+from mlx_integrations.engine.vision import prepare_vision_prompt, vision_steps
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,11 @@ class SimpleEngine(MLXEngine):
         self._draft: Any = None
         self._draft_lease: Any = None
         self._drafts = DraftCache()
+        if self._vision and self._options.speculation != "off":
+            raise ValueError(
+                f"{self._name!r} is a vision-language model; speculative decoding "
+                "(draft_model, prompt_lookup) is for text models only: drop the option"
+            )
 
     def _load(self) -> None:
         super()._load()
@@ -163,20 +169,39 @@ class SimpleEngine(MLXEngine):
         from mlx_lm.sample_utils import make_sampler
 
         p = job.params
-        cache, reused = self._prefix.take(job.tokens)
-        if cache is None:
-            cache = make_prompt_cache(self._model)
-        quantize = self._quantize()
-        if quantize is not None:
-            # Before the first prefill step (mlx-lm quantizes after it), so the reply does
-            # not depend on how much of the prompt came from the prefix cache.
-            quantize(cache)
+        if self._loaded_vision is not None:
+            # The processor expands the images into the prompt here, on the owner thread.
+            job.tokens, inputs = prepare_vision_prompt(self._loaded_vision, job.prompt, job.media)
+            self._check_window(job)
+            cache, reused = None, 0
+        else:
+            cache, reused = self._prefix.take(job.tokens)
+            if cache is None:
+                cache = make_prompt_cache(self._model)
+            quantize = self._quantize()
+            if quantize is not None:
+                # Before the first prefill step (mlx-lm quantizes after it), so the reply
+                # does not depend on how much of the prompt came from the prefix cache.
+                quantize(cache)
         if p.seed is not None:
             mx.random.seed(p.seed)
         sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
-        processors = self._logits_processors(p)
+        processors = request_processors(p)
         builder = self._output_builder(job, reused)
-        steps, draft_cache = self._steps(job, cache, reused, sampler, processors)
+        draft_cache: list[Any] | None = None
+        if cache is None:
+            steps = vision_steps(
+                self._loaded_vision,  # type: ignore[arg-type]
+                job.prompt,
+                inputs,
+                processors=processors,
+                max_tokens=p.max_tokens,
+                sampler=sampler,
+                prefill_step_size=self._prefill_step_size,
+                kv_options=self._options.vision_kv_options(),
+            )
+        else:
+            steps, draft_cache = self._steps(job, cache, reused, sampler, processors)
         reusable = False
         final: MLXGenerationOutput | None = None
         try:
@@ -194,15 +219,26 @@ class SimpleEngine(MLXEngine):
                     break
             if final is None:
                 final = builder.finish("length")
-            reusable = True
+            reusable = cache is not None
         finally:
             steps.close()
-            if reusable:
+            if reusable and cache is not None:
                 # The cache holds the prompt and the sampled tokens it has seen.
                 self._prefix.put(job.tokens + builder.tokens, cache)
                 if draft_cache is not None:
                     self._drafts.put(job.tokens + builder.tokens, draft_cache)
         return final
+
+    def _check_window(self, job: Job) -> None:
+        """A vision prompt, its images expanded, must leave room for a reply."""
+        window, n = self._context_length, len(job.tokens)
+        if window and n >= window:
+            raise ValueError(
+                f"The prompt has {n} tokens with its images expanded, more than the context "
+                f"window of {self._name!r} ({window}); send fewer or smaller images"
+            )
+        if window:
+            job.params.max_tokens = min(job.params.max_tokens, window - n)
 
     def _steps(
         self,

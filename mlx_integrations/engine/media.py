@@ -1,0 +1,235 @@
+"""Images and videos from every source form, checked and decoded at the boundary.
+
+A source is a string: a local path, a ``file://`` URL, an ``http(s)://`` URL (fetched
+with a size limit and a timeout), a ``data:`` URL, or raw base64. Each image is
+decoded in full here, so a truncated or corrupt file fails with a message naming it
+instead of later, deep inside the model, as a raw ``OSError``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+MiB = 1024 * 1024
+_BASE64 = re.compile(r"^[A-Za-z0-9+/=_\-\s]+$")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+class MediaError(ValueError):
+    """An image or video source that cannot be used, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What one request may bring.
+
+    Args:
+        max_images: Most images (and videos) in one request.
+        max_bytes: Largest encoded image or video (a file, a download, a data URL).
+        timeout_s: Seconds an ``http(s)`` download may take to answer and to read.
+    """
+
+    max_images: int = 8
+    max_bytes: int = 20 * MiB
+    timeout_s: float = 10.0
+
+
+def describe(source: Any) -> str:
+    """A short form of a source for error messages (base64 payloads are cut)."""
+    text = str(source)
+    return repr(text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)")
+
+
+def load_image(source: Any, limits: MediaLimits = MediaLimits()) -> Image:
+    """Resolve ``source`` and decode it to an RGB PIL image.
+
+    Raises:
+        MediaError: A missing file, an unsupported URL scheme, a download that fails or
+            is too large, data that is not an image or is truncated.
+        TypeError: ``source`` is not a string (or bytes of an encoded image).
+    """
+    data, where = read_source(source, limits, kind="image")
+    return decode_image(data, where)
+
+
+def decode_image(data: bytes, where: str) -> Image:
+    """Decode encoded image bytes fully (so truncation fails here) to an RGB image."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    img: Any
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()  # decode every pixel now: a truncated file fails here
+    except UnidentifiedImageError:
+        raise MediaError(
+            f"{where} is not an image (PIL cannot identify {len(data)} bytes); pass a PNG, "
+            "JPEG, WebP, GIF or BMP file"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise MediaError(
+            f"{where} is a damaged or truncated image ({exc}); re-save or re-download it"
+        ) from None
+    img = ImageOps.exif_transpose(img)
+    return img.convert("RGB")
+
+
+def resolve_video(source: Any, limits: MediaLimits = MediaLimits()) -> str:
+    """A local file path for a video source (downloads and data go to a temp file).
+
+    Raises:
+        MediaError: As :func:`load_image` for the source; the video is read later.
+    """
+    if isinstance(source, str):
+        path = _local_path(source)
+        if path is not None:
+            _check_file(path, limits, "video")
+            return str(path)
+    data, _ = read_source(source, limits, kind="video")
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="mlxi-video-", suffix=".mp4", delete=False) as f:
+        f.write(data)
+    return f.name
+
+
+def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, str]:
+    """The encoded bytes of a source, and how to name it in errors."""
+    if isinstance(source, (bytes, bytearray)):
+        return _check_size(bytes(source), limits, f"the {kind} bytes"), f"the {kind} bytes"
+    if isinstance(source, Path):
+        source = str(source)
+    if not isinstance(source, str):
+        raise TypeError(
+            f"an {kind} source must be a string (a path, a file://, http(s):// or data: "
+            f"URL, or base64), got {type(source).__name__}"
+        )
+    text = source.strip()
+    if not text:
+        raise MediaError(f"an {kind} source is empty; pass a path, a URL or base64 data")
+    where = f"{kind} {describe(text)}"
+    if text.startswith("data:"):
+        return _check_size(_data_url(text, where), limits, where), where
+    if text.lower().startswith(("http://", "https://")):
+        return _download(text, limits, where), where
+    path = _local_path(text)
+    if path is not None:
+        _check_file(path, limits, kind)
+        return path.read_bytes(), f"{kind} file {str(path)!r}"
+    scheme = _SCHEME.match(text)
+    if scheme:
+        raise MediaError(
+            f"{where} has the unsupported URL scheme {scheme.group(1)!r}; use a local path, "
+            "a file://, http://, https:// or data: URL, or base64 data"
+        )
+    if len(text) > 64 and _BASE64.match(text):
+        try:
+            data = base64.b64decode(_padded(text), validate=False)
+        except (binascii.Error, ValueError):
+            data = b""
+        if data:
+            return _check_size(data, limits, where), f"the base64 {kind} data"
+    raise MediaError(f"{where} is neither a file, a URL nor base64 data")
+
+
+def _local_path(text: str) -> Path | None:
+    """The path a ``file://`` URL or a plain path names, None for anything else."""
+    if text.lower().startswith("file://"):
+        parsed = urllib.parse.urlparse(text)
+        if parsed.netloc not in ("", "localhost"):
+            raise MediaError(
+                f"{describe(text)} names the host {parsed.netloc!r}; file:// URLs must be "
+                "local (file:///path/to/image.png)"
+            )
+        path = Path(urllib.parse.unquote(parsed.path))
+        if not path.exists():
+            raise MediaError(f"{describe(text)}: there is no file {str(path)!r}")
+        return path
+    scheme = _SCHEME.match(text)
+    if scheme and len(scheme.group(1)) > 1:  # a URL (a Windows drive letter is a path)
+        return None
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if len(text) > 64 and _BASE64.match(text):  # raw base64 ("." never appears in it)
+        return None
+    raise MediaError(f"there is no file {text!r}; check the path")
+
+
+def _check_file(path: Path, limits: MediaLimits, kind: str) -> None:
+    if path.is_dir():
+        raise MediaError(f"{str(path)!r} is a folder, not an {kind} file")
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise MediaError(
+            f"{kind} file {str(path)!r} has {size / MiB:.1f} MiB, more than the limit of "
+            f"{limits.max_bytes / MiB:.1f} MiB; shrink it or raise max_media_mb"
+        )
+
+
+def _check_size(data: bytes, limits: MediaLimits, where: str) -> bytes:
+    if len(data) > limits.max_bytes:
+        raise MediaError(
+            f"{where} has {len(data) / MiB:.1f} MiB, more than the limit of "
+            f"{limits.max_bytes / MiB:.1f} MiB; shrink it or raise max_media_mb"
+        )
+    return data
+
+
+def _padded(text: str) -> str:
+    text = "".join(text.split())
+    return text + "=" * (-len(text) % 4)
+
+
+def _data_url(text: str, where: str) -> bytes:
+    header, sep, payload = text.partition(",")
+    if not sep:
+        raise MediaError(f"{where} is a data: URL without a comma before its data")
+    if header.endswith(";base64"):
+        try:
+            return base64.b64decode(_padded(payload), validate=False)
+        except (binascii.Error, ValueError) as exc:
+            raise MediaError(f"{where} holds invalid base64 data: {exc}") from None
+    return urllib.parse.unquote_to_bytes(payload)
+
+
+def _download(url: str, limits: MediaLimits, where: str) -> bytes:
+    """GET ``url`` with a timeout, refusing a body larger than the limit."""
+    request = urllib.request.Request(url, headers={"User-Agent": "mlx-integrations"})
+    try:
+        with urllib.request.urlopen(request, timeout=limits.timeout_s) as response:
+            declared = response.headers.get("Content-Length")
+            if declared and declared.isdigit() and int(declared) > limits.max_bytes:
+                raise MediaError(
+                    f"{where} is {int(declared) / MiB:.1f} MiB, more than the download "
+                    f"limit of {limits.max_bytes / MiB:.1f} MiB; raise max_media_mb or "
+                    "use a smaller file"
+                )
+            data = response.read(limits.max_bytes + 1)
+    except MediaError:
+        raise
+    except urllib.error.HTTPError as exc:
+        raise MediaError(f"{where} could not be fetched: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise MediaError(
+            f"{where} could not be fetched ({reason}); check the URL and the network, "
+            f"downloads time out after {limits.timeout_s:g} s"
+        ) from None
+    if len(data) > limits.max_bytes:
+        raise MediaError(
+            f"{where} is larger than the download limit of {limits.max_bytes / MiB:.1f} MiB; "
+            "raise max_media_mb or use a smaller file"
+        )
+    return data

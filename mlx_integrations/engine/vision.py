@@ -1,0 +1,287 @@
+"""Vision-language models on mlx-vlm: loading, prompt formatting and the decode loop.
+
+A model folder whose config.json has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL,
+Gemma 3, SmolVLM, Pixtral, Llama 3.2 Vision...) is served through mlx-vlm: its model
+classes, its processor (image preprocessing, image-token expansion) and its per-family
+prompt formatting. The engines keep their own contract around it (sampling, logits
+processors and constraints, stop strings, streaming, cancellation, stats); mlx-vlm is
+imported only when such a model loads, from the ``[vision]`` extra.
+
+Everything that makes MLX arrays (the processor's output, the forward passes) runs on
+the engine's owner thread; images are decoded to PIL images before, off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlx_integrations.chat.messages import media_sources
+from mlx_integrations.engine.media import MediaError, MediaLimits, load_image, resolve_video
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+INSTALL_HINT = 'pip install "mlx-integrations[vision]"'
+
+
+def is_vision_config(config: dict[str, Any]) -> bool:
+    """Whether a model's config.json describes a vision-language model."""
+    return isinstance(config.get("vision_config"), dict)
+
+
+def import_mlx_vlm(model_name: str) -> Any:
+    """Import mlx-vlm, or say how to install it.
+
+    Raises:
+        ImportError: mlx-vlm is not installed.
+    """
+    try:
+        import mlx_vlm
+    except ImportError as exc:
+        raise ImportError(
+            f"{model_name!r} is a vision-language model; serving it needs mlx-vlm: {INSTALL_HINT}"
+        ) from exc
+    return mlx_vlm
+
+
+@dataclass
+class VisionInputs:
+    """A request's decoded images and video files, in the order the prompt names them."""
+
+    images: list[Image] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+
+
+class VisionTokenizer:
+    """The model's mlx-lm tokenizer, whose chat template goes through mlx-vlm's formatting.
+
+    mlx-vlm knows how each family wants images in a message (content parts, image
+    tokens in the text...); messages keep their parts in the order given. Everything
+    else (encode, detokenizer, EOS ids, thinking markers) is the mlx-lm tokenizer's.
+    """
+
+    def __init__(self, tokenizer: Any, processor: Any, model_config: Any):
+        self._wrapped = tokenizer
+        self._processor = processor
+        self._model_type = str(model_config.model_type)
+        self._config = model_config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+    @property
+    def chat_template(self) -> Any:
+        return getattr(self._processor, "chat_template", None) or getattr(
+            self._wrapped, "chat_template", None
+        )
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = True,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        from mlx_vlm.prompt_utils import get_chat_template, get_message_json
+
+        kwargs.pop("return_dict", None)
+        formatted: list[Any] = []
+        for msg in messages:
+            content = msg.get("content")
+            if msg.get("tool_calls") or msg.get("role") == "tool":
+                formatted.append(dict(msg))
+                continue
+            if not isinstance(content, list):
+                content = content or ""
+                n_images, videos = 0, []
+            else:
+                n_images = sum(1 for p in content if p["type"] == "image")
+                videos = [p["video"] for p in content if p["type"] == "video"]
+                content = [p for p in content if p["type"] != "video"]
+            extra: dict[str, Any] = {"video": videos} if videos else {}
+            try:
+                out = get_message_json(
+                    self._model_type,
+                    content,
+                    msg["role"],
+                    skip_image_token=n_images == 0,
+                    num_images=n_images,
+                    **extra,
+                )
+            except ValueError as exc:  # e.g. a single-image family given several
+                raise ValueError(f"{exc} (model type {self._model_type!r})") from None
+            formatted.append(out)
+        text = get_chat_template(self._processor, formatted, add_generation_prompt, **kwargs)
+        if tokenize:
+            return self._wrapped.encode(text, add_special_tokens=False)
+        return text
+
+
+@dataclass
+class LoadedVision:
+    """What :func:`load_vision_model` returns."""
+
+    model: Any
+    processor: Any
+    tokenizer: VisionTokenizer
+
+
+def load_vision_model(path: Path, model_name: str) -> LoadedVision:
+    """Load a VLM folder with mlx-vlm (on the owner thread), offline.
+
+    The path is absolute, so processors that look for optional files on the Hub
+    (Qwen's ``processor_config.json``) never take it for a repository id.
+    """
+    import_mlx_vlm(model_name)
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_vlm import load
+
+    path = Path(path).resolve()
+    model, processor = load(str(path))
+    config = json.loads((path / "config.json").read_text())
+    eos = config.get("eos_token_id") or (config.get("text_config") or {}).get("eos_token_id")
+    base = load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    # mlx-vlm ends a reply at every id its stopping criteria know; so do the engines.
+    criteria = getattr(getattr(processor, "tokenizer", processor), "stopping_criteria", None)
+    for token in getattr(criteria, "eos_token_ids", None) or []:
+        base.add_eos_token(str(token))
+    return LoadedVision(model, processor, VisionTokenizer(base, processor, model.config))
+
+
+def gather_media(
+    messages: list[dict[str, Any]],
+    images: list[str] | None,
+    videos: list[str] | None,
+    limits: MediaLimits,
+) -> tuple[list[dict[str, Any]], VisionInputs]:
+    """Attach ``images=``/``videos=`` to the last user message and decode every source.
+
+    Images and videos given as arguments go at the start of the last user message's
+    content (before its text), in the order given; parts inside messages stay where
+    they are. Runs off the event loop (downloads, decoding).
+
+    Raises:
+        MediaError: A source that cannot be read, or more media than ``limits`` allow.
+        ValueError: ``images=`` given with no user message to attach them to.
+    """
+    extra = [{"type": "image", "image": s} for s in _sources(images, "images")]
+    extra += [{"type": "video", "video": s} for s in _sources(videos, "videos")]
+    if extra:
+        last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+        if last is None:
+            raise ValueError(
+                "images/videos were given but there is no user message to attach them to; "
+                "add a user message"
+            )
+        msg = dict(messages[last])
+        content = msg["content"]
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        msg["content"] = extra + [p for p in parts if p["type"] != "text" or p["text"]]
+        messages = [*messages[:last], msg, *messages[last + 1 :]]
+    found = media_sources(messages)
+    if len(found) > limits.max_images:
+        raise MediaError(
+            f"the request holds {len(found)} images and videos, more than this engine takes "
+            f"({limits.max_images}, the engine option max_images); send fewer or raise it"
+        )
+    inputs = VisionInputs()
+    for kind, source in found:
+        if kind == "image":
+            inputs.images.append(load_image(source, limits))
+        else:
+            inputs.videos.append(resolve_video(source, limits))
+    return messages, inputs
+
+
+def _sources(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of sources (paths, URLs, base64), got {value!r}")
+    return list(value)
+
+
+def prepare_vision_prompt(
+    loaded: LoadedVision, prompt: str, inputs: VisionInputs
+) -> tuple[list[int], dict[str, Any]]:
+    """Run the processor (owner thread): the expanded prompt ids and the model inputs.
+
+    Returns:
+        The prompt's token ids with each image's tokens expanded, and the keyword
+        arguments ``mlx_vlm.stream_generate`` takes for them.
+    """
+    from mlx_vlm import prepare_inputs
+    from mlx_vlm.utils import should_add_special_tokens
+
+    model, processor = loaded.model, loaded.processor
+    try:
+        out = prepare_inputs(
+            processor,
+            images=inputs.images or None,
+            videos=inputs.videos or None,
+            prompts=prompt,
+            image_token_index=getattr(model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )
+    except (OSError, RuntimeError) as exc:  # OpenCV and the processors' own errors
+        raise MediaError(f"the processor could not read the request's media: {exc}") from None
+    input_ids = out.pop("input_ids")
+    kwargs = {
+        "input_ids": input_ids,
+        "pixel_values": out.pop("pixel_values", None),
+        "mask": out.pop("attention_mask", None),
+        **{k: v for k, v in out.items() if v is not None},
+    }
+    return [int(t) for t in input_ids.flatten().tolist()], kwargs
+
+
+def vision_steps(
+    loaded: LoadedVision,
+    prompt: str,
+    model_inputs: dict[str, Any],
+    *,
+    processors: list[Callable[..., Any]],
+    max_tokens: int,
+    sampler: Callable[[Any], Any],
+    prefill_step_size: int,
+    kv_options: dict[str, Any],
+) -> Generator[tuple[int, int, bool], None, None]:
+    """mlx-vlm's decode loop, one ``(token, 0, False)`` step per sampled token.
+
+    mlx-vlm stops by itself at an end-of-sequence token without yielding it; that
+    token comes last here, so the caller ends the reply as the text path does.
+    """
+    from mlx_vlm import stream_generate
+
+    results = stream_generate(
+        loaded.model,
+        loaded.processor,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=processors or None,
+        prefill_step_size=prefill_step_size,
+        **kv_options,
+        **model_inputs,
+    )
+    try:
+        for result in results:
+            if result.token is None:  # nothing generated
+                return
+            if result.finish_reason is None:
+                yield int(result.token), 0, False
+            elif result.finish_reason == "stop":  # the end-of-sequence token, unseen so far
+                yield int(result.token), 0, False
+                return
+            else:  # "length" repeats the last token
+                return
+    finally:
+        results.close()

@@ -1,0 +1,205 @@
+"""SimpleEngine serving a vision-language model (the tiny Qwen2.5-VL) through mlx-vlm."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+
+import pytest
+
+from mlx_integrations.engine import SimpleEngine
+
+QUESTION = "Describe the image."
+
+
+def _user(image: Path | str, text: str = QUESTION) -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": str(image)}, {"type": "text", "text": text}],
+        }
+    ]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vlm: Path):
+    eng = SimpleEngine(tiny_vlm)
+    yield eng
+    asyncio.run(eng.stop())
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_vlm: Path, test_images: tuple[Path, Path]) -> dict[Path, tuple[list[int], int]]:
+    """mlx-vlm's own greedy tokens and prompt size for each test image, 10 tokens."""
+    from mlx_vlm import apply_chat_template, load, stream_generate
+
+    model, processor = load(str(tiny_vlm))
+    prompt = apply_chat_template(processor, model.config, QUESTION, num_images=1)
+    out = {}
+    for image in test_images:
+        results = list(
+            stream_generate(
+                model, processor, prompt, image=[str(image)], max_tokens=10, temperature=0.0
+            )
+        )
+        tokens = [r.token for r in results if r.finish_reason is None]
+        out[image] = (tokens, results[-1].prompt_tokens)
+    return out
+
+
+def test_is_mllm(engine: SimpleEngine) -> None:
+    assert engine.is_mllm
+
+
+async def test_greedy_tokens_equal_mlx_vlm_generate(engine, test_images, reference) -> None:
+    for image in test_images:
+        out = await engine.chat(_user(image), max_tokens=10, temperature=0)
+        want_tokens, want_prompt = reference[image]
+        assert out.tokens[: len(want_tokens)] == want_tokens
+        assert out.prompt_tokens == want_prompt  # the 16 image tokens are counted
+
+
+async def test_two_images_give_different_replies(engine, test_images) -> None:
+    outs = [await engine.chat(_user(img), max_tokens=8, temperature=0) for img in test_images]
+    assert outs[0].tokens != outs[1].tokens
+
+
+async def test_usage_counts_the_image_tokens(engine, test_images) -> None:
+    with_image = await engine.chat(_user(test_images[0]), max_tokens=2, temperature=0)
+    text_only = await engine.chat(
+        [{"role": "user", "content": QUESTION}], max_tokens=2, temperature=0
+    )
+    # One 112x112 image: 8x8 patches of 14 px, merged 2x2 -> 16 tokens, plus its two markers.
+    assert with_image.prompt_tokens - text_only.prompt_tokens == 16 + 2
+    assert engine.get_stats()["last_request"]["prompt_tokens"] == text_only.prompt_tokens
+
+
+async def test_streaming_equals_chat(engine, test_images) -> None:
+    whole = await engine.chat(_user(test_images[1]), max_tokens=8, temperature=0)
+    chunks = [
+        c async for c in engine.stream_chat(_user(test_images[1]), max_tokens=8, temperature=0)
+    ]
+    assert "".join(c.new_text for c in chunks) == whole.text
+    assert chunks[-1].tokens == whole.tokens and chunks[-1].finished
+    assert chunks[-1].prompt_tokens == whole.prompt_tokens
+
+
+async def test_images_argument_goes_before_the_last_user_text(engine, test_images) -> None:
+    inline = await engine.chat(_user(test_images[0]), max_tokens=6, temperature=0)
+    given = await engine.chat(
+        [{"role": "user", "content": QUESTION}],
+        images=[str(test_images[0])],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert given.tokens == inline.tokens
+
+
+async def test_every_source_form_gives_the_same_reply(engine, test_images) -> None:
+    image = test_images[0]
+    raw = base64.b64encode(image.read_bytes()).decode()
+    forms = [str(image), image.as_uri(), f"data:image/png;base64,{raw}", raw]
+    outs = [await engine.chat(_user(form), max_tokens=4, temperature=0) for form in forms]
+    assert all(o.tokens == outs[0].tokens for o in outs)
+
+
+async def test_parts_keep_their_order(engine, test_images) -> None:
+    a, b = (str(p) for p in test_images)
+    prompt = engine.render_prompt(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "first"},
+                    {"type": "image", "image": a},
+                    {"type": "text", "text": "then"},
+                    {"type": "image", "image": b},
+                ],
+            }
+        ]
+    )
+    image = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert f"first{image}then{image}" in prompt.replace(" ", "")
+    ab = await engine.chat(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": a}, {"type": "image", "image": b}],
+            }
+        ],
+        max_tokens=6,
+        temperature=0,
+    )
+    ba = await engine.chat(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": b}, {"type": "image", "image": a}],
+            }
+        ],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert ab.prompt_tokens == ba.prompt_tokens and ab.tokens != ba.tokens
+
+
+async def test_stop_strings_and_abort(engine, test_images) -> None:
+    whole = await engine.chat(_user(test_images[1]), max_tokens=8, temperature=0)
+    stop = whole.text[2:4]
+    cut = await engine.chat(_user(test_images[1]), max_tokens=8, temperature=0, stop=[stop])
+    assert cut.finish_reason == "stop" and cut.text == whole.text[: whole.text.index(stop)]
+
+    before = engine.get_stats()["num_requests_aborted"]
+    stream = engine.stream_chat(
+        _user(test_images[0]), max_tokens=64, temperature=0, request_id="v1"
+    )
+    first = await stream.__anext__()
+    assert first.new_text or not first.finished
+    assert await engine.abort_request("v1")
+    rest = [c async for c in stream]
+    assert rest[-1].finish_reason == "abort"
+    assert engine.get_stats()["num_requests_aborted"] == before + 1
+
+
+async def test_structured_output_from_a_vision_model(engine, test_images) -> None:
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"color": {"type": "string", "enum": ["red", "green"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    out = await engine.chat(
+        _user(test_images[0], "Which color? Answer in JSON."),
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert json.loads(out.text)["color"] in ("red", "green")
+
+
+async def test_forced_tool_call_from_a_vision_model(engine, test_images) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "tag_image",
+                "description": "Tag the image with a color",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"color": {"type": "string"}},
+                    "required": ["color"],
+                },
+            },
+        }
+    ]
+    out = await engine.chat(
+        _user(test_images[1], "Tag it."),
+        max_tokens=40,
+        temperature=0,
+        tools=tools,
+        tool_choice="any",
+    )
+    assert out.text.startswith('<tool_call>{"name": "tag_image", "arguments": {"color": "')

@@ -78,10 +78,10 @@ def _content_of(content: Any, index: int, model_name: str, role: str, media: boo
                         f"messages[{index}] holds an {kind!r} part; audio input is not "
                         "supported, only images and videos"
                     )
-                if role != "user":
+                if role not in ("user", "tool"):
                     raise ValueError(
                         f"messages[{index}] ({role}) holds a {kind!r} part; images and videos "
-                        "go in user messages"
+                        "go in user messages (or tool results)"
                     )
                 parts.append(_media_part(part, kind, index))
             else:

@@ -166,12 +166,14 @@ def tool_messages_as_text(
         elif msg["role"] == "tool":
             name = msg.get("name") or "tool"
             tool = name if name == "tool" else f"{name} tool"
-            out.append(
-                {
-                    "role": "user",
-                    "content": f"The {tool} returned: {msg['content']}\nUse this result to answer.",
-                }
-            )
+            content: Any = f"The {tool} returned: {msg['content']}\nUse this result to answer."
+            if isinstance(msg["content"], list):  # a result with images (vision models)
+                content = [
+                    {"type": "text", "text": f"The {tool} returned: "},
+                    *msg["content"],
+                    {"type": "text", "text": "\nUse this result to answer."},
+                ]
+            out.append({"role": "user", "content": content})
         else:
             out.append({k: v for k, v in msg.items() if k != "tool_call_id"})
     return out

@@ -1,0 +1,151 @@
+"""Bad images and videos get a clear error naming the problem; the engine serves on."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mlx_integrations.engine import SimpleEngine
+
+QUESTION = "Describe the image."
+
+
+def _user(*sources: str, text: str = QUESTION) -> list[dict]:
+    parts = [{"type": "image", "image": s} for s in sources]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vlm: Path):
+    eng = SimpleEngine(tiny_vlm, max_images=2, max_media_mb=0.05)
+    yield eng
+    asyncio.run(eng.stop())
+
+
+@pytest.fixture(scope="module")
+def server(test_images: tuple[Path, Path], tmp_path_factory) -> Iterator[str]:
+    """A loopback HTTP server: /stripes.png, /big.png (over the 50 KiB limit), 404s."""
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "stripes.png").write_bytes(test_images[0].read_bytes())
+    (folder / "big.png").write_bytes(b"\x89PNG" + bytes(200_000))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, test_images) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad")
+    text = folder / "notes.png"
+    text.write_text("these are not pixels\n" * 10)
+    truncated = folder / "truncated.png"
+    truncated.write_bytes(test_images[0].read_bytes()[:300])
+    return {"text": text, "truncated": truncated}
+
+
+async def _serves(engine: SimpleEngine, image: Path) -> None:
+    out = await engine.chat(_user(str(image)), max_tokens=2, temperature=0)
+    assert out.finished and out.prompt_tokens > 16
+
+
+def _cases(bad_files: dict[str, Path], server: str, image: Path) -> list[tuple[dict, str]]:
+    return [
+        (dict(messages=_user("/no/such/cat.png")), "there is no file '/no/such/cat.png'"),
+        (dict(messages=_user("file:///no/such/cat.png")), "there is no file '/no/such/cat.png'"),
+        (dict(messages=_user(str(bad_files["text"]))), "is not an image"),
+        (dict(messages=_user(str(bad_files["truncated"]))), "damaged or truncated image"),
+        (dict(messages=_user("ftp://example.com/cat.png")), "unsupported URL scheme 'ftp'"),
+        (dict(messages=_user(f"{server}/big.png")), "more than the download limit"),
+        (dict(messages=_user(f"{server}/missing.png")), "HTTP 404"),
+        (dict(messages=_user("data:image/png;base64,AAAA")), "is not an image"),
+        (dict(messages=_user(*[str(image)] * 3)), "holds 3 images and videos, more than"),
+        (dict(messages=_user(str(image)), images=[str(image)] * 2), "holds 3 images"),
+        (
+            dict(messages=[{"role": "assistant", "content": [{"type": "image", "image": "x"}]}]),
+            "go in user messages",
+        ),
+        (dict(messages=_user(str(image)), images=str(image)), "images must be a list"),
+    ]
+
+
+async def test_each_bad_input_is_named_and_the_engine_serves_on(
+    engine, bad_files, server, test_images
+) -> None:
+    await _serves(engine, test_images[0])
+    failed = engine.get_stats()["num_requests_failed"]
+    for call, match in _cases(bad_files, server, test_images[0]):
+        with pytest.raises((ValueError, TypeError), match=match):
+            await engine.chat(**{"max_tokens": 2, **call})
+        await _serves(engine, test_images[1])
+    # Every one was refused before the model saw it.
+    assert engine.get_stats()["num_requests_failed"] == failed
+
+
+async def test_an_http_image_is_fetched(engine, server, test_images) -> None:
+    fetched = await engine.chat(_user(f"{server}/stripes.png"), max_tokens=4, temperature=0)
+    local = await engine.chat(_user(str(test_images[0])), max_tokens=4, temperature=0)
+    assert fetched.tokens == local.tokens
+
+
+async def test_an_image_in_a_tool_result_reaches_the_model(engine, test_images) -> None:
+    call = {"id": "c1", "function": {"name": "snapshot", "arguments": {}}}
+    messages = [
+        {"role": "user", "content": "Take a snapshot."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image", "image": ""}]},
+    ]
+    outs = []
+    for image in test_images:
+        messages[2]["content"] = [{"type": "image", "image": str(image)}]
+        outs.append(await engine.chat(messages, max_tokens=6, temperature=0))
+    assert outs[0].prompt_tokens == outs[1].prompt_tokens > 16
+    assert outs[0].tokens != outs[1].tokens
+
+
+async def test_a_text_model_refuses_images_naming_vision_models(tiny_llama: Path, test_images):
+    eng = SimpleEngine(tiny_llama)
+    try:
+        for call in (
+            dict(messages=[{"role": "user", "content": "hi"}], images=[str(test_images[0])]),
+            dict(messages=_user(str(test_images[0]))),
+        ):
+            with pytest.raises(ValueError, match=r"text-only model.*Qwen2\.5-VL"):
+                await eng.chat(max_tokens=2, **call)
+        assert not eng.is_mllm
+        assert (await eng.chat([{"role": "user", "content": "hi"}], max_tokens=2)).finished
+    finally:
+        await eng.stop()
+
+
+def test_a_vision_model_refuses_batching_and_speculation(tiny_vlm: Path) -> None:
+    from mlx_integrations.engine import BatchedEngine
+
+    with pytest.raises(ValueError, match="BatchedEngine serves text models only"):
+        BatchedEngine(tiny_vlm)
+    with pytest.raises(ValueError, match="speculative decoding"):
+        SimpleEngine(tiny_vlm, prompt_lookup=3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "match"),
+    [("max_images", 0, "max_images must be"), ("max_media_mb", -1, "max_media_mb must be")],
+)
+def test_bad_media_options(tiny_vlm: Path, option: str, value: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SimpleEngine(tiny_vlm, **{option: value})

@@ -2,12 +2,15 @@
 
 Importing this package is cheap: it loads no MLX weights, no framework, and no torch.
 On Linux it preloads a system OpenBLAS (when one is installed) before MLX is first
-imported, since the CPU wheel of MLX otherwise uses a slow reference BLAS.
+imported, since the CPU wheel of MLX otherwise uses a slow reference BLAS, and keeps
+float32 matrix products out of TF32 on GPUs unless ``MLX_ENABLE_TF32`` says otherwise
+(:func:`mlx_integrations.runtime.keep_float32_precise`).
 """
 
-from mlx_integrations.runtime import preload_cpu_blas
+from mlx_integrations.runtime import keep_float32_precise, preload_cpu_blas
 
 __version__ = "0.1.0"
 __all__ = ["__version__"]
 
 preload_cpu_blas()
+keep_float32_precise()

@@ -1,16 +1,19 @@
-"""The MLX runtime as this machine offers it: BLAS preloading and backend facts."""
+"""The MLX runtime as this machine offers it: BLAS preloading, float32 precision, backend facts."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
-from typing import TypedDict
+from typing import Any, TypedDict
 
 # Names tried in order; the first one the dynamic loader finds wins.
 _OPENBLAS_NAMES = ("libopenblas.so.0", "libopenblas.so", "libopenblasp-r0.so")
 
 _preloaded: str | None = None
+
+TF32_VARIABLE = "MLX_ENABLE_TF32"
+"""MLX's switch for TF32 float32 matrix products (on by default where the GPU has them)."""
 
 
 def preload_cpu_blas() -> str | None:
@@ -43,20 +46,46 @@ def preload_cpu_blas() -> str | None:
     return None
 
 
+def keep_float32_precise() -> bool:
+    """Keep float32 matrix products in full precision unless the user chose otherwise.
+
+    MLX runs float32 matrix products in TF32 (a 10-bit mantissa) on GPUs that have it
+    (NVIDIA since Ampere, Apple's M5), which moves embeddings by up to 2e-3 relative to
+    the reference model. Models in bfloat16 or float16 are not affected. This sets
+    ``MLX_ENABLE_TF32=0`` when the variable is unset, so it must run before MLX's
+    first float32 product; ``mlx_integrations`` calls it when imported. Set
+    ``MLX_ENABLE_TF32=1`` for TF32's speed.
+
+    Returns:
+        True when float32 products are asked to stay precise.
+    """
+    os.environ.setdefault(TF32_VARIABLE, "0")
+    return os.environ[TF32_VARIABLE].strip() == "0"
+
+
 class BackendInfo(TypedDict):
     """What ``mlxi doctor`` reports about MLX on this machine."""
 
     mlx_version: str
     mlx_lm_version: str
     backend: str
+    """``metal``, ``cuda`` or ``cpu``: where MLX runs by default."""
     device: str
+    gpu_name: str | None
+    """The GPU's name as the driver gives it; None on the CPU backend."""
+    gpu_memory_gb: float | None
+    """The GPU's memory in GB (10**9 bytes), as MLX reads it; None when unknown."""
+    gpu_arch: str | None
+    """``sm_90`` on an H100 or H200, ``applegpu_g15s`` and the like on a Mac."""
+    tf32: bool | None
+    """Whether float32 matrix products run in TF32 (probed on the GPU); None on the CPU."""
     metal_available: bool
     cuda_available: bool
     cpu_blas: str | None
 
 
 def backend_info() -> BackendInfo:
-    """Describe the MLX install: versions, backend, default device, BLAS."""
+    """Describe the MLX install: versions, backend, GPU, TF32 state, BLAS."""
     from importlib.metadata import version
 
     import mlx.core as mx
@@ -66,13 +95,28 @@ def backend_info() -> BackendInfo:
     metal = bool(mx.metal.is_available())
     cuda = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
     backend = "metal" if metal else "cuda" if cuda else "cpu"
-    device = mx.default_device()
+    gpu: dict[str, Any] = dict(mx.device_info(mx.gpu)) if metal or cuda else {}
+    memory = gpu.get("total_memory", gpu.get("memory_size"))
     return BackendInfo(
         mlx_version=version("mlx"),
         mlx_lm_version=mlx_lm_version,
         backend=backend,
-        device=str(device),
+        device=str(mx.default_device()),
+        gpu_name=str(gpu["device_name"]) if "device_name" in gpu else None,
+        gpu_memory_gb=round(int(memory) / 1e9, 1) if isinstance(memory, int) else None,
+        gpu_arch=str(gpu["architecture"]) if "architecture" in gpu else None,
+        tf32=_tf32_in_use() if metal or cuda else None,
         metal_available=metal,
         cuda_available=cuda,
         cpu_blas=_preloaded,
     )
+
+
+def _tf32_in_use() -> bool:
+    """Multiply by the identity on the GPU: TF32 rounds 1 + 2**-12 down to 1."""
+    import mlx.core as mx
+
+    n = 256  # large enough for the GPU's general matrix product, not a vector kernel
+    a = mx.full((n, n), 1.0 + 2.0**-12, dtype=mx.float32)
+    product = mx.matmul(a, mx.eye(n, dtype=mx.float32), stream=mx.gpu)
+    return bool(mx.all(product == 1.0).item())

@@ -1,0 +1,36 @@
+"""The MLX runtime facts ``mlxi doctor`` reports, and float32 precision on GPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
+from mlx_integrations.runtime import TF32_VARIABLE, backend_info
+
+
+def _tf32_after_import(env: dict[str, str]) -> str:
+    code = "import os, mlx_integrations; print(os.environ['MLX_ENABLE_TF32'])"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_import_keeps_float32_products_out_of_tf32_unless_the_user_chose():
+    env = {k: v for k, v in os.environ.items() if k != TF32_VARIABLE}
+    assert _tf32_after_import(env) == "0"
+    assert _tf32_after_import(env | {TF32_VARIABLE: "1"}) == "1"
+
+
+def test_backend_info_names_the_backend_and_the_gpu_when_there_is_one():
+    info = backend_info()
+    assert info["backend"] in {"cpu", "metal", "cuda"}
+    if info["backend"] == "cpu":
+        assert info["gpu_name"] is None and info["tf32"] is None
+    else:
+        assert info["gpu_name"] and info["gpu_memory_gb"] and info["gpu_memory_gb"] > 0
+        # The suite runs with the package's default: full float32 precision.
+        assert info["tf32"] is (os.environ.get(TF32_VARIABLE) != "0")

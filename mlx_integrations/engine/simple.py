@@ -24,7 +24,7 @@ from mlx_integrations.engine.speculative import (
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
-from mlx_integrations.engine.vision import prepare_vision_prompt, vision_steps
+from mlx_integrations.engine.vision import VisionInputs, prepare_vision_prompt, vision_steps
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,8 @@ class SimpleEngine(MLXEngine):
         p = job.params
         if self._loaded_vision is not None:
             # The processor expands the images into the prompt here, on the owner thread.
-            job.tokens, inputs = prepare_vision_prompt(self._loaded_vision, job.prompt, job.media)
+            media = job.media if job.media is not None else VisionInputs()  # a raw prompt
+            job.tokens, inputs = prepare_vision_prompt(self._loaded_vision, job.prompt, media)
             self._check_window(job)
             cache, reused = None, 0
         else:

@@ -1,0 +1,138 @@
+"""MLXLLM on a tiny random Qwen2.5-VL: ImageBlocks reach the model as mlx-vlm sees them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+from llama_index.core.tools import FunctionTool
+
+from mlx_integrations.llama_index import MLXLLM
+from tests.llama_index.conformance import LLMConformanceTests
+from tests.llama_index.test_mlxllm_conformance import lucky_number
+from tests.support.file_server import FileServer
+from tests.support.vlm_reference import MLXVLMReference, decode
+
+QUESTION = "What is in this picture?"
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_vlm) -> MLXLLM:
+    # No prefix cache: every reply is computed from scratch, as mlx-vlm computes it.
+    return MLXLLM(
+        model=str(tiny_vlm),
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        engine_options={"cache_memory_mb": 0},
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_vlm) -> MLXVLMReference:
+    return MLXVLMReference(tiny_vlm)
+
+
+@pytest.fixture(scope="module")
+def tool() -> FunctionTool:
+    tool = FunctionTool.from_defaults(lucky_number)
+    # A random model rarely closes a free string: bound the argument.
+    tool.metadata.fn_schema.model_fields["color"].json_schema_extra = {
+        "enum": ["red", "green", "blue"]
+    }
+    tool.metadata.fn_schema.model_rebuild(force=True)
+    return tool
+
+
+def ask(image: ImageBlock, text: str = QUESTION) -> list[ChatMessage]:
+    return [ChatMessage(role="user", blocks=[image, TextBlock(text=text)])]
+
+
+def test_metadata_says_multimodal(llm, tiny_llama):
+    assert llm.metadata.is_multimodal is True
+    assert MLXLLM(model=str(tiny_llama)).metadata.is_multimodal is False
+
+
+def test_greedy_reply_is_mlx_vlms_own(llm, reference, test_images):
+    replies = []
+    for image in test_images:
+        response = llm.chat(ask(ImageBlock(path=image)))
+        want = reference.reply(
+            [{"type": "image"}, {"type": "text", "text": QUESTION}], [str(image)], MAX_TOKENS
+        )
+        assert response.message.content == decode(llm.engine.tokenizer, want.tokens)
+        assert response.raw["usage"]["prompt_tokens"] == want.prompt_tokens
+        replies.append(response.message.content)
+    assert replies[0] != replies[1]  # two images, two replies
+
+
+async def test_streams_and_async_equal_chat(llm, test_images):
+    messages = ask(ImageBlock(path=test_images[0]))
+    whole = llm.chat(messages)
+    streamed = list(llm.stream_chat(messages))
+    assert "".join(r.delta or "" for r in streamed) == whole.message.content
+    assert streamed[-1].raw["usage"] == whole.raw["usage"]
+    assert (await llm.achat(messages)).message.content == whole.message.content
+    gen = await llm.astream_chat(messages)
+    assert "".join([r.delta or "" async for r in gen]) == whole.message.content
+
+
+def test_path_url_and_bytes_are_the_same_image(llm, test_images):
+    png = test_images[1]
+    with FileServer({png.name: png.read_bytes()}) as server:
+        forms = {
+            "path": ImageBlock(path=png),
+            "file URL": ImageBlock(url=png.as_uri()),
+            "http URL": ImageBlock(url=server.url(png.name)),
+            "bytes": ImageBlock(image=png.read_bytes()),
+            "bytes with mime type": ImageBlock(image=png.read_bytes(), image_mimetype="image/png"),
+        }
+        got = {name: llm.chat(ask(block)).message.content for name, block in forms.items()}
+        assert server.hits[png.name] == 1
+    assert got == dict.fromkeys(forms, got["path"])
+    assert llm.chat(ask(ImageBlock(path=test_images[0]))).message.content != got["path"]
+
+
+async def test_image_requests_leave_the_event_loop_free(llm, test_images):
+    ticks = 0
+    done = False
+
+    async def ticker():
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    await llm.achat(ask(ImageBlock(path=test_images[0])))
+    done = True
+    await task
+    assert ticks >= 3
+
+
+def test_an_image_to_a_text_model_is_refused_and_it_serves_on(tiny_llama, test_images):
+    text_llm = MLXLLM(model=str(tiny_llama), temperature=0, max_tokens=4)
+    before = text_llm.get_stats()["num_requests_processed"]
+    with pytest.raises(ValueError, match=r"does not take images.*vision-language model"):
+        text_llm.chat(ask(ImageBlock(path=test_images[0])))
+    assert text_llm.get_stats()["num_requests_processed"] == before
+    assert (
+        text_llm.chat([ChatMessage(role="user", content="Hi")]).raw["usage"]["completion_tokens"]
+        >= 1
+    )
+
+
+def test_tool_call_with_an_image(llm, tool, test_images):
+    message = ask(ImageBlock(path=test_images[0]), "What is the lucky number of its color?")[0]
+    response = llm.chat_with_tools([tool], user_msg=message, tool_required=True, max_tokens=32)
+    [call] = llm.get_tool_calls_from_response(response)
+    assert call.tool_name == "lucky_number" and call.tool_kwargs["color"] in (
+        "red",
+        "green",
+        "blue",
+    )
+
+
+class TestMLXLLMConformanceTinyVLM(LLMConformanceTests):
+    """The whole LlamaIndex suite (text, tools, structured output) on the vision model."""

@@ -149,10 +149,19 @@ class RunOptions:
     tool_choice: str = "auto"
     engine_options: dict[str, Any] = field(default_factory=dict)
     """Keywords of the engine (``draft_model``, ``prompt_lookup``, ``kv_bits``)."""
+    images: tuple[str, ...] = ()
+    """Images (paths or URLs) that go with the first question (vision models)."""
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""
         return [{"role": "system", "content": self.system}] if self.system else []
+
+    def user_turn(self, text: str, first: bool) -> dict[str, Any]:
+        """A user message; the first one carries the images, before the text."""
+        if not (first and self.images):
+            return {"role": "user", "content": text}
+        parts: list[dict[str, str]] = [{"type": "image", "image": s} for s in self.images]
+        return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
 
 
 def response_format_option(value: str | None) -> dict[str, Any] | None:
@@ -355,7 +364,7 @@ def _stop(engine: Any) -> None:
 
 def one_shot(model: str, prompt: str, opts: RunOptions) -> None:
     """Answer one prompt and exit (Ctrl-C: exit code 130)."""
-    messages = [*opts.first_messages(), {"role": "user", "content": prompt}]
+    messages = [*opts.first_messages(), opts.user_turn(prompt, first=True)]
     with SessionSignals() as signals:
         engine = _engine(model, opts)
         try:
@@ -396,7 +405,8 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 continue
             if not command:
                 continue
-            turns = [*history, {"role": "user", "content": line}]
+            first = not any(m["role"] == "user" for m in history)
+            turns = [*history, opts.user_turn(line, first)]
             try:
                 answer = _stream(engine, turns, opts, signals)
                 # With tools, the user plays each tool the model calls: its result goes
@@ -416,3 +426,36 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
             history = [*turns, answer.message()]
     finally:
         _stop(engine)
+
+
+def engine_options(
+    draft_model: str | None, prompt_lookup: int, kv_bits: int | None
+) -> dict[str, Any]:
+    """``--draft-model``, ``--prompt-lookup`` and ``--kv-bits`` as engine keywords, checked."""
+    from mlx_integrations.engine.options import EngineOptions
+
+    options: dict[str, Any] = {"draft_model": draft_model} if draft_model else {}
+    if prompt_lookup:
+        options["prompt_lookup"] = prompt_lookup
+    if kv_bits is not None:
+        options["kv_bits"] = kv_bits
+    try:
+        EngineOptions(**options)
+    except (TypeError, ValueError) as exc:
+        hint = "--kv-bits" if "kv_bits" in str(exc) else "--draft-model / --prompt-lookup"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    return options
+
+
+def image_sources(values: list[str]) -> tuple[str, ...]:
+    """``--image``: local files made absolute and checked before the model loads; URLs kept."""
+    sources = []
+    for value in values:
+        if value.lower().startswith(("http://", "https://", "data:", "file://")):
+            sources.append(value)
+            continue
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise typer.BadParameter(f"there is no file {value!r}", param_hint="--image")
+        sources.append(str(path.resolve()))
+    return tuple(sources)

@@ -274,6 +274,7 @@ def show(
         ("name", info.name + (f" (aliases: {', '.join(info.aliases)})" if info.aliases else "")),
         ("path", info.path),
         ("architecture", info.architecture or "-"),
+        ("input", "text and images (vision)" if info.vision else "text"),
         ("parameters", human_count(info.parameters)),
         ("context length", str(info.context_length or "-")),
         ("dtype", info.dtype or "-"),
@@ -557,6 +558,9 @@ def run(
         "--kv-bits",
         help="Quantize the KV cache to N bits (8: half the memory, 4: about a quarter).",
     ),
+    image: list[str] = typer.Option(
+        [], "--image", "-i", help="An image (path or URL) for a vision model; repeatable."
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
@@ -566,12 +570,15 @@ def run(
     conversation, Ctrl-C stops the answer being written, /bye (or Ctrl-D) leaves.
     --draft-model or --prompt-lookup decode speculatively (greedy answers unchanged).
     --kv-bits holds a long conversation in less memory, with answers that may drift.
+    --image gives a vision-language model images with the (first) question.
     """
     import sys
 
     from mlx_integrations.cli.chat import (
         RunOptions,
         chat_session,
+        engine_options,
+        image_sources,
         one_shot,
         response_format_option,
     )
@@ -590,7 +597,6 @@ def run(
         prompt = sys.stdin.read()
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
-    engine_options = _engine_options(draft_model, prompt_lookup, kv_bits)
     options = RunOptions(
         system=system,
         max_tokens=max_tokens,
@@ -600,31 +606,13 @@ def run(
         show_thinking=not hide_thinking,
         tools=tool_defs,
         tool_choice=tool_choice,
-        engine_options=engine_options,
+        engine_options=engine_options(draft_model, prompt_lookup, kv_bits),
+        images=image_sources(image),
     )
     if prompt is not None:
         one_shot(model, prompt, options)
     else:
         chat_session(model, options)
-
-
-def _engine_options(
-    draft_model: str | None, prompt_lookup: int, kv_bits: int | None
-) -> dict[str, Any]:
-    """``--draft-model``, ``--prompt-lookup`` and ``--kv-bits`` as engine keywords, checked."""
-    from mlx_integrations.engine.options import EngineOptions
-
-    options: dict[str, Any] = {"draft_model": draft_model} if draft_model else {}
-    if prompt_lookup:
-        options["prompt_lookup"] = prompt_lookup
-    if kv_bits is not None:
-        options["kv_bits"] = kv_bits
-    try:
-        EngineOptions(**options)
-    except (TypeError, ValueError) as exc:
-        hint = "--kv-bits" if "kv_bits" in str(exc) else "--draft-model / --prompt-lookup"
-        raise typer.BadParameter(str(exc), param_hint=hint) from None
-    return options
 
 
 @app.command()

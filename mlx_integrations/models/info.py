@@ -46,6 +46,8 @@ class ModelInfo:
         aliases: Other names of the model.
         warm_caches: Names of stored prefix caches.
         in_use_by: Processes that have the model loaded (store models only).
+        vision: A vision-language model (it takes images; config.json has a
+            ``vision_config``), served through mlx-vlm.
     """
 
     name: str
@@ -62,6 +64,7 @@ class ModelInfo:
     aliases: tuple[str, ...] = ()
     warm_caches: tuple[str, ...] = ()
     in_use_by: tuple[int, ...] = ()
+    vision: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for ``mlxi show --json``."""
@@ -115,6 +118,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         aliases=aliases,
         warm_caches=tuple(sorted(p.stem for p in (path / "warm").glob("*.safetensors"))),
         in_use_by=users,
+        vision=isinstance(config.get("vision_config"), dict),
     )
 
 

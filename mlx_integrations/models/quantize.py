@@ -1,4 +1,9 @@
-"""Quantize a model into the store with mlx-lm (``mlx_lm.convert``)."""
+"""Quantize a model into the store with mlx-lm (``mlx_lm.convert``).
+
+A vision-language model (config.json with a ``vision_config``) goes through mlx-vlm's
+conversion instead (``mlx_vlm.convert``, from the ``[vision]`` extra): it quantizes the
+language model, keeps the vision tower as it is and writes the processor files.
+"""
 
 from __future__ import annotations
 
@@ -110,7 +115,7 @@ def quantize_model(
     store = store or default_store()
     name = validate_name(name or default_quantized_name(str(source), bits, mode, recipe))
     src_path = resolve_model(source, store=store)
-    from mlx_lm.convert import convert
+    convert, extra = _converter(src_path)
 
     with store.building(name, overwrite=overwrite) as build:
         out = build.path / "converted"
@@ -121,7 +126,7 @@ def quantize_model(
         weights = FinishedFilesHasher(out, "model.safetensors.index.json", _is_weights)
         quantization = QuantizationInfo(bits=bits, group_size=group, mode=mode, recipe=recipe)
         with weights, contextlib.redirect_stdout(sys.stderr):
-            convert(str(src_path), str(out), dtype=dtype, **_convert_options(quantization))
+            convert(str(src_path), str(out), dtype=dtype, **_convert_options(quantization), **extra)
         for item in out.iterdir():
             os.rename(item, build.path / item.name)
         out.rmdir()
@@ -135,6 +140,23 @@ def quantize_model(
             dtype=dtype or _dtype(build.path),
         )
         return build.commit(manifest)
+
+
+def _converter(path: Path) -> tuple[Any, dict[str, Any]]:
+    """mlx-lm's ``convert`` for a text model, mlx-vlm's for a vision-language model."""
+    if not isinstance(read_json_object(path / "config.json").get("vision_config"), dict):
+        from mlx_lm.convert import convert
+
+        return convert, {}
+    try:
+        from mlx_vlm.convert import convert as vision_convert
+    except ImportError as exc:
+        raise ImportError(
+            f"{path.name} is a vision-language model; quantizing it needs mlx-vlm: "
+            'pip install "mlx-integrations[vision]"'
+        ) from exc
+    # Remote code stays off, as for pulls (mlx-vlm's default would run it).
+    return vision_convert, {"trust_remote_code": False}
 
 
 def _convert_options(q: QuantizationInfo) -> dict[str, Any]:

@@ -5,7 +5,8 @@ decode steps it runs control calls (cache clears), drops aborted requests, and a
 queued ones into the running batch; then it steps the generator and hands each
 sequence's token to that request's :class:`OutputBuilder`. Finished sequences give
 their KV cache to the prefix cache, so the next turn of a conversation prefills only
-what is new.
+what is new. A request alone runs outside the generator (:mod:`.solo`) until another
+arrives.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlx_integrations.engine.batch_sampling import (
+    GuardedProcessors,
+    GuardedSampler,
+    SeededSampler,
+)
 from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
     OutputBuilder,
@@ -28,6 +34,8 @@ from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.random_state import repair_random_state
+from mlx_integrations.engine.solo import SoloDecode
+from mlx_integrations.engine.speculative import Step
 from mlx_integrations.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -53,91 +61,14 @@ class BatchedEngineStats(EngineStats):
     """Decode steps run since the engine was made."""
     generator_resets: int
     """Times a failed decode step ended the whole batch and the generator was rebuilt."""
-
-
-class _GuardedProcessors:
-    """A request's logits processors run as one; a failure ends only that request.
-
-    An exception raised inside ``BatchGenerator.next()`` would leave the shared batch
-    half-stepped, so errors are caught here, remembered, and the logits pass through
-    unchanged until the request is taken out of the batch.
-    """
-
-    def __init__(self, processors: list[Callable[..., Any]]):
-        self.processors = processors
-        self.error: Exception | None = None
-
-    def __call__(self, tokens: Any, logits: Any) -> Any:
-        import mlx.core as mx
-
-        if self.error is not None:
-            return logits
-        try:
-            out = logits
-            for processor in self.processors:
-                out = processor(tokens, out)
-            if not isinstance(out, mx.array) or out.shape != logits.shape:
-                shape = getattr(out, "shape", type(out).__name__)
-                raise TypeError(
-                    f"a logits processor returned {shape}, expected an mx.array of shape "
-                    f"{logits.shape}"
-                )
-            return out
-        except Exception as exc:
-            self.error = exc
-            repair_random_state()  # before the samplers of this same step draw from it
-            return logits
-
-
-class _GuardedSampler:
-    """A sampler whose failure ends the requests using it, not the batch."""
-
-    def __init__(self, sampler: Callable[[Any], Any]):
-        self.sampler = sampler
-        self.error: Exception | None = None
-
-    def __call__(self, logprobs: Any) -> Any:
-        import mlx.core as mx
-
-        if self.error is None:
-            try:
-                return self.sampler(logprobs)
-            except Exception as exc:
-                self.error = exc
-                repair_random_state()  # the other samplers of this step draw next
-        return mx.argmax(logprobs, axis=-1)
-
-
-class _SeededSampler:
-    """Samples with a request's own random key.
-
-    mlx-lm's samplers draw from MLX's global random state, which every request in
-    the batch advances; a private key keeps a seeded request reproducible whatever
-    else runs beside it. The filters are mlx-lm's, in ``make_sampler``'s order.
-    """
-
-    def __init__(self, p: SamplingParams, seed: int):
-        import mlx.core as mx
-        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
-
-        self._key = mx.random.key(seed)
-        self._scale = 1.0 / p.temperature
-        self._filters: list[Callable[[Any], Any]] = []
-        top_p, min_p, top_k = p.top_p, p.min_p, p.top_k
-        if 0 < top_p < 1.0:
-            self._filters.append(lambda x: apply_top_p(x, top_p))
-        if min_p != 0.0:
-            self._filters.append(lambda x: apply_min_p(x, min_p))
-        if top_k > 0:
-            self._filters.append(lambda x: apply_top_k(x, top_k))
-
-    def __call__(self, logprobs: Any) -> Any:
-        import mlx.core as mx
-
-        for method in self._filters:
-            logprobs = method(logprobs)
-        self._key, key = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * self._scale, key=key)
+    solo_requests: int
+    """Requests that began alone and decoded outside the batch until another joined."""
+    solo_tokens: int
+    """Tokens decoded that way (with prompt lookup when the engine has it)."""
+    speculation_off_requests: int
+    """With ``prompt_lookup`` on: requests that decoded some tokens without it, because
+    they shared the batch (only a request alone verifies drafts) or have logits
+    processors."""
 
 
 @dataclass
@@ -146,8 +77,8 @@ class _Active:
 
     job: Job
     builder: OutputBuilder
-    processors: _GuardedProcessors | None
-    sampler: _GuardedSampler | None
+    processors: GuardedProcessors | None
+    sampler: GuardedSampler | None
 
     def error(self) -> Exception | None:
         if self.processors is not None and self.processors.error is not None:
@@ -168,11 +99,17 @@ class BatchedEngine(MLXEngine):
     rounding; a seeded request draws from its own random key.
 
     The context window, sampling limits and failures behave as described in
-    :class:`MLXEngine`: a failed decode step ends only its own request. Speculative
-    decoding (``draft_model``, ``prompt_lookup``) is refused with ``ValueError``: the
-    batch advances every sequence one token per step; use :class:`SimpleEngine` for it.
-    So is a quantized KV cache (``kv_bits``): mlx-lm's batch generator has none. So is
-    a vision-language model: :class:`SimpleEngine` serves those, one request at a time.
+    :class:`MLXEngine`: a failed decode step ends only its own request.
+
+    A request that finds the engine idle decodes alone on a plain KV cache, as
+    :class:`SimpleEngine` does (a batch of one pays for padding and masks it does not
+    need); when another arrives, it joins the batch with its cache, no token lost or
+    repeated. With ``prompt_lookup=N`` the lone request decodes speculatively (greedy
+    replies unchanged); in a shared batch, or with logits processors (constraints,
+    penalties), requests decode plainly, which ``get_stats()`` counts in
+    ``speculation_off_requests``. A draft model is refused with ``ValueError``
+    (:class:`SimpleEngine` has it), so is a quantized KV cache (``kv_bits``): mlx-lm's
+    batch generator has none, and so is a vision-language model.
 
     Example:
         >>> import asyncio
@@ -221,16 +158,11 @@ class BatchedEngine(MLXEngine):
                 f"{self._name!r} is a vision-language model; BatchedEngine serves text "
                 "models only: use SimpleEngine (engine_type='simple') for it"
             )
-        if self._options.speculation != "off":
-            source = (
-                f"draft_model={self._options.draft_model!r}"
-                if self._options.draft_model is not None
-                else f"prompt_lookup={self._options.prompt_lookup}"
-            )
+        if self._options.draft_model is not None:
             raise ValueError(
-                f"BatchedEngine cannot decode speculatively ({source}): its batch steps "
-                "every sequence one token at a time; use SimpleEngine (engine_type="
-                "'simple') for speculative decoding, or drop the option"
+                f"BatchedEngine cannot decode with a draft model (draft_model="
+                f"{self._options.draft_model!r}); use SimpleEngine (engine_type='simple') "
+                "for it, or prompt_lookup, which BatchedEngine has"
             )
         if self._options.kv_bits is not None:
             # mlx-lm's BatchGenerator batches only KVCache layers (QuantizedKVCache has
@@ -251,8 +183,12 @@ class BatchedEngine(MLXEngine):
         self._generator: Any = None
         self._eos: Any = None
         self._active: dict[int, _Active] = {}
-        self._samplers: dict[tuple[float, float, float, int], _GuardedSampler] = {}
+        self._samplers: dict[tuple[float, float, float, int], GuardedSampler] = {}
+        self._solo: tuple[_Active, SoloDecode] | None = None
         # Under the state lock.
+        self._solo_requests = 0
+        self._solo_tokens = 0
+        self._speculation_off = 0
         self._steps = 0
         self._decoded = 0
         self._last_batch = 0
@@ -275,6 +211,9 @@ class BatchedEngine(MLXEngine):
                 mean_batch_size=self._decoded / self._steps if self._steps else 0.0,
                 steps_executed=self._steps,
                 generator_resets=self._resets,
+                solo_requests=self._solo_requests,
+                solo_tokens=self._solo_tokens,
+                speculation_off_requests=self._speculation_off,
             )
 
     # ------------------------------------------------------- engine hooks
@@ -327,7 +266,7 @@ class BatchedEngine(MLXEngine):
                 with self._state_lock:
                     calls = list(self._calls)
                     self._calls.clear()
-                    if not (calls or self._inbox or self._active):
+                    if not (calls or self._inbox or self._active or self._solo):
                         self._serving = False
                         return
                 for fn, future in calls:
@@ -335,7 +274,9 @@ class BatchedEngine(MLXEngine):
                 try:
                     self._drop_aborted()
                     self._admit()
-                    if self._active:
+                    if self._solo is not None:
+                        self._solo_step()
+                    elif self._active:
                         self._step()
                 except BaseException as exc:  # keep serving: only the batch in flight is lost
                     self._reset(exc)
@@ -359,19 +300,26 @@ class BatchedEngine(MLXEngine):
         }
         if aborted:
             self._retire(aborted)
+        if self._solo is not None and self._solo[0].job.abort.is_set():
+            self._end_solo(self._solo[0].builder.finish("abort"))
 
     def _admit(self) -> None:
         """Move queued requests into the generator while the batch has room."""
-        while len(self._active) < self._max_num_seqs:
+        while len(self._active) + (self._solo is not None) < self._max_num_seqs:
             with self._state_lock:
                 if not self._inbox:
                     return
                 job = self._inbox.popleft()
+                alone = not self._inbox and not self._active and self._solo is None
             if job.abort.is_set():
                 self._finish(job, aborted_output(job))
                 continue
             self._mark_running(job)
             try:
+                if alone and self._start_solo(job):
+                    continue
+                if self._solo is not None:
+                    self._join_solo()
                 self._insert(job)
             except Exception as exc:
                 logger.debug("Request %s failed", job.params.request_id, exc_info=True)
@@ -387,25 +335,125 @@ class BatchedEngine(MLXEngine):
             cache, reused = None, 0
         try:
             user = request_processors(p)
-            processors = _GuardedProcessors(user) if user else None
+            processors = GuardedProcessors(user) if user else None
             sampler = self._sampler(p)
             builder = self._output_builder(job, reused)
-            (uid,) = self._batch_generator().insert(
-                [job.tokens[reused:]],
-                max_tokens=[p.max_tokens],
-                caches=[cache],
-                all_tokens=[job.tokens[:reused]],
-                samplers=[sampler],
-                logits_processors=[[processors] if processors else []],
-                stop_sequences=[self._eos],
-            )
+            act = _Active(job, builder, processors, sampler)
+            self._insert_active(act, job.tokens[reused:], cache, job.tokens[:reused])
         except BaseException:
             if cache is not None:
                 self._prefix.put(job.tokens[:reused], cache)
             raise
-        self._active[uid] = _Active(job, builder, processors, sampler)
+        if self._options.prompt_lookup:
+            with self._state_lock:
+                self._speculation_off += 1
 
-    def _sampler(self, p: SamplingParams) -> _GuardedSampler | None:
+    def _insert_active(
+        self, act: _Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
+    ) -> None:
+        """Put a sequence into the generator: ``prompt`` follows the ``cached`` tokens."""
+        (uid,) = self._batch_generator().insert(
+            [prompt],
+            max_tokens=[act.job.params.max_tokens - len(act.builder.tokens)],
+            caches=[cache],
+            all_tokens=[cached],
+            samplers=[act.sampler],
+            logits_processors=[[act.processors] if act.processors else []],
+            stop_sequences=[self._eos],
+        )
+        self._active[uid] = act
+
+    # ------------------------------------------------------- a request alone
+
+    def _start_solo(self, job: Job) -> bool:
+        """Decode ``job`` outside the batch while it is alone; False when it cannot."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.sample_utils import make_sampler
+
+        p = job.params
+        if request_processors(p):
+            return False  # the batch runs processors with their token context
+        cache, reused = self._prefix.take(job.tokens)
+        if cache is None:
+            cache = make_prompt_cache(self._model)
+        lookup = self._options.prompt_lookup if can_trim_prompt_cache(cache) else 0
+        if not all(hasattr(layer, "merge") for layer in cache):
+            self._prefix.put(job.tokens[:reused], cache)
+            return False  # it could not join a batch later
+        sampler = self._sampler(p)
+        solo = SoloDecode(
+            self._model,
+            job.tokens,
+            reused,
+            cache,
+            sampler=sampler.sampler if sampler is not None else make_sampler(0.0),
+            max_tokens=p.max_tokens,
+            prefill_step_size=self._prefill_step_size,
+            prompt_lookup=lookup,
+        )
+        act = _Active(job, self._output_builder(job, reused), None, sampler)
+        self._solo = (act, solo)
+        with self._state_lock:
+            self._solo_requests += 1
+        return True
+
+    def _solo_step(self) -> None:
+        assert self._solo is not None
+        act, solo = self._solo
+        try:
+            steps = solo.step()
+        except Exception as exc:
+            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
+            repair_random_state()
+            self._solo = None
+            self._finish(act.job, exc)
+            return
+        self._hand_out(steps)
+
+    def _hand_out(self, steps: list[Step]) -> bool:
+        """Give the lone request its tokens; True when it ended."""
+        assert self._solo is not None
+        act = self._solo[0]
+        with self._state_lock:
+            self._solo_tokens += len(steps)
+        for token, drafted, accepted in steps:
+            act.builder.drafted += drafted
+            act.builder.accepted += accepted
+            out = act.builder.add(token)
+            if act.builder.finished:
+                assert out is not None
+                self._end_solo(out)
+                return True
+            if out is not None:
+                act.job.emit(out)
+        return False
+
+    def _end_solo(self, out: MLXGenerationOutput) -> None:
+        assert self._solo is not None
+        act, solo = self._solo
+        self._solo = None
+        self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
+        self._finish(act.job, out)
+
+    def _join_solo(self) -> None:
+        """Another request arrived: the lone one goes on inside the batch."""
+        assert self._solo is not None
+        act, solo = self._solo
+        steps, prompt, cached = solo.handoff()
+        if self._hand_out(steps):
+            return
+        self._solo = None
+        try:
+            self._insert_active(act, prompt, solo.cache, cached)
+        except Exception as exc:
+            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
+            self._finish(act.job, exc)
+            return
+        if self._options.prompt_lookup:
+            with self._state_lock:
+                self._speculation_off += 1
+
+    def _sampler(self, p: SamplingParams) -> GuardedSampler | None:
         """None (the generator's shared greedy sampler) for temperature 0.
 
         Requests with the same settings share one sampler object, so the generator
@@ -416,13 +464,13 @@ class BatchedEngine(MLXEngine):
         if p.temperature == 0:
             return None
         if p.seed is not None:
-            return _GuardedSampler(_SeededSampler(p, p.seed))
+            return GuardedSampler(SeededSampler(p, p.seed))
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         sampler = self._samplers.get(key)
         if sampler is None or sampler.error is not None:
             if len(self._samplers) >= _MAX_SHARED_SAMPLERS:
                 self._samplers.clear()
-            sampler = _GuardedSampler(
+            sampler = GuardedSampler(
                 make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
             )
             self._samplers[key] = sampler

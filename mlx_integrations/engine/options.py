@@ -65,8 +65,8 @@ class EngineOptions:
     """Tokens the draft model proposes per verification step."""
     prompt_lookup: int = 0
     """Most tokens drafted per step from an earlier occurrence (in the prompt or the
-    reply so far) of the context's last few tokens; no second model needed
-    (``SimpleEngine`` only). 0 turns it off."""
+    reply so far) of the context's last few tokens; no second model needed.
+    ``BatchedEngine`` drafts for a request while it runs alone. 0 turns it off."""
     kv_bits: int | None = None
     """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` only,
     not with ``draft_model``); None keeps the cache in the model's dtype. 8 bits halves

@@ -233,11 +233,11 @@ def test_bad_options_are_refused_at_construction(target, options, exc, match):
         SimpleEngine(target, **options)
 
 
-@pytest.mark.parametrize("options", [{"prompt_lookup": 3}, {"draft_model": "x"}])
-def test_batched_engine_refuses_speculation(target, options):
+def test_batched_engine_refuses_a_draft_model(target):
     with pytest.raises(ValueError, match="use SimpleEngine"):
-        BatchedEngine(target, **options)
+        BatchedEngine(target, draft_model="x")
     BatchedEngine(target, num_draft_tokens=4)  # without a draft source there is nothing to do
+    BatchedEngine(target, prompt_lookup=3)  # tests/engine/test_batched_solo.py
 
 
 async def test_a_draft_model_with_another_vocabulary_is_refused(target, tmp_path):

@@ -1,0 +1,150 @@
+"""A ``BatchedEngine`` request that runs alone, on a plain KV cache, until others join.
+
+mlx-lm's batch generator pays, on every step, for what a batch needs (per-sequence
+offsets and masks, a batched cache, bookkeeping for many sequences); a batch of one
+pays it too. So while a request is the only one, ``BatchedEngine`` decodes it the way
+``SimpleEngine`` does, one prefill piece or one token per turn of its loop, with prompt
+lookup when the engine has it. When another request arrives, the lone one hands its
+KV cache and the token it is about to feed to the batch generator, which goes on from
+there: no token is dropped, recomputed or drawn twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+from mlx_integrations.engine.speculative import Step, prefill, prompt_lookup_steps
+
+# Decode steps between two returns of MLX's buffer pool (mlx-lm's generate_step: 256).
+_CLEAR_EVERY = 256
+
+
+class SoloDecode:
+    """One request's prefill and decode loop, advanced a turn at a time.
+
+    Args:
+        model: The model.
+        prompt: The whole prompt.
+        reused: Prompt tokens ``cache`` already holds (from the prefix cache).
+        cache: A trimmable KV cache holding ``prompt[:reused]``.
+        sampler: Picks a token per row of log-probabilities.
+        max_tokens: Tokens to generate.
+        prefill_step_size: Prompt tokens per forward pass (and per turn).
+        prompt_lookup: Most tokens drafted per round from the context; 0 decodes plainly.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        prompt: list[int],
+        reused: int,
+        cache: list[Any],
+        *,
+        sampler: Callable[[Any], Any],
+        max_tokens: int,
+        prefill_step_size: int,
+        prompt_lookup: int = 0,
+    ):
+        self.cache = cache
+        self.context = list(prompt)
+        """The prompt and every token handed out so far."""
+        self._model = model
+        self._sampler = sampler
+        self._max_tokens = max_tokens
+        self._step_size = prefill_step_size
+        self._lookup = prompt_lookup
+        self._fed = reused  # context tokens the cache holds, while prefilling
+        self._produced = 0
+        self._next: Any = None  # the sampled token not yet handed out (plain decoding)
+        self._rounds: Generator[Step, None, None] | None = None  # prompt lookup
+
+    @property
+    def prefilling(self) -> bool:
+        return self._fed < len(self.context) - 1 and self._produced == 0
+
+    def step(self) -> list[Step]:
+        """One turn: a prefill piece (no token), one token, or one verified draft round."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        if self.prefilling:
+            end = min(self._fed + self._step_size, len(self.context) - 1)
+            prefill(self._model, self.cache, self.context[self._fed : end], self._step_size)
+            self._fed = end
+            return []
+        if self._lookup:
+            return self._lookup_round()
+        with mx.stream(generation_stream):
+            if self._next is None:  # the first token, from the prompt's last one
+                self._next = self._sample(self.context[-1])
+            token_array = self._next
+            if self._produced + 1 < self._max_tokens:
+                # Feed the token and start the next step before reading this one.
+                self._next = self._sample(token_array)
+            else:
+                self._next = None
+            token = int(token_array.item())
+        self._advance(token)
+        return [(token, 0, False)]
+
+    def handoff(self) -> tuple[list[Step], list[int], list[int]]:
+        """Stop decoding here: what the batch generator needs to go on.
+
+        Returns:
+            ``(steps, prompt, cached)``: tokens already computed that the caller must
+            hand out first; what the generator takes as the sequence's prompt (the rest
+            of the prompt, or the last token handed out); and the tokens ``cache``
+            holds, the context before ``prompt``.
+        """
+        steps: list[Step] = []
+        if self._rounds is not None:
+            self._rounds.close()  # between rounds: the cache holds all but the last token
+            self._rounds = None
+        elif self._next is not None:
+            token = int(self._next.item())
+            self._next = None
+            self._advance(token)
+            steps.append((token, 0, False))
+        fed = self._fed if self.prefilling else len(self.context) - 1
+        return steps, self.context[fed:], self.context[:fed]
+
+    def _sample(self, token: Any) -> Any:
+        import mlx.core as mx
+
+        inputs = mx.array([token], mx.uint32) if isinstance(token, int) else token
+        logits = self._model(inputs.reshape(1, 1), cache=self.cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        sampled = self._sampler(logprobs)
+        mx.async_eval(sampled)
+        return sampled
+
+    def _lookup_round(self) -> list[Step]:
+        if self._rounds is None:
+            self._rounds = prompt_lookup_steps(
+                self._model,
+                self.context,
+                1,  # the prompt is prefilled but for its last token
+                self.cache,
+                max_draft=self._lookup,
+                max_tokens=self._max_tokens - self._produced,
+                sampler=self._sampler,
+                prefill_step_size=self._step_size,
+            )
+        steps: list[Step] = []
+        for step in self._rounds:
+            steps.append(step)
+            # A round ends with the model's own token, never an accepted draft.
+            if not step[2]:
+                break
+        for token, _, _ in steps:
+            self._advance(token)
+        return steps
+
+    def _advance(self, token: int) -> None:
+        import mlx.core as mx
+
+        self.context.append(token)
+        self._produced += 1
+        if self._produced % _CLEAR_EVERY == 0:
+            mx.clear_cache()

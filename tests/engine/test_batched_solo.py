@@ -1,0 +1,210 @@
+"""BatchedEngine's lone request: decoded outside the batch, with prompt lookup, until others join.
+
+Greedy replies must be token for token those of SimpleEngine decoding plainly, whether a
+request ran alone, joined the batch when another arrived (at any point of its prefill
+or decode, in the middle of a draft round or not), or shared the batch from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.solo import SoloDecode
+
+PROMPTS = [
+    [{"role": "user", "content": "What is the weather in Paris?"}],
+    [
+        {
+            "role": "user",
+            "content": "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
+        }
+    ],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! 東京?"}],
+]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support.tiny_models import build_tiny_model
+
+    # An own output head: greedy replies vary and repeat n-grams that prompt lookup finds.
+    return build_tiny_model(tmp_path_factory.mktemp("target"), tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def plain(target: Path):
+    eng = SimpleEngine(target, cache_memory_mb=0)
+    yield eng
+    asyncio.run(eng.stop())
+
+
+@pytest.fixture(scope="module")
+def lookup(target: Path):
+    eng = BatchedEngine(target, prompt_lookup=4, cache_memory_mb=0)
+    yield eng
+    asyncio.run(eng.stop())
+
+
+@pytest.mark.parametrize("prompt_lookup", [0, 3])
+def test_a_handoff_at_any_turn_continues_in_the_batch_token_for_token(target, prompt_lookup):
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = mlx_lm.load(str(target))
+    prompt = tokenizer.apply_chat_template(PROMPTS[1], add_generation_prompt=True)
+    greedy, n = make_sampler(0.0), 24
+
+    def solo() -> SoloDecode:
+        return SoloDecode(
+            model,
+            prompt,
+            0,
+            make_prompt_cache(model),
+            sampler=greedy,
+            max_tokens=n,
+            prefill_step_size=8,  # several prefill turns
+            prompt_lookup=prompt_lookup,
+        )
+
+    alone, reference, drafted = solo(), [], 0
+    while len(reference) < n:
+        steps = alone.step()
+        reference += [token for token, _, _ in steps]
+        drafted += sum(d for _, d, _ in steps)
+    assert drafted > 0 or not prompt_lookup
+    turns = len(prompt) // 8 + 6  # through the prefill and into the decode
+    for stop_after in range(turns):
+        run, tokens = solo(), []
+        for _ in range(stop_after):
+            tokens += [token for token, _, _ in run.step()]
+        steps, rest, cached = run.handoff()
+        tokens += [token for token, _, _ in steps]
+        assert cached + rest == prompt + tokens  # nothing lost, nothing repeated
+        generator = BatchGenerator(model, prefill_step_size=8)
+        generator.insert([rest], max_tokens=[n - len(tokens)], caches=[run.cache])
+        with mx.stream(generator.stream):
+            while len(tokens) < n:
+                tokens += [r.token for r in generator.next()[1]]
+        generator.close()
+        assert tokens == reference, stop_after
+
+
+async def test_a_lone_request_decodes_outside_the_batch_then_joins_it(target, plain):
+    batched = BatchedEngine(target, cache_memory_mb=0)
+    try:
+        ref = [(await plain.chat(m, max_tokens=40, temperature=0)).tokens for m in PROMPTS]
+        alone = await batched.chat(PROMPTS[1], max_tokens=40, temperature=0)
+        assert alone.tokens == ref[1]
+        stats = batched.get_stats()
+        assert stats["solo_requests"] == 1 and stats["solo_tokens"] == 40
+        assert stats["steps_executed"] == 0  # no batch step for a request alone
+        # A first request streams alone; two more join while it decodes.
+        stream = batched.stream_chat(PROMPTS[1], max_tokens=40, temperature=0)
+        first = await anext(stream)
+        joined = asyncio.gather(
+            *[batched.chat(m, max_tokens=40, temperature=0) for m in (PROMPTS[0], PROMPTS[2])]
+        )
+        rest = [out async for out in stream]
+        outs = await joined
+        assert (rest or [first])[-1].tokens == ref[1]
+        assert [o.tokens for o in outs] == [ref[0], ref[2]]
+        stats = batched.get_stats()
+        assert stats["peak_batch_size"] >= 2 and stats["solo_requests"] == 2
+        assert stats["speculation_off_requests"] == 0  # prompt lookup is off
+    finally:
+        await batched.stop()
+
+
+async def test_prompt_lookup_alone_is_exact_and_counted(lookup, plain):
+    drafted = accepted = 0
+    for messages in PROMPTS:
+        ref = await plain.chat(messages, max_tokens=48, temperature=0)
+        out = await lookup.chat(messages, max_tokens=48, temperature=0)
+        assert out.tokens == ref.tokens and out.text == ref.text
+        assert out.finish_reason == ref.finish_reason
+        drafted, accepted = drafted + out.mtp_drafts, accepted + out.mtp_accepted
+    assert drafted > 0 and accepted > 0
+    spec = lookup.get_stats()["speculative"]
+    assert spec["mode"] == "prompt_lookup" and spec["max_draft_tokens"] == 4
+    assert spec["drafted_tokens"] >= drafted and spec["acceptance_rate"] > 0
+
+
+async def test_prompt_lookup_stops_where_plain_decoding_does(lookup, plain):
+    messages = PROMPTS[1]
+    ref = await plain.chat(messages, max_tokens=48, temperature=0)
+    stop = ref.text[len(ref.text) // 2 : len(ref.text) // 2 + 3]
+    assert stop.strip(), ref.text
+    stopped_ref = await plain.chat(messages, max_tokens=48, temperature=0, stop=[stop])
+    stopped = await lookup.chat(messages, max_tokens=48, temperature=0, stop=[stop])
+    assert stopped.tokens == stopped_ref.tokens and stopped.text == stopped_ref.text
+    assert stopped.finish_reason == "stop"
+    for n in (1, 2, 3, 5, 8):
+        out = await lookup.chat(messages, max_tokens=n, temperature=0)
+        assert out.tokens == ref.tokens[:n]
+        assert out.finish_reason == "length" and out.completion_tokens == n
+
+
+async def test_cancelled_mid_draft_then_the_next_requests_are_exact(target, plain):
+    eng = BatchedEngine(target, prompt_lookup=4)  # with its prefix cache
+    try:
+        messages = PROMPTS[1]
+        stream = eng.stream_chat(messages, max_tokens=200, temperature=0)
+        async for out in stream:
+            if out.mtp_drafts > 0:
+                break  # in the middle of a verification round
+        await stream.aclose()
+        for _ in range(200):
+            if eng.get_stats()["num_running"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
+        ref = await plain.chat(messages, max_tokens=40, temperature=0)
+        again = await eng.chat(messages, max_tokens=40, temperature=0)
+        assert again.tokens == ref.tokens and again.cached_tokens > 0
+        other = await eng.chat(PROMPTS[0], max_tokens=40, temperature=0)
+        assert other.tokens == (await plain.chat(PROMPTS[0], max_tokens=40, temperature=0)).tokens
+    finally:
+        await eng.stop()
+
+
+async def test_requests_sharing_the_batch_or_constrained_decode_plainly(lookup, plain):
+    before = lookup.get_stats()["speculation_off_requests"]
+    refs = [(await plain.chat(m, max_tokens=32, temperature=0)).tokens for m in PROMPTS]
+    outs = await asyncio.gather(*[lookup.chat(m, max_tokens=32, temperature=0) for m in PROMPTS])
+    assert [o.tokens for o in outs] == refs
+    assert lookup.get_stats()["speculation_off_requests"] - before >= len(PROMPTS) - 1
+    for kwargs in (
+        {"response_format": {"type": "json_object"}},
+        {"logit_bias": {118: -100.0}},
+    ):
+        before = lookup.get_stats()["speculation_off_requests"]
+        ref = await plain.chat(PROMPTS[1], max_tokens=24, temperature=0, **kwargs)
+        out = await lookup.chat(PROMPTS[1], max_tokens=24, temperature=0, **kwargs)
+        assert out.tokens == ref.tokens, kwargs
+        assert out.mtp_drafts == 0
+        assert lookup.get_stats()["speculation_off_requests"] == before + 1
+
+
+async def test_seeded_sampling_alone_is_reproducible(lookup, target):
+    batched = BatchedEngine(target, cache_memory_mb=0)
+    try:
+        for eng in (lookup, batched):
+            runs = [
+                await eng.chat(PROMPTS[0], max_tokens=24, temperature=0.8, seed=11)
+                for _ in range(2)
+            ]
+            assert runs[0].tokens == runs[1].tokens
+    finally:
+        await batched.stop()
+
+
+def test_a_draft_model_is_still_refused(target):
+    with pytest.raises(ValueError, match="draft model"):
+        BatchedEngine(target, draft_model=str(target))

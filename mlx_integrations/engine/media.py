@@ -86,22 +86,39 @@ def decode_image(data: bytes, where: str) -> Image:
 
 
 def resolve_video(source: Any, limits: MediaLimits = MediaLimits()) -> str:
-    """A local file path for a video source (downloads and data go to a temp file).
+    """A local file path for a video source (downloads and data go to a temp file),
+    checked to hold a first frame that OpenCV (which mlx-vlm reads videos with) decodes.
 
     Raises:
-        MediaError: As :func:`load_image` for the source; the video is read later.
+        MediaError: As :func:`load_image` for the source, or not a readable video.
     """
     if isinstance(source, str):
         path = _local_path(source)
         if path is not None:
             _check_file(path, limits, "video")
-            return str(path)
-    data, _ = read_source(source, limits, kind="video")
+            return _check_video(str(path), f"video file {str(path)!r}")
+    data, where = read_source(source, limits, kind="video")
     import tempfile
 
     with tempfile.NamedTemporaryFile(prefix="mlxi-video-", suffix=".mp4", delete=False) as f:
         f.write(data)
-    return f.name
+    return _check_video(f.name, where)
+
+
+def _check_video(path: str, where: str) -> str:
+    import cv2
+
+    capture = cv2.VideoCapture(path)
+    try:
+        readable = capture.isOpened() and capture.read()[0]
+    finally:
+        capture.release()
+    if not readable:
+        raise MediaError(
+            f"{where} is not a video OpenCV can read (no frame decodes); pass an MP4, "
+            "WebM, AVI or MOV file"
+        )
+    return path
 
 
 def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, str]:

@@ -272,3 +272,19 @@ def cached_tiny_vlm(name: str = "tiny-qwen2.5-vl", **kwargs: object) -> Path:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def make_test_video(path: Path, kind: str = "red", size: int = 112, frames: int = 4) -> Path:
+    """Write a short MP4 (2 fps) whose colored band grows frame by frame: ``"red"`` or
+    ``"green"``."""
+    import cv2
+    import numpy as np
+
+    bgr = {"red": (0, 0, 255), "green": (0, 255, 0)}[kind]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 2.0, (size, size))
+    for i in range(frames):
+        frame = np.zeros((size, size, 3), np.uint8)
+        frame[:, : size * (i + 1) // frames] = bgr
+        writer.write(frame)
+    writer.release()
+    return Path(path)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from mlx_integrations.langchain import ChatMLX
 from tests.support.file_server import FileServer
+from tests.support.videos import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
 
 QUESTION = "Describe the image."
@@ -207,3 +208,20 @@ def test_tool_calling_and_structured_output_with_an_image(vlm, test_images):
     assert call.usage_metadata["input_tokens"] > IMAGE_PROMPT_TOKENS
     seen = vlm.with_structured_output(Seen).invoke(messages, max_tokens=40)
     assert isinstance(seen, Seen)
+
+
+def test_video_reply_is_mlx_vlms_own(vlm, reference, tmp_path):
+    red = make_test_video(tmp_path / "red.mp4", (30, 30, 200))
+    green = make_test_video(tmp_path / "green.mp4", (30, 200, 30))
+    b64 = base64.b64encode(red.read_bytes()).decode()
+    forms = [
+        {"type": "video", "url": str(red)},
+        {"type": "video", "base64": b64, "mime_type": "video/mp4"},
+        {"type": "video_url", "video_url": {"url": red.as_uri()}},
+    ]
+    replies = [vlm.invoke(ask(block, "What happens?")) for block in forms]
+    want = reference.reply_to_video("What happens?", str(red), MAX_TOKENS)
+    assert [r.content for r in replies] == [decode(vlm.engine.tokenizer, want.tokens)] * 3
+    assert replies[0].usage_metadata["input_tokens"] == want.prompt_tokens
+    other = vlm.invoke(ask({"type": "video", "url": str(green)}, "What happens?"))
+    assert other.content != replies[0].content

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock, VideoBlock
 from llama_index.core.tools import FunctionTool
 
 from mlx_integrations.llama_index import MLXLLM
 from tests.llama_index.conformance import LLMConformanceTests
 from tests.llama_index.test_mlxllm_conformance import lucky_number
 from tests.support.file_server import FileServer
+from tests.support.videos import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
 
 QUESTION = "What is in this picture?"
@@ -136,3 +137,19 @@ def test_tool_call_with_an_image(llm, tool, test_images):
 
 class TestMLXLLMConformanceTinyVLM(LLMConformanceTests):
     """The whole LlamaIndex suite (text, tools, structured output) on the vision model."""
+
+
+def test_video_blocks_from_a_path_or_bytes_are_the_same_video(llm, reference, tmp_path):
+    red = make_test_video(tmp_path / "red.mp4", (30, 30, 200))
+    green = make_test_video(tmp_path / "green.mp4", (30, 200, 30))
+
+    def reply(block: VideoBlock) -> str:
+        blocks = [block, TextBlock(text="What happens?")]
+        return llm.chat([ChatMessage(role="user", blocks=blocks)]).message.content
+
+    want = reference.reply_to_video("What happens?", str(red), MAX_TOKENS)
+    assert reply(VideoBlock(path=red)) == decode(llm.engine.tokenizer, want.tokens)
+    assert reply(VideoBlock(video=red.read_bytes(), video_mimetype="video/mp4")) == reply(
+        VideoBlock(path=red)
+    )
+    assert reply(VideoBlock(path=green)) != reply(VideoBlock(path=red))

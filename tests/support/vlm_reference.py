@@ -42,17 +42,22 @@ class MLXVLMReference:
 
     def reply(self, content: list[dict[str, Any]], images: list[str], max_tokens: int) -> Reference:
         """mlx-vlm's greedy tokens (at most ``max_tokens``) for one user message."""
+        return self._generate(self.prompt(content), max_tokens, image=images)
+
+    def reply_to_video(self, text: str, video: str, max_tokens: int) -> Reference:
+        """mlx-vlm's greedy tokens for one user message: a video, then ``text``."""
+        from mlx_vlm import apply_chat_template
+
+        prompt = apply_chat_template(self.processor, self.model.config, text, video=[video])
+        return self._generate(str(prompt), max_tokens, video=[video])
+
+    def _generate(self, prompt: str, max_tokens: int, **media: list[str]) -> Reference:
         from mlx_vlm import stream_generate
 
         tokens: list[int] = []
         prompt_tokens = 0
         for response in stream_generate(
-            self.model,
-            self.processor,
-            self.prompt(content),
-            image=images,
-            max_tokens=max_tokens,
-            temperature=0.0,
+            self.model, self.processor, prompt, max_tokens=max_tokens, temperature=0.0, **media
         ):
             tokens.append(int(response.token))
             prompt_tokens = response.prompt_tokens

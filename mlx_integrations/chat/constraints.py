@@ -67,8 +67,7 @@ class Constraint(ABC):
             tokenizer: The model's tokenizer (mlx-lm ``TokenizerWrapper``), e.g.
                 ``engine.tokenizer``.
             reasoning_end: The prompt opened a thinking block that this marker closes:
-                the model thinks freely first, and the constraint holds after the marker
-                (user Lark grammars hold from the first token).
+                the model thinks freely first, and the constraint holds after the marker.
         """
         return GrammarLogitsProcessor(tokenizer, self._grammar(tokenizer, reasoning_end))
 
@@ -164,6 +163,25 @@ class LarkConstraint(Constraint):
         from llguidance import LLMatcher
 
         return LLMatcher.grammar_from_lark(self.lark)
+
+    def _grammar(self, tokenizer: Any, reasoning_end: str | None) -> str:
+        if reasoning_end is None:
+            return self.grammar(tokenizer)
+        # The user's grammar has its own ``start``: it becomes a named sub-grammar that
+        # follows the thinking block, so its rule names never clash with ours.
+        end = lark.marker_pieces(tokenizer, reasoning_end)
+        lazy = "[lazy]" if isinstance(end[0], str) else ""
+        thinking = (
+            f"start: thinking /[ \\t\\n]*/ @user_grammar\nthinking{lazy}: /(?s:.*)/ {lark.seq(end)}"
+        )
+        return json.dumps(
+            {
+                "grammars": [
+                    {"lark_grammar": thinking},
+                    {"name": "user_grammar", "lark_grammar": self.lark},
+                ]
+            }
+        )
 
 
 @dataclass(frozen=True)

@@ -379,3 +379,41 @@ def test_forced_calls_and_json_hold_after_the_thinking_the_prompt_opens(thinking
         assert value == {"city": "Paris"}
     finally:
         asyncio.run(engine.stop())
+
+
+def test_a_user_grammar_holds_after_the_thinking_the_prompt_opens(thinking_model: Path):
+    """A Lark response_format lets the model think first, then holds from the end marker."""
+    from tests.support.forcing import forcing
+
+    engine = SimpleEngine(thinking_model)
+    grammar = {"type": "grammar", "grammar": 'start: "yes" | "no"'}
+    messages = [{"role": "user", "content": "Yes or no?"}]
+    try:
+        reply = "Maybe not.</think>\n\nno"
+        processor, sequence = forcing(engine.tokenizer, reply)
+        out = asyncio.run(
+            engine.chat(
+                messages,
+                max_tokens=len(sequence) + 4,
+                temperature=0,
+                response_format=grammar,
+                logits_processors=[processor],
+            )
+        )
+        assert out.text == reply and out.finish_reason == "stop"
+        # After the marker only the grammar's words are allowed: a forced "maybe" ends at
+        # the first token the grammar refuses.
+        processor, sequence = forcing(engine.tokenizer, "Hmm.</think>\n\nmaybe")
+        out = asyncio.run(
+            engine.chat(
+                messages,
+                max_tokens=len(sequence) + 4,
+                temperature=0,
+                response_format=grammar,
+                logits_processors=[processor],
+            )
+        )
+        assert "maybe" not in out.text
+        assert out.text.startswith("Hmm.</think>")
+    finally:
+        asyncio.run(engine.stop())

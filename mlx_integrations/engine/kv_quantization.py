@@ -62,7 +62,10 @@ def check_head_dims(model: Any, kv_bits: int | None, kv_group_size: int, name: s
     Raises:
         ValueError: Naming the head size and the group sizes that fit it.
     """
-    args = getattr(model, "args", None)
+    # mlx-lm models keep their shape in .args; mlx-vlm models in .config.text_config.
+    args = getattr(model, "args", None) or getattr(
+        getattr(model, "config", None), "text_config", None
+    )
     if kv_bits is None or args is None:
         return
     dims = {getattr(args, "head_dim", None)}

@@ -203,3 +203,17 @@ async def test_forced_tool_call_from_a_vision_model(engine, test_images) -> None
         tool_choice="any",
     )
     assert out.text.startswith('<tool_call>{"name": "tag_image", "arguments": {"color": "')
+
+
+async def test_a_quantized_kv_cache(tiny_vlm, tmp_path, test_images) -> None:
+    from tests.support.tiny_vlm import build_tiny_vlm
+
+    with pytest.raises(ValueError, match="attention heads of 16 values"):
+        SimpleEngine(tiny_vlm, kv_bits=8).prepare_for_start()
+    wide = build_tiny_vlm(tmp_path / "wide", hidden_size=128)  # heads of 32 values
+    engine = SimpleEngine(wide, kv_bits=8, kv_group_size=32)
+    try:
+        outs = [await engine.chat(_user(img), max_tokens=6, temperature=0) for img in test_images]
+    finally:
+        await engine.stop()
+    assert outs[0].tokens != outs[1].tokens and all(len(o.tokens) == 6 for o in outs)

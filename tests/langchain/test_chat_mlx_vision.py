@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from mlx_integrations.langchain import ChatMLX
 from tests.support.file_server import FileServer
-from tests.support.videos import make_test_video
+from tests.support.tiny_vlm import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
 
 QUESTION = "Describe the image."
@@ -211,8 +211,8 @@ def test_tool_calling_and_structured_output_with_an_image(vlm, test_images):
 
 
 def test_video_reply_is_mlx_vlms_own(vlm, reference, tmp_path):
-    red = make_test_video(tmp_path / "red.mp4", (30, 30, 200))
-    green = make_test_video(tmp_path / "green.mp4", (30, 200, 30))
+    red = make_test_video(tmp_path / "red.mp4", "red")
+    green = make_test_video(tmp_path / "green.mp4", "green")
     b64 = base64.b64encode(red.read_bytes()).decode()
     forms = [
         {"type": "video", "url": str(red)},

@@ -12,7 +12,7 @@ from mlx_integrations.llama_index import MLXLLM
 from tests.llama_index.conformance import LLMConformanceTests
 from tests.llama_index.test_mlxllm_conformance import lucky_number
 from tests.support.file_server import FileServer
-from tests.support.videos import make_test_video
+from tests.support.tiny_vlm import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
 
 QUESTION = "What is in this picture?"
@@ -140,8 +140,8 @@ class TestMLXLLMConformanceTinyVLM(LLMConformanceTests):
 
 
 def test_video_blocks_from_a_path_or_bytes_are_the_same_video(llm, reference, tmp_path):
-    red = make_test_video(tmp_path / "red.mp4", (30, 30, 200))
-    green = make_test_video(tmp_path / "green.mp4", (30, 200, 30))
+    red = make_test_video(tmp_path / "red.mp4", "red")
+    green = make_test_video(tmp_path / "green.mp4", "green")
 
     def reply(block: VideoBlock) -> str:
         blocks = [block, TextBlock(text="What happens?")]

@@ -119,7 +119,10 @@ class VisionTokenizer:
             except ValueError as exc:  # e.g. a single-image family given several
                 raise ValueError(f"{exc} (model type {self._model_type!r})") from None
             formatted.append(out)
-        text = get_chat_template(self._processor, formatted, add_generation_prompt, **kwargs)
+        # Rendered by the tokenizer (which holds the processor's template): the processor
+        # would warn on every template variable it does not know (enable_thinking...).
+        hf = getattr(self._wrapped, "_tokenizer", self._wrapped)
+        text = get_chat_template(hf, formatted, add_generation_prompt, **kwargs)
         if tokenize:
             return self._wrapped.encode(text, add_special_tokens=False)
         return text
@@ -149,6 +152,10 @@ def load_vision_model(path: Path, model_name: str) -> LoadedVision:
     config = json.loads((path / "config.json").read_text())
     eos = config.get("eos_token_id") or (config.get("text_config") or {}).get("eos_token_id")
     base = load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    hf = getattr(base, "_tokenizer", base)
+    template = getattr(processor, "chat_template", None)
+    if isinstance(template, str) and not getattr(hf, "chat_template", None):
+        hf.chat_template = template  # checkpoints that keep it in chat_template.json/.jinja
     # mlx-vlm ends a reply at every id its stopping criteria know; so do the engines.
     criteria = getattr(getattr(processor, "tokenizer", processor), "stopping_criteria", None)
     for token in getattr(criteria, "eos_token_ids", None) or []:

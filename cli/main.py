@@ -627,6 +627,11 @@ def doctor(json_output: bool = JSON_OPTION) -> Result:
     return Result(info, [f"{key:16} {value}" for key, value in info.items()])
 
 
+from mlx_integrations.cli.launch import launch_command  # noqa: E402
+
+app.command("launch", context_settings={"ignore_unknown_options": True})(launch_command)
+
+
 def main() -> None:
     """Run the ``mlxi`` command."""
     app()

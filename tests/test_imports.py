@@ -21,6 +21,8 @@ def test_public_names():
     assert set(engine.__all__) >= {
         "BaseEngine",
         "BatchedEngine",
+        "DistributedEngine",
+        "DistributedError",
         "EngineBusy",
         "GenerationOutput",
         "SimpleEngine",

@@ -17,6 +17,8 @@ from mlx_integrations.lazy_imports import lazy_attributes
 __all__ = [
     "BaseEngine",
     "BatchedEngine",
+    "DistributedEngine",
+    "DistributedError",
     "EngineBusy",
     "EngineOptions",
     "GenerationOutput",
@@ -31,6 +33,8 @@ __getattr__ = lazy_attributes(
     __name__,
     {
         "BatchedEngine": "mlx_integrations.engine.batched",
+        "DistributedEngine": "mlx_integrations.engine.distributed",
+        "DistributedError": "mlx_integrations.engine.distributed",
         "EngineOptions": "mlx_integrations.engine.options",
         "SimpleEngine": "mlx_integrations.engine.simple",
     },

@@ -32,8 +32,9 @@ class ChatSettings(BaseModel):
     ``mlxi pull``. Ignored when ``engine`` is given."""
     engine: BaseEngine | None = Field(default=None, exclude=True)
     """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
-    engine_type: Literal["simple", "batched"] = "simple"
-    """Kind of engine made from ``model``: one request at a time, or continuous batching."""
+    engine_type: Literal["simple", "batched", "distributed"] = "simple"
+    """Kind of engine made from ``model``: one request at a time, continuous batching, or
+    sharded over the ranks of ``mlxi launch`` (``DistributedEngine``)."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``,
     speculative decoding's ``prompt_lookup`` or ``draft_model``...; see

@@ -49,8 +49,9 @@ def acquire(model: str | Path, *, engine_type: str = "simple", **options: Any) -
 
     Args:
         model: A folder, store alias or pulled Hub id.
-        engine_type: ``"simple"`` (one request at a time) or ``"batched"``
-            (continuous batching, when available).
+        engine_type: ``"simple"`` (one request at a time), ``"batched"``
+            (continuous batching) or ``"distributed"`` (sharded over the ranks of
+            ``mlxi launch``); see :data:`ENGINE_CLASSES`.
         **options: Engine constructor options; different options, different engine.
     """
     path = resolve_model_path(model)
@@ -106,6 +107,7 @@ def _slot_of(engine: BaseEngine) -> _Slot | None:
 ENGINE_CLASSES: dict[str, str] = {
     "simple": "mlx_integrations.engine.simple:SimpleEngine",
     "batched": "mlx_integrations.engine.batched:BatchedEngine",
+    "distributed": "mlx_integrations.engine.distributed:DistributedEngine",
 }
 
 

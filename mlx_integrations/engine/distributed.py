@@ -1,0 +1,608 @@
+"""DistributedEngine: one model sharded over several processes or machines.
+
+Rank 0 serves the engine contract (the adapters talk to it as to any engine); the
+other ranks run :mod:`mlx_integrations.engine.ranks` and follow its generation loop,
+since every forward pass of a sharded model holds collectives that all ranks join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ParamSpec, TypedDict, TypeVar
+
+from mlx_integrations.chat.template import probe_template
+from mlx_integrations.chat.tool_formats import detect_format
+from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
+from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.loading import lease_model
+from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.options import EngineOptions
+from mlx_integrations.engine.owner import close_at_exit, stop_owner_thread
+from mlx_integrations.engine.prefix_cache import MiB
+from mlx_integrations.engine.random_state import repair_random_state
+from mlx_integrations.engine.ranks import (
+    DEFAULT_RANK_TIMEOUT,
+    DEFAULT_START_TIMEOUT,
+    ENV_RANK_TIMEOUT,
+    ENV_START_TIMEOUT,
+    Parallel,
+    RankGroup,
+    check_tensor_split,
+    env_seconds,
+    join_as_leader,
+    load_shard,
+    next_logits,
+    prefill,
+    rank_env,
+    serve_follower,
+)
+from mlx_integrations.engine.stats import ClearStats, EngineStats, MemoryStats, memory_stats
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class DistributedError(RuntimeError):
+    """A rank of a distributed engine was lost; the engine serves no more requests."""
+
+    code = "distributed_rank_lost"
+
+
+class RankStats(TypedDict):
+    """One rank as rank 0 last heard of it."""
+
+    rank: int
+    host: str
+    pid: int
+    alive: bool
+    last_heartbeat_s: float
+    """Seconds since its last heartbeat (0 for rank 0 itself)."""
+    steps: int
+    """Decode steps it has followed."""
+    memory: MemoryStats
+
+
+class DistributedStats(EngineStats):
+    """``get_stats()`` of a :class:`DistributedEngine`: the common keys, and the ranks."""
+
+    world_size: int
+    parallel: str
+    state: str
+    """``"idle"`` (not loaded), ``"serving"``, ``"stopped"`` or ``"failed"``."""
+    error: str | None
+    collective_s_per_token: float
+    """Seconds per token rank 0 spent sharing tokens, waiting for the others included."""
+    ranks: list[RankStats]
+
+
+class RankClearStats(TypedDict):
+    rank: int
+    freed_buffer_pool_mb: float
+
+
+class DistributedClearStats(ClearStats):
+    """``clear_runtime_caches()`` of a :class:`DistributedEngine`: the sum, and per rank."""
+
+    ranks: list[RankClearStats]
+
+
+class _CollectiveError(Exception):
+    """A collective raised: a peer is gone (MLX's ring reports a lost connection)."""
+
+
+class DistributedEngine(MLXEngine):
+    """Serve one model sharded over the ranks of an ``mx.distributed`` group.
+
+    Start every rank with ``mlxi launch`` (or by hand with MLX's ring variables,
+    ``MLX_RANK`` and ``MLX_HOSTFILE``, running the same program everywhere); the
+    engine on rank 0 serves requests one at a time, like :class:`SimpleEngine`, and
+    the other ranks follow each request: rank 0 shares the prompt, then every sampled
+    token, so sampling settings, seeds, penalties and constraints apply on rank 0 alone
+    and every rank sees the same tokens. ``parallel="tensor"`` splits each layer
+    (mlx-lm's ``shard``: attention heads, KV heads and FFN width must divide by the
+    number of ranks); ``"pipeline"`` gives each rank a run of layers (mlx-lm's
+    ``pipeline``, where the model type has it). Streaming, ``abort_request`` and
+    cancelling a consumer stop the request on every rank between two tokens.
+
+    A rank that exits, or sends no heartbeat for ``rank_timeout`` seconds, fails the
+    running request on rank 0 with :class:`DistributedError`, and every later one; the
+    remaining ranks are told to exit. On a rank other than 0, starting the engine
+    serves rank 0 until it stops and then ends the process. There is no prefix cache
+    (each request prefills its prompt) and no speculative decoding or quantized KV.
+
+    Example:
+        >>> # mlxi launch -n 2 chat.py, where chat.py holds:
+        >>> from mlx_integrations.engine import DistributedEngine
+        >>> from mlx_integrations.langchain import ChatMLX
+        >>> engine = DistributedEngine("path/to/mlx-model")  # doctest: +SKIP
+        >>> ChatMLX(engine=engine).invoke("Hello!").content  # doctest: +SKIP
+
+    Args:
+        model: A model folder (the same path on every machine), or a store name.
+        parallel: ``"tensor"`` or ``"pipeline"``.
+        rank_timeout: Seconds of silence after which a rank counts as lost
+            (default ``$MLXI_RANK_TIMEOUT`` or 30).
+        start_timeout: Seconds to wait for every rank to join (default
+            ``$MLXI_START_TIMEOUT`` or 120).
+        options: :class:`EngineOptions` (``admission``, ``prefill_step_size``, ...).
+        **kwargs: Fields of ``EngineOptions`` as keywords.
+
+    Raises:
+        ValueError: An unknown ``parallel``, a timeout that is not a positive number,
+            speculative or KV-quantization options; at load, a model that cannot be
+            split over this many ranks (the message names its sizes).
+    """
+
+    engine_type = "distributed"
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        parallel: Parallel = "tensor",
+        rank_timeout: float | None = None,
+        start_timeout: float | None = None,
+        options: EngineOptions | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(model, options=options, **kwargs)
+        if parallel not in ("tensor", "pipeline"):
+            raise ValueError(f"parallel must be 'tensor' or 'pipeline', got {parallel!r}")
+        opts = self._options
+        if opts.speculation != "off" or opts.kv_bits is not None:
+            raise ValueError(
+                "DistributedEngine does not take draft_model, prompt_lookup or kv_bits; "
+                "drop them, or use SimpleEngine on one machine"
+            )
+        if self._vision:
+            raise ValueError(
+                f"DistributedEngine serves text models; {self._name!r} is a vision model: "
+                "serve it with SimpleEngine on one machine"
+            )
+        self._parallel: Parallel = parallel
+        self._rank_timeout = _seconds("rank_timeout", rank_timeout, ENV_RANK_TIMEOUT)
+        self._start_timeout = _seconds("start_timeout", start_timeout, ENV_START_TIMEOUT)
+        self._env = rank_env()
+        self._group: RankGroup | None = None
+        self._failure: Exception | None = None
+        self._stopped = False
+        self._busy_since: float | None = None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (the engine serves requests on rank 0)."""
+        return self._env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._group.size if self._group is not None else self._env.world_size
+
+    @property
+    def parallel(self) -> str:
+        return self._parallel
+
+    @property
+    def failure(self) -> Exception | None:
+        """Why the engine serves no more requests, or None."""
+        return self._failure
+
+    # -------------------------------------------------------------- lifecycle
+
+    def prepare_for_start(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        with self._start_lock:
+            if self._executor is None and self._model is None:
+                self._executor = _DaemonOwner(f"mlxi-owner-{self._path.name}")
+                close_at_exit(self, _close_at_exit)
+        super().prepare_for_start()
+
+    async def stop(self) -> None:
+        """Tell every rank to exit, then free the model. The engine cannot start again."""
+        with self._state_lock:
+            for job in self._jobs.values():
+                job.abort.set()
+            executor = self._executor
+        if executor is not None and self._group is not None and self._failure is None:
+            order = executor.submit(self._order_exit, 0, "")
+            try:  # after the running request ends; bounded in case a rank is lost meanwhile
+                await asyncio.wait_for(asyncio.wrap_future(order), self._rank_timeout + 5)
+            except Exception as exc:
+                logger.warning("Could not tell the other ranks to exit: %s", exc)
+        if self._failure is not None:  # the owner may be stuck in a collective: leave it
+            with self._state_lock:
+                executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=False)
+            return
+        await super().stop()
+
+    def _order_exit(self, code: int, reason: str) -> None:
+        """Owner thread: every rank leaves its loop; no request can follow."""
+        group = self._group
+        if group is None:
+            return
+        with self._state_lock:
+            self._stopped = True
+            if self._failure is None:
+                self._failure = DistributedError(
+                    f"DistributedEngine for {self._name!r} was stopped and its other ranks "
+                    "have exited; start the ranks again (mlxi launch) to serve more requests"
+                )
+        if group.size > 1:
+            group.share({"op": "exit", "code": code, "reason": reason})
+        if group.server is not None:
+            group.server.close(code, reason or "rank 0 stopped")
+
+    def _load(self) -> None:
+        env = self._env
+        if env.rank != 0:
+            serve_follower(env)  # ends the process when rank 0 stops
+        group = join_as_leader(
+            env,
+            rank_timeout=self._rank_timeout,
+            start_timeout=self._start_timeout,
+            on_failure=self._fail,
+            stalled=self._stalled,
+        )
+        self._group = group
+        self._lease = lease_model(self._path)
+        try:
+            if self._parallel == "tensor":
+                try:
+                    check_tensor_split(self._config, group.size, self._name)
+                except ValueError as exc:
+                    self._failure = exc
+                    if group.size > 1:
+                        group.share({"op": "exit", "code": 1, "reason": str(exc)})
+                    raise
+            if group.size > 1:
+                group.share({"op": "load", "path": str(self._path), "parallel": self._parallel})
+            error: Exception | None = None
+            try:
+                model, tokenizer = load_shard(self._path, group.group, self._parallel)
+            except Exception as exc:
+                error = self._failure = exc
+            if group.size > 1:
+                failed = [
+                    r for r, row in enumerate(group.gather([float(error is not None)])) if row[0]
+                ]
+                if error is None and failed:
+                    raise self._load_failure(failed)
+            if error is not None:
+                raise error
+            self._capabilities = probe_template(tokenizer)
+            self._tool_format = detect_format(tokenizer, self._options.tool_format)
+            if self._options.preserve_native_tool_format is None:
+                self._preserve_native_tool_format = self._capabilities.renders_tool_messages
+            if self._vocab_size is None:
+                self._vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
+        except BaseException:
+            self._release_lease()
+            if group.server is not None:
+                group.server.close(1, "rank 0 could not load the model")
+            raise
+        self._model, self._tokenizer = model, tokenizer
+
+    def _load_failure(self, ranks: list[int]) -> DistributedError:
+        server = self._group.server if self._group is not None else None
+        deadline = time.monotonic() + 2  # the rank's own words come on the side channel
+        reasons: list[str] = []
+        while server is not None and time.monotonic() < deadline:
+            reasons = [str(server.peers[r].stats.get("error", "")) for r in ranks]
+            if all(reasons):
+                break
+            time.sleep(0.05)
+        said = "; ".join(
+            f"rank {r}: {why or 'failed'}" for r, why in zip(ranks, reasons, strict=False)
+        )
+        error = DistributedError(
+            f"DistributedEngine for {self._name!r}: the model did not load on every rank "
+            f"({said or ranks}); check that {self._path} exists on every machine"
+        )
+        self._failure = error
+        return error
+
+    # --------------------------------------------------------------- requests
+
+    def _is_full(self) -> bool:
+        return bool(self._jobs)
+
+    def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
+        if self._failure is not None:
+            raise self._failure
+        executor.submit(self._execute, job)
+
+    def _execute(self, job: Job) -> None:
+        if job.abort.is_set() or self._failure is not None:
+            self._finish(job, self._failure or aborted_output(job))
+            return
+        self._mark_running(job)
+        result: MLXGenerationOutput | BaseException
+        try:
+            result = self._generate(job)
+        except _CollectiveError as exc:
+            self._fail(self._lost_rank(exc))
+            return
+        except Exception as exc:
+            logger.debug("Request %s failed", job.params.request_id, exc_info=True)
+            repair_random_state()
+            result = exc
+        self._finish(job, result)
+
+    def _collective(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise _CollectiveError(str(exc)) from exc
+
+    def _generate(self, job: Job) -> MLXGenerationOutput:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.sample_utils import make_sampler
+
+        group, model, p = self._group, self._model, job.params
+        assert group is not None
+        if p.seed is not None:
+            mx.random.seed(p.seed)
+        sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+        processors = request_processors(p)
+        builder = self._output_builder(job, 0)
+        self._busy_since = time.monotonic()
+        try:
+            if group.size > 1:
+                message = {
+                    "op": "generate",
+                    "tokens": job.tokens,
+                    "prefill_step_size": self._prefill_step_size,
+                }
+                self._collective(group.share, message)
+            cache = make_prompt_cache(model)
+            y = self._collective(prefill, model, job.tokens, cache, self._prefill_step_size)
+            history = mx.array(job.tokens)
+            while True:
+                logits = next_logits(model, y, cache)
+                self._collective(mx.eval, logits)
+                token, go, out, error = 0, False, None, None
+                try:  # sampling runs on rank 0 only: a failure here ends this request only
+                    for processor in processors:
+                        logits = processor(history, logits)
+                    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                    sampled: Any = sampler(logprobs)
+                    token = int(sampled.item())
+                    out = builder.add(token)
+                    go = not builder.finished and not job.abort.is_set()
+                except Exception as exc:
+                    error = exc
+                if group.size > 1:
+                    self._collective(group.share_step, token, go)
+                else:
+                    group.steps += 1
+                self._busy_since = time.monotonic()
+                if error is not None:
+                    raise error
+                if builder.finished:
+                    assert out is not None
+                    return out
+                if out is not None:
+                    job.emit(out)
+                if job.abort.is_set():
+                    return builder.finish("abort")
+                y = mx.array([token])
+                if processors:
+                    history = mx.concatenate([history, y])
+        finally:
+            self._busy_since = None
+
+    def _stalled(self) -> float | None:
+        since = self._busy_since
+        return None if since is None else time.monotonic() - since
+
+    def _lost_rank(self, exc: Exception) -> str:
+        """Name the lost rank when the side channel knows it (it usually does at once)."""
+        server = self._group.server if self._group is not None else None
+        deadline = time.monotonic() + 2
+        while server is not None and not server.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if server is not None and server.lost:
+            rank, why = next(iter(server.lost.items()))
+            return f"rank {rank} of {server.world_size} {why} ({exc})"
+        return f"a collective failed: {exc}"
+
+    def _fail(self, reason: str) -> None:
+        """A rank is lost: fail every request, now and later; the others must exit."""
+        error = DistributedError(
+            f"DistributedEngine for {self._name!r}: {reason}. The other ranks were told "
+            "to exit; the engine serves no more requests: start all ranks again "
+            "(mlxi launch)"
+        )
+        with self._state_lock:
+            if self._failure is None:
+                self._failure = error
+            failure = self._failure
+            jobs = list(self._jobs.values())
+        logger.error("%s", failure)
+        for job in jobs:
+            self._finish(job, failure)
+        group = self._group
+        if group is not None and group.server is not None:
+            group.server.close(1, reason)
+
+    def _finish(self, job: Job, result: MLXGenerationOutput | BaseException) -> None:
+        with self._state_lock:
+            if job.params.request_id not in self._jobs:
+                return  # already failed by the watchdog
+        super()._finish(job, result)
+
+    # ------------------------------------------------------------ stats, caches
+
+    def clear_runtime_caches(self) -> DistributedClearStats:  # type: ignore[override]
+        """Return MLX's buffer pool to the system on every rank (between requests)."""
+        if self._failure is not None and not self._stopped:
+            raise self._failure
+        stats = super().clear_runtime_caches()
+        if "ranks" in stats:  # cleared on the owner thread, every rank with it
+            return stats  # type: ignore[return-value]
+        only = RankClearStats(rank=0, freed_buffer_pool_mb=stats["freed_buffer_pool_mb"])
+        return DistributedClearStats(**stats, ranks=[only])
+
+    def _clear(self) -> DistributedClearStats:
+        import mlx.core as mx
+
+        group = self._group
+        if group is not None and group.size > 1:
+            self._collective(group.share, {"op": "clear"})
+        before = mx.get_cache_memory()
+        mx.clear_cache()
+        freed = float(before - mx.get_cache_memory())
+        rows = group.gather([freed]) if group is not None and group.size > 1 else [[freed]]
+        ranks = [
+            RankClearStats(rank=r, freed_buffer_pool_mb=row[0] / MiB) for r, row in enumerate(rows)
+        ]
+        return DistributedClearStats(
+            dropped_entries=0,
+            freed_cache_mb=0.0,
+            freed_buffer_pool_mb=sum(r["freed_buffer_pool_mb"] for r in ranks),
+            ranks=ranks,
+        )
+
+    def get_stats(self) -> DistributedStats:  # type: ignore[override]
+        base = super().get_stats()
+        group = self._group
+        steps = group.steps if group is not None else 0
+        ranks = [
+            RankStats(
+                rank=0,
+                host=_hostname(),
+                pid=_pid(),
+                alive=self._failure is None or self._stopped,
+                last_heartbeat_s=0.0,
+                steps=steps,
+                memory=memory_stats(),
+            )
+        ]
+        server = group.server if group is not None else None
+        now = time.monotonic()
+        for rank, peer in sorted((server.peers if server is not None else {}).items()):
+            stats = peer.stats
+            ranks.append(
+                RankStats(
+                    rank=rank,
+                    host=peer.host,
+                    pid=peer.pid,
+                    alive=rank not in server.lost and not self._stopped,  # type: ignore[union-attr]
+                    last_heartbeat_s=now - peer.last_seen,
+                    steps=int(stats.get("steps", 0)),
+                    memory=MemoryStats(
+                        active_mb=float(stats.get("active_mb", 0.0)),
+                        peak_mb=float(stats.get("peak_mb", 0.0)),
+                        cache_mb=float(stats.get("cache_mb", 0.0)),
+                    ),
+                )
+            )
+        if self._stopped:
+            state = "stopped"
+        elif self._failure is not None:
+            state = "failed"
+        else:
+            state = "serving" if self._model is not None else "idle"
+        return DistributedStats(
+            **base,
+            world_size=self.world_size,
+            parallel=self._parallel,
+            state=state,
+            error=None if self._failure is None or self._stopped else str(self._failure),
+            collective_s_per_token=group.collective_s / steps if group and steps else 0.0,
+            ranks=ranks,
+        )
+
+
+def _seconds(name: str, value: float | None, env: str) -> float:
+    default = DEFAULT_RANK_TIMEOUT if name == "rank_timeout" else DEFAULT_START_TIMEOUT
+    if value is None:
+        return env_seconds(env, default)
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _close_at_exit(engine: DistributedEngine) -> None:
+    """At exit: the other ranks of an engine nobody stopped exit too."""
+    group = engine._group
+    if group is not None and group.server is not None:
+        group.server.close(0, "rank 0 exited")
+    with engine._state_lock:
+        executor, engine._executor = engine._executor, None
+    if executor is not None:
+        stop_owner_thread(executor)
+
+
+class _DaemonOwner(ThreadPoolExecutor):
+    """A one-thread executor whose thread does not hold up interpreter exit.
+
+    A collective waiting on a lost rank never returns, and the interpreter joins a
+    ``ThreadPoolExecutor``'s threads at exit: rank 0 would never end.
+    """
+
+    def __init__(self, name: str):
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        with self._shutdown_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._shutdown_lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()

@@ -49,7 +49,17 @@ def _url_field(value: Any) -> Any:
 
 def _standard_source(block: dict[str, Any], kind: MediaKind, where: str) -> Any:
     """The source of a standard ``image`` / ``video`` block, in its v1 form
-    (``base64`` / ``url`` / ``file_id``) or its older ``source_type`` form."""
+    (``base64`` / ``url`` / ``file_id``), its older ``source_type`` form, or Anthropic's
+    ``source`` dict."""
+    source = block.get("source")
+    if isinstance(source, dict):
+        block = {
+            "source_type": "id" if source.get("type") == "file" else source.get("type"),
+            "data": source.get("data"),
+            "url": source.get("url"),
+            "id": source.get("file_id"),
+            "mime_type": source.get("media_type"),
+        }
     source_type = block.get("source_type")
     mime = block.get("mime_type")
     if source_type is not None:

@@ -48,7 +48,11 @@ NEEDS_A_TRAINED_MODEL = (
 )
 # Downloads of the suite's picture per test: the suite's own, plus the engine's for the
 # test that gives the model its URL.
-EXPECTED_FETCHES = {"test_image_inputs": 2, "test_image_tool_message": 1}
+EXPECTED_FETCHES = {
+    "test_image_inputs": 2,
+    "test_image_tool_message": 1,
+    "test_anthropic_inputs": 1,
+}
 
 
 class TestChatMLXVisionStandardIntegration(ChatModelIntegrationTests):
@@ -89,4 +93,8 @@ class TestChatMLXVisionStandardIntegration(ChatModelIntegrationTests):
 
     @property
     def supports_image_tool_message(self) -> bool:
+        return True
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
         return True

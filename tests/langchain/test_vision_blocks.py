@@ -26,6 +26,11 @@ IMAGE_FORMS = [
     ({"type": "image", "source_type": "base64", "data": B64, "mime_type": "image/png"}, DATA_URL),
     ({"type": "image", "source_type": "url", "url": HTTP}, HTTP),
     ({"type": "input_image", "image_url": DATA_URL}, DATA_URL),
+    (  # Anthropic's form
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}},
+        DATA_URL,
+    ),
+    ({"type": "image", "source": {"type": "url", "url": HTTP}}, HTTP),
 ]
 
 
@@ -107,6 +112,7 @@ BAD = [
     ({"type": "image", "file_id": "file-abc"}, ValueError, "provider file id 'file-abc'"),
     ({"type": "image", "source_type": "id", "id": "file-abc"}, ValueError, "file id"),
     ({"type": "input_image", "file_id": "file-abc"}, ValueError, "file id"),
+    ({"type": "image", "source": {"type": "file", "file_id": "f-1"}}, ValueError, "'f-1'"),
     ({"type": "image", "mime_type": "image/png"}, ValueError, "neither 'base64' nor 'url'"),
     ({"type": "image", "base64": B64, "mime_type": "application/pdf"}, ValueError, "image/"),
     ({"type": "image", "source_type": "text", "text": "x"}, ValueError, "source_type 'text'"),

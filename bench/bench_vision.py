@@ -1,0 +1,125 @@
+"""One image and a question: SimpleEngine on a vision-language model against raw mlx-vlm.
+
+A random Qwen2.5-VL of a real shape (built like the test fixture, larger: text hidden
+512, 8 layers; vision hidden 256, 4 blocks) answers about one 224x224 image (64 image
+tokens). Both sides start from the image file and the question:
+
+- ours: ``SimpleEngine.stream_chat`` (the image decoded at the boundary, the prompt
+  formatted by mlx-vlm, the processor and the decode loop on the owner thread);
+- raw: ``mlx_vlm.apply_chat_template`` and ``mlx_vlm.stream_generate`` on the caller's
+  thread.
+
+Time to first token is the wall time from the call to the first token; decode
+tokens/s counts the tokens after the first over the time after it. Runs alternate
+(ours, raw, ours, ...) in one process; medians are compared, and the greedy tokens of
+the two sides must be the same.
+
+Run: python bench/bench_vision.py [--rounds 7] [--tokens 64] (about 15 s on a 2-core CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
+from mlx_integrations.engine import SimpleEngine
+from tests.support.tiny_vlm import build_tiny_vlm, make_test_image
+
+QUESTION = "Describe this image in detail."
+
+
+async def ours(engine: SimpleEngine, image: Path, tokens: int) -> tuple[float, float, list[int]]:
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": str(image)}, {"type": "text", "text": QUESTION}],
+        }
+    ]
+    start = time.perf_counter()
+    first_at = first_n = None
+    last = None
+    async for chunk in engine.stream_chat(messages, max_tokens=tokens, temperature=0):
+        now = time.perf_counter()
+        if first_at is None:
+            first_at, first_n = now, chunk.completion_tokens
+        last = chunk
+    end = time.perf_counter()
+    assert last is not None and first_at is not None and first_n is not None
+    # The first chunk comes with the first token that has text (nearly always the first).
+    ttft = first_at - start
+    tps = (last.completion_tokens - first_n) / (end - first_at)
+    return ttft, tps, last.tokens
+
+
+def raw(model, processor, image: Path, tokens: int) -> tuple[float, float, list[int]]:
+    from mlx_vlm import apply_chat_template, stream_generate
+
+    start = time.perf_counter()
+    prompt = apply_chat_template(processor, model.config, QUESTION, num_images=1)
+    first_at = None
+    got: list[int] = []
+    for result in stream_generate(
+        model, processor, prompt, image=[str(image)], max_tokens=tokens, temperature=0.0
+    ):
+        if first_at is None:
+            first_at = time.perf_counter()
+        if result.finish_reason is None:
+            got.append(int(result.token))
+    end = time.perf_counter()
+    assert first_at is not None
+    return first_at - start, (len(got) - 1) / (end - first_at), got
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    import mlx.core as mx
+    from mlx_vlm import load
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_tiny_vlm(
+            Path(tmp) / "vlm",
+            hidden_size=512,
+            num_hidden_layers=8,
+            vision_hidden_size=256,
+            vision_depth=4,
+        )
+        image = make_test_image(Path(tmp) / "image.png", "checker", size=224)
+        engine = SimpleEngine(folder)
+        engine.prepare_for_start()
+        model, processor = load(str(folder))
+        # Warm both (first calls compile and fill MLX's buffer pool).
+        asyncio.run(ours(engine, image, 4))
+        raw(model, processor, image, 4)
+        results: dict[str, list[tuple[float, float, list[int]]]] = {"ours": [], "raw": []}
+        for _ in range(args.rounds):
+            results["ours"].append(asyncio.run(ours(engine, image, args.tokens)))
+            results["raw"].append(raw(model, processor, image, args.tokens))
+        asyncio.run(engine.stop())
+    ttft = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
+    tps = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
+    same = results["ours"][0][2][: len(results["raw"][0][2])] == results["raw"][0][2]
+    print(f"device: {mx.default_device()}, {args.rounds} rounds, {args.tokens} tokens")
+    print(f"prompt: 1 image 224x224 (64 image tokens) + question; greedy tokens equal: {same}")
+    print(
+        f"TTFT  ours {ttft['ours'] * 1000:.1f} ms, raw mlx-vlm {ttft['raw'] * 1000:.1f} ms, "
+        f"raw/ours {ttft['raw'] / ttft['ours']:.2f}"
+    )
+    print(
+        f"decode ours {tps['ours']:.1f} tok/s, raw mlx-vlm {tps['raw']:.1f} tok/s, "
+        f"ours/raw {tps['ours'] / tps['raw']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,9 @@ import asyncio
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock, VideoBlock
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import ImageNode, NodeWithScore, TextNode
 from llama_index.core.tools import FunctionTool
 
 from mlx_integrations.llama_index import MLXLLM
@@ -153,3 +156,33 @@ def test_video_blocks_from_a_path_or_bytes_are_the_same_video(llm, reference, tm
         VideoBlock(path=red)
     )
     assert reply(VideoBlock(path=green)) != reply(VideoBlock(path=red))
+
+
+class _Fixed(BaseRetriever):
+    """Retrieves the same nodes for every query (the step under test is the LLM's)."""
+
+    def __init__(self, nodes: list) -> None:
+        self.nodes = nodes
+        super().__init__()
+
+    def _retrieve(self, query_bundle):
+        return [NodeWithScore(node=node, score=1.0) for node in self.nodes]
+
+
+def test_a_multimodal_rag_step_sends_retrieved_images(llm, test_images):
+    """LlamaIndex's query engines with ``multimodal=True`` pass retrieved ImageNodes on."""
+    text = TextNode(text="The flag of Quillby is shown below.")
+
+    def answer(*nodes) -> tuple[str, int]:
+        engine = RetrieverQueryEngine.from_args(
+            retriever=_Fixed(list(nodes)), llm=llm, multimodal=True
+        )
+        before = llm.get_stats()["total_prompt_tokens"]
+        reply = str(engine.query("What does the flag look like?"))
+        return reply, llm.get_stats()["total_prompt_tokens"] - before
+
+    stripes, stripes_tokens = answer(text, ImageNode(image_path=str(test_images[0])))
+    checker, _ = answer(text, ImageNode(image_path=str(test_images[1])))
+    _, text_tokens = answer(text)
+    assert stripes != checker
+    assert stripes_tokens >= text_tokens + 16  # the image's 16 tokens came too

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.minilm import ensure_minilm
+from tests.support.tiny_vlm import cached_tiny_vlm
 
 COOKBOOK = Path(__file__).resolve().parent.parent / "cookbook"
 
@@ -22,6 +23,7 @@ EXPECTED = {
     "llamaindex_rag.py": "Quillby",
     "llamaindex_agent.py": "[tool] get_weather",
     "llamaindex_extraction.py": "Person(",
+    "vision_describe.py": "[retrieved] Sales chart legend",
 }
 
 pytestmark = pytest.mark.smollm
@@ -38,6 +40,7 @@ def test_example_runs(script, smollm2_path, tmp_path):
         **os.environ,
         "MLXI_EXAMPLE_MODEL": str(smollm2_path),
         "MLXI_EXAMPLE_EMBEDDINGS": str(ensure_minilm()),
+        "MLXI_EXAMPLE_VISION_MODEL": str(cached_tiny_vlm()),
         "MLXI_HOME": str(tmp_path / "store"),
         "HF_HUB_OFFLINE": "1",
     }

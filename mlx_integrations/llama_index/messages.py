@@ -52,9 +52,8 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
         elif isinstance(block, ThinkingBlock):
             continue  # earlier reasoning is not shown to the model again
         elif isinstance(block, ImageBlock):
-            data = block.image
             source = block.path or block.url
-            parts.append(_media(where, "image", data, source, block.image_mimetype))
+            parts.append(_media(where, "image", block.image, source, block.image_mimetype))
         elif isinstance(block, VideoBlock):
             source = block.path or block.url
             parts.append(_media(where, "video", block.video, source, block.video_mimetype))
@@ -66,7 +65,7 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
         else:
             raise ValueError(
                 f"{where} holds a {type(block).__name__}, which MLXLLM cannot send to a "
-                "text model; use TextBlock content"
+                "model; use TextBlock, ImageBlock or VideoBlock content"
             )
     return parts, calls
 

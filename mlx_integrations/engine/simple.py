@@ -26,7 +26,12 @@ from mlx_integrations.engine.speculative import (
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
-from mlx_integrations.engine.vision import VisionInputs, prepare_vision_prompt, vision_steps
+from mlx_integrations.engine.vision import (
+    VisionInputs,
+    VisionRun,
+    prepare_vision_prompt,
+    vision_steps,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +98,9 @@ class SimpleEngine(MLXEngine):
         self._draft: Any = None
         self._draft_lease: Any = None
         self._drafts = DraftCache()
+        # Vision models: the last request's tokens and KV (mlx-vlm's PromptCacheState).
+        self._vision_turn: Any = None
+        self._turn_media: list[str] = []  # the digests of its images and videos
         if self._vision and self._options.speculation != "off":
             raise ValueError(
                 f"{self._name!r} is a vision-language model; speculative decoding "
@@ -104,6 +112,7 @@ class SimpleEngine(MLXEngine):
         opts = self._options
         try:
             check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            self._reset_vision_turn()
             if self._draft_path is not None:
                 self._load_draft(self._draft_path)
         except BaseException:
@@ -123,7 +132,16 @@ class SimpleEngine(MLXEngine):
             raise
         self._draft, self._draft_lease = loaded[0], lease
 
+    def _reset_vision_turn(self) -> None:
+        """Forget the last vision request's KV (a fresh state, or none when caching is off)."""
+        self._vision_turn, self._turn_media = None, []
+        if self._loaded_vision is not None and self._options.cache_memory_mb > 0:
+            from mlx_vlm.generate import PromptCacheState
+
+            self._vision_turn = PromptCacheState()
+
     def _unload(self) -> None:
+        self._vision_turn = None
         self._drafts.clear()
         self._draft = None
         lease, self._draft_lease = self._draft_lease, None
@@ -133,6 +151,7 @@ class SimpleEngine(MLXEngine):
 
     def _clear(self) -> ClearStats:
         self._drafts.clear()
+        self._reset_vision_turn()
         return super()._clear()
 
     def _is_full(self) -> bool:
@@ -192,7 +211,11 @@ class SimpleEngine(MLXEngine):
         processors = request_processors(p)
         builder = self._output_builder(job, reused)
         draft_cache: list[Any] | None = None
+        run = VisionRun()
         if cache is None:
+            keys = media.keys
+            if keys[: len(self._turn_media)] != self._turn_media:
+                self._reset_vision_turn()  # other images than the cached turn's
             steps = vision_steps(
                 self._loaded_vision,  # type: ignore[arg-type]
                 job.prompt,
@@ -202,6 +225,8 @@ class SimpleEngine(MLXEngine):
                 sampler=sampler,
                 prefill_step_size=self._prefill_step_size,
                 kv_options=self._options.vision_kv_options(),
+                turn=self._vision_turn,
+                run=run,
             )
         else:
             steps, draft_cache = self._steps(job, cache, reused, sampler, processors)
@@ -211,6 +236,8 @@ class SimpleEngine(MLXEngine):
             for token, drafted, accepted in steps:
                 builder.drafted += drafted
                 builder.accepted += accepted
+                if run.cached_tokens:  # a vision prompt extending the previous turn
+                    builder.cached_tokens = run.cached_tokens
                 out = builder.add(token)
                 if builder.finished:
                     final = out
@@ -222,9 +249,16 @@ class SimpleEngine(MLXEngine):
                     break
             if final is None:
                 final = builder.finish("length")
-            reusable = cache is not None
+            reusable = True
         finally:
             steps.close()
+            if self._vision_turn is not None:
+                if reusable:  # the cache holds the prompt and every token fed back
+                    self._vision_turn.update(job.tokens + builder.tokens, run.cache)
+                    self._turn_media = list(keys)
+                else:  # a cache trimmed for this request but not finished: drop it
+                    self._reset_vision_turn()
+            reusable = reusable and cache is not None
             if reusable and cache is not None:
                 # The cache holds the prompt and the sampled tokens it has seen.
                 self._prefix.put(job.tokens + builder.tokens, cache)

@@ -13,6 +13,7 @@ the engine's owner thread; images are decoded to PIL images before, off the even
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -54,6 +55,10 @@ class VisionInputs:
 
     images: list[Image] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    """A digest of each image's pixels and each video's bytes, in prompt order: image
+    tokens are the same ids for any image, so a cached prefix is reused only where
+    these match too."""
 
 
 class VisionTokenizer:
@@ -202,9 +207,13 @@ def gather_media(
     inputs = VisionInputs()
     for kind, source in found:
         if kind == "image":
-            inputs.images.append(load_image(source, limits))
+            image = load_image(source, limits)
+            inputs.images.append(image)
+            digest = hashlib.sha256(f"{image.size}{image.mode}".encode() + image.tobytes())
         else:
             inputs.videos.append(resolve_video(source, limits))
+            digest = hashlib.sha256(Path(inputs.videos[-1]).read_bytes())
+        inputs.keys.append(f"{kind}:{digest.hexdigest()}")
     return messages, inputs
 
 
@@ -250,6 +259,16 @@ def prepare_vision_prompt(
     return [int(t) for t in input_ids.flatten().tolist()], kwargs
 
 
+@dataclass
+class VisionRun:
+    """What one vision request's decode loop reports besides its tokens."""
+
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the previous turn (no prefill, no image encoding)."""
+    cache: Any = None
+    """The KV cache the request used (owner thread only)."""
+
+
 def vision_steps(
     loaded: LoadedVision,
     prompt: str,
@@ -260,14 +279,24 @@ def vision_steps(
     sampler: Callable[[Any], Any],
     prefill_step_size: int,
     kv_options: dict[str, Any],
+    turn: Any,
+    run: VisionRun,
 ) -> Generator[tuple[int, int, bool], None, None]:
     """mlx-vlm's decode loop, one ``(token, 0, False)`` step per sampled token.
 
     mlx-vlm stops by itself at an end-of-sequence token without yielding it; that
     token comes last here, so the caller ends the reply as the text path does.
+
+    ``turn`` (an ``mlx_vlm`` ``PromptCacheState``, or None) holds the previous request's
+    tokens and KV cache: when this prompt extends them with text only, mlx-vlm reuses
+    the cache (mRoPE state included) and prefills only the new part. The caller stores
+    the finished request's tokens and ``run.cache`` there.
     """
     from mlx_vlm import stream_generate
+    from mlx_vlm.models import cache
 
+    fresh = cache.make_prompt_cache(loaded.model.language_model)
+    run.cache = fresh
     results = stream_generate(
         loaded.model,
         loaded.processor,
@@ -276,11 +305,15 @@ def vision_steps(
         sampler=sampler,
         logits_processors=processors or None,
         prefill_step_size=prefill_step_size,
+        prompt_cache=fresh,
+        prompt_cache_state=turn,
         **kv_options,
         **model_inputs,
     )
     try:
         for result in results:
+            if result.cached_tokens and run.cache is fresh:  # the previous turn's cache
+                run.cached_tokens, run.cache = int(result.cached_tokens), turn.cache
             if result.token is None:  # nothing generated
                 return
             if result.finish_reason is None:

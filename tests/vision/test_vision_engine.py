@@ -217,3 +217,43 @@ async def test_a_quantized_kv_cache(tiny_vlm, tmp_path, test_images) -> None:
     finally:
         await engine.stop()
     assert outs[0].tokens != outs[1].tokens and all(len(o.tokens) == 6 for o in outs)
+
+
+async def test_a_second_turn_reuses_the_first_turns_cache(tiny_vlm, test_images) -> None:
+    first = _user(test_images[0])
+    cold = SimpleEngine(tiny_vlm, cache_memory_mb=0)
+    warm = SimpleEngine(tiny_vlm)
+    try:
+        one = await warm.chat(first, max_tokens=6, temperature=0)
+        second = [
+            *first,
+            {"role": "assistant", "content": one.text},
+            {"role": "user", "content": "More?"},
+        ]
+        reused = await warm.chat(second, max_tokens=6, temperature=0)
+        fresh = await cold.chat(second, max_tokens=6, temperature=0)
+    finally:
+        await warm.stop()
+        await cold.stop()
+    # The image and the first turn are not prefilled (nor encoded) again.
+    assert reused.cached_tokens > one.prompt_tokens - 4 and fresh.cached_tokens == 0
+    assert reused.tokens == fresh.tokens and reused.prompt_tokens == fresh.prompt_tokens
+    assert warm.get_stats()["total_cached_tokens"] == reused.cached_tokens
+
+
+async def test_another_image_is_not_served_from_the_cache(tiny_vlm, test_images) -> None:
+    # Image tokens are the same ids for every image: the cache must know which it holds.
+    warm, cold = SimpleEngine(tiny_vlm), SimpleEngine(tiny_vlm, cache_memory_mb=0)
+    try:
+        one = await warm.chat(_user(test_images[0]), max_tokens=6, temperature=0)
+        second = [
+            *_user(test_images[1]),
+            {"role": "assistant", "content": one.text},
+            {"role": "user", "content": "More?"},
+        ]
+        got = await warm.chat(second, max_tokens=6, temperature=0)
+        want = await cold.chat(second, max_tokens=6, temperature=0)
+    finally:
+        await warm.stop()
+        await cold.stop()
+    assert got.cached_tokens == 0 and got.tokens == want.tokens

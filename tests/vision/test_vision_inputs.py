@@ -149,3 +149,17 @@ def test_a_vision_model_refuses_batching_and_speculation(tiny_vlm: Path) -> None
 def test_bad_media_options(tiny_vlm: Path, option: str, value: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         SimpleEngine(tiny_vlm, **{option: value})
+
+
+async def test_images_that_outgrow_the_context_window(tmp_path, test_images) -> None:
+    from tests.support.tiny_vlm import build_tiny_vlm
+
+    # The text prompt fits in 50 tokens; with its 16 image tokens expanded it does not.
+    small = SimpleEngine(build_tiny_vlm(tmp_path / "small", max_position_embeddings=50))
+    try:
+        with pytest.raises(ValueError, match="with its images expanded, more than the context"):
+            await small.chat(_user(str(test_images[0])), max_tokens=2)
+        out = await small.chat([{"role": "user", "content": "Hi"}], max_tokens=40)
+        assert out.finished and out.prompt_tokens + out.completion_tokens <= 50
+    finally:
+        await small.stop()

@@ -14,7 +14,11 @@ tokens/s counts the tokens after the first over the time after it. Runs alternat
 (ours, raw, ours, ...) in one process; medians are compared, and the greedy tokens of
 the two sides must be the same.
 
-Run: python bench/bench_vision.py [--rounds 7] [--tokens 64] (about 15 s on a 2-core CPU)
+A second turn (the first question, its answer and a follow-up) is also timed on the
+engine that keeps the first turn's KV cache and on one made with ``cache_memory_mb=0``,
+which prefills the whole conversation and encodes the image again.
+
+Run: python bench/bench_vision.py [--rounds 15] [--tokens 64] (about 40 s on a 2-core CPU)
 """
 
 from __future__ import annotations
@@ -36,13 +40,27 @@ from tests.support.tiny_vlm import build_tiny_vlm, make_test_image
 QUESTION = "Describe this image in detail."
 
 
-async def ours(engine: SimpleEngine, image: Path, tokens: int) -> tuple[float, float, list[int]]:
+def first_turn(image: Path) -> list[dict]:
+    parts = [{"type": "image", "image": str(image)}, {"type": "text", "text": QUESTION}]
+    return [{"role": "user", "content": parts}]
+
+
+async def second_turn_ttft(engine: SimpleEngine, image: Path, tokens: int) -> float:
+    """TTFT of a follow-up question, right after the first turn on the same engine."""
+    one = await engine.chat(first_turn(image), max_tokens=tokens, temperature=0)
     messages = [
-        {
-            "role": "user",
-            "content": [{"type": "image", "image": str(image)}, {"type": "text", "text": QUESTION}],
-        }
+        *first_turn(image),
+        {"role": "assistant", "content": one.text},
+        {"role": "user", "content": "And what colors are there?"},
     ]
+    start = time.perf_counter()
+    async for _ in engine.stream_chat(messages, max_tokens=1, temperature=0):
+        return time.perf_counter() - start
+    raise AssertionError("no token")
+
+
+async def ours(engine: SimpleEngine, image: Path, tokens: int) -> tuple[float, float, list[int]]:
+    messages = first_turn(image)
     start = time.perf_counter()
     first_at = first_n = None
     last = None
@@ -80,7 +98,7 @@ def raw(model, processor, image: Path, tokens: int) -> tuple[float, float, list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     import mlx.core as mx
@@ -97,6 +115,8 @@ def main() -> None:
         image = make_test_image(Path(tmp) / "image.png", "checker", size=224)
         engine = SimpleEngine(folder)
         engine.prepare_for_start()
+        cold = SimpleEngine(folder, cache_memory_mb=0)
+        cold.prepare_for_start()
         model, processor = load(str(folder))
         # Warm both (first calls compile and fill MLX's buffer pool).
         asyncio.run(ours(engine, image, 4))
@@ -105,7 +125,13 @@ def main() -> None:
         for _ in range(args.rounds):
             results["ours"].append(asyncio.run(ours(engine, image, args.tokens)))
             results["raw"].append(raw(model, processor, image, args.tokens))
+        second: dict[str, list[float]] = {"reuse": [], "cold": []}
+        asyncio.run(second_turn_ttft(cold, image, 4))  # warm-up
+        for _ in range(args.rounds):
+            second["reuse"].append(asyncio.run(second_turn_ttft(engine, image, args.tokens)))
+            second["cold"].append(asyncio.run(second_turn_ttft(cold, image, args.tokens)))
         asyncio.run(engine.stop())
+        asyncio.run(cold.stop())
     ttft = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
     tps = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
     same = results["ours"][0][2][: len(results["raw"][0][2])] == results["raw"][0][2]
@@ -118,6 +144,11 @@ def main() -> None:
     print(
         f"decode ours {tps['ours']:.1f} tok/s, raw mlx-vlm {tps['raw']:.1f} tok/s, "
         f"ours/raw {tps['ours'] / tps['raw']:.2f}"
+    )
+    reuse, cold_ttft = (statistics.median(second[k]) for k in ("reuse", "cold"))
+    print(
+        f"second-turn TTFT, first turn's cache reused {reuse * 1000:.1f} ms, cold "
+        f"{cold_ttft * 1000:.1f} ms, reuse/cold {reuse / cold_ttft:.2f}"
     )
 
 

@@ -347,11 +347,18 @@ def _tool_results(answer: Answer) -> list[dict[str, Any]]:
 
 
 def _engine(model: str, opts: RunOptions) -> Any:
+    from mlx_integrations.engine.ranks import launched_ranks
     from mlx_integrations.engine.simple import SimpleEngine
     from mlx_integrations.engine.sync import run_sync
     from mlx_integrations.models.resolve import resolve_model
 
-    engine = SimpleEngine(resolve_model(model), **opts.engine_options)
+    engine: Any
+    if launched_ranks() > 1:  # rank 0 of `mlxi launch`: the model is sharded over the ranks
+        from mlx_integrations.engine.distributed import DistributedEngine
+
+        engine = DistributedEngine(resolve_model(model), **opts.engine_options)
+    else:
+        engine = SimpleEngine(resolve_model(model), **opts.engine_options)
     run_sync(engine.start())
     return engine
 

@@ -8,9 +8,13 @@ of that rank. Rank 0 then fails its requests with a clear error and orders the o
 to exit; a follower that loses rank 0 ends its process at once (``os._exit``), since its
 own thread may be blocked inside a collective.
 
+Rank 0 also rings the others before each message it shares through MLX (``"work"``):
+MLX's ring backend spins while it waits in a collective, so an idle rank waits on
+its socket instead, and the CPU stays free.
+
 Messages are JSON lines. Follower to rank 0: ``{"rank", "pid", "host"}`` once, then
 ``{"beat": ..., "stats": {...}}``. Rank 0 to followers: ``{"op": "go"}``,
-``{"op": "beat"}``, ``{"op": "exit", "code", "reason"}``.
+``{"op": "work"}``, ``{"op": "beat"}``, ``{"op": "exit", "code", "reason"}``.
 """
 
 from __future__ import annotations
@@ -207,6 +211,7 @@ class ControlClient:
         self._last_seen = time.monotonic()
         self._stats: Callable[[], dict[str, Any]] = dict
         self._go = threading.Event()
+        self._work = threading.Semaphore(0)
 
     @classmethod
     def connect(
@@ -251,13 +256,23 @@ class ControlClient:
         if not self._go.wait(timeout):
             _exit(1, f"rank {self.rank}: rank 0 gave no start signal within {timeout:g}s")
 
+    def wait_work(self) -> None:
+        """Block until rank 0 rings: it is about to share a message.
+
+        MLX's ring backend spins while it waits in a collective; an idle rank waits
+        here, on a socket, instead.
+        """
+        self._work.acquire()
+
     def _read(self) -> None:
         try:
             for line in self._sock.makefile("r", encoding="utf-8"):
                 message = json.loads(line)
                 self._last_seen = time.monotonic()
                 op = message.get("op")
-                if op == "go":
+                if op == "work":
+                    self._work.release()
+                elif op == "go":
                     self._go.set()
                 elif op == "exit":
                     code = int(message.get("code", 1))

@@ -219,11 +219,13 @@ class DistributedEngine(MLXEngine):
                 await asyncio.wait_for(asyncio.wrap_future(order), self._rank_timeout + 5)
             except Exception as exc:
                 logger.warning("Could not tell the other ranks to exit: %s", exc)
-        if self._failure is not None:  # the owner may be stuck in a collective: leave it
+        if self._failure is not None:  # the owner may be stuck in a collective: no wait
             with self._state_lock:
                 executor, self._executor = self._executor, None
             if executor is not None:
-                executor.shutdown(wait=False)
+                stop_owner_thread(executor)
+                if isinstance(executor, _DaemonOwner):
+                    await asyncio.to_thread(executor.join, 5)
             return
         await super().stop()
 
@@ -374,6 +376,7 @@ class DistributedEngine(MLXEngine):
                 logits = next_logits(model, y, cache)
                 self._collective(mx.eval, logits)
                 token, go, out, error = 0, False, None, None
+                aborted = job.abort.is_set()  # read once: every rank must see one decision
                 try:  # sampling runs on rank 0 only: a failure here ends this request only
                     for processor in processors:
                         logits = processor(history, logits)
@@ -381,7 +384,7 @@ class DistributedEngine(MLXEngine):
                     sampled: Any = sampler(logprobs)
                     token = int(sampled.item())
                     out = builder.add(token)
-                    go = not builder.finished and not job.abort.is_set()
+                    go = not builder.finished and not aborted
                 except Exception as exc:
                     error = exc
                 if group.size > 1:
@@ -396,7 +399,7 @@ class DistributedEngine(MLXEngine):
                     return out
                 if out is not None:
                     job.emit(out)
-                if job.abort.is_set():
+                if aborted:
                     return builder.finish("abort")
                 y = mx.array([token])
                 if processors:
@@ -427,11 +430,11 @@ class DistributedEngine(MLXEngine):
             "(mlxi launch)"
         )
         with self._state_lock:
-            if self._failure is None:
-                self._failure = error
-            failure = self._failure
+            first = self._failure is None
+            failure = self._failure = self._failure or error
             jobs = list(self._jobs.values())
-        logger.error("%s", failure)
+        if first:
+            logger.error("%s", failure)
         for job in jobs:
             self._finish(job, failure)
         group = self._group
@@ -562,6 +565,8 @@ def _close_at_exit(engine: DistributedEngine) -> None:
         executor, engine._executor = engine._executor, None
     if executor is not None:
         stop_owner_thread(executor)
+        if isinstance(executor, _DaemonOwner):  # its streams go before the interpreter does
+            executor.join(timeout=5)
 
 
 class _DaemonOwner(ThreadPoolExecutor):
@@ -604,5 +609,10 @@ class _DaemonOwner(ThreadPoolExecutor):
             if not self._closed:
                 self._closed = True
                 self._queue.put(None)
-        if wait and threading.current_thread() is not self._thread:
-            self._thread.join()
+        if wait:
+            self.join()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after :meth:`shutdown`), at most ``timeout`` s."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)

@@ -196,7 +196,7 @@ def launch(
     backend: Backend = "ring",
     start_timeout: float = DEFAULT_START_TIMEOUT,
     rank_timeout: float = DEFAULT_RANK_TIMEOUT,
-    grace: float = 10.0,
+    grace: float | None = None,
     python: str | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> LaunchResult:
@@ -210,7 +210,9 @@ def launch(
         backend: ``"ring"`` (MLX's TCP ring), or ``"mpi"`` (local ranks, ``mpirun``).
         start_timeout: Seconds every rank has to join rank 0.
         rank_timeout: Seconds of silence after which a rank counts as lost.
-        grace: Seconds the other ranks have to exit once rank 0 has.
+        grace: Seconds the other ranks have to exit on their own once one has ended
+            (default ``rank_timeout + 5``: rank 0 reports a lost rank within
+            ``rank_timeout``); those still running then are stopped.
         python: The interpreter of the ranks (default: this one).
         on_start: Called with the process ids once every rank has started.
 
@@ -258,12 +260,18 @@ def launch(
             start_timeout=start_timeout,
         )
         procs = [
-            subprocess.Popen(c.argv, env={**os.environ, **c.env}, start_new_session=True)
+            subprocess.Popen(
+                c.argv,
+                env={**os.environ, **c.env},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
             for c in commands
         ]
         if on_start is not None:
             on_start([p.pid for p in procs])
-        return _watch(procs, [c.host.ssh for c in commands], grace)
+        wait = rank_timeout + 5 if grace is None else grace
+        return _watch(procs, [c.host.ssh for c in commands], wait)
 
 
 def _launch_mpi(
@@ -291,30 +299,33 @@ def _launch_mpi(
         rank_timeout=rank_timeout,
         start_timeout=start_timeout,
     )
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent
+    )
     return _watch([proc], ["127.0.0.1"], grace=0)
 
 
 def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float) -> LaunchResult:
-    """Wait for the ranks; when one fails, stop the others."""
+    """Wait for the ranks. Once one has failed (or rank 0 has ended), the others have
+    ``grace`` seconds to exit on their own (rank 0 reports the loss first); then they
+    are stopped."""
     codes: list[int | None] = [None] * len(procs)
     failure: str | None = None
-    leader_done: float | None = None
+    since: float | None = None  # when the first failure, or rank 0's exit, was seen
     try:
-        while True:
+        while not all(c is not None for c in codes):
             for rank, proc in enumerate(procs):
                 if codes[rank] is None and (code := proc.poll()) is not None:
                     codes[rank] = code
                     if code != 0 and failure is None:
                         failure = f"rank {rank} ({hosts[rank]}) {_describe(code)}"
-            if failure is not None or all(c is not None for c in codes):
-                break
-            if codes[0] is not None:
-                leader_done = leader_done or time.monotonic()
-                if time.monotonic() - leader_done > grace:
+            if since is None and (failure is not None or codes[0] is not None):
+                since = time.monotonic()
+            if since is not None and time.monotonic() - since > grace:
+                if failure is None:
                     late = [r for r, c in enumerate(codes) if c is None]
                     failure = f"rank(s) {late} still ran {grace:g}s after rank 0 exited"
-                    break
+                break
             time.sleep(0.05)
     except KeyboardInterrupt:
         failure = "interrupted"
@@ -351,6 +362,15 @@ def _stop(procs: list[subprocess.Popen[bytes]], codes: list[int | None]) -> set[
             except subprocess.TimeoutExpired:
                 pass
     return running
+
+
+def _die_with_parent() -> None:
+    """In a rank's process, before it runs: end it when the launcher dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _describe(code: int) -> str:

@@ -70,6 +70,13 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
     return RankEnv(rank, size, backend, leader, port)
 
 
+def launched_ranks() -> int:
+    """The number of ranks when ``mlxi launch`` started this process, else 0."""
+    if ENV_CONTROL not in os.environ:
+        return 0
+    return int(os.environ.get(ENV_WORLD_SIZE) or 0)
+
+
 def env_seconds(name: str, default: float) -> float:
     """A positive number of seconds from the environment, or ``default``."""
     text = os.environ.get(name)
@@ -110,6 +117,10 @@ class RankGroup:
         """Rank 0's ``message`` on every rank (the others pass None)."""
         import numpy as np
 
+        if self.server is not None:
+            self.server.send_all({"op": "work"})
+        elif self.client is not None:
+            self.client.wait_work()
         data = json.dumps(message).encode() if self.rank == 0 else b""
         length = int(self._sum(np.array([len(data)], dtype=np.int32)).item())
         payload = np.zeros(length, dtype=np.uint8)

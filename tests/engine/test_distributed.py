@@ -1,0 +1,198 @@
+"""DistributedEngine over local ranks on 127.0.0.1, started by ``mlxi launch``.
+
+Each launch starts real processes (rank 0 runs tests/support/distributed_rank0.py, the
+others follow it), so the launches are few and shared by several tests; everything is
+bounded by generous timeouts, never by speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_integrations.engine.launch import Host, launch, rank_commands, read_hostfile
+from mlx_integrations.engine.ranks import check_tensor_split
+from tests.support.tiny_models import build_tiny_model
+
+RANK0 = str(Path(__file__).resolve().parents[1] / "support" / "distributed_rank0.py")
+MLXI = [sys.executable, "-c", "from mlx_integrations.cli.main import main; main()"]
+
+
+def mlxi_launch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``mlxi launch ARGS`` in a subprocess (its ranks die with it on a timeout)."""
+    return subprocess.run([*MLXI, "launch", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def last_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"rank 0 printed no result:\nstdout: {done.stdout}\nstderr: {done.stderr}"
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama-shaped model whose 4 heads, 2 KV heads and FFN of 128 divide by 2.
+
+    Its own output head gives varied greedy replies (a tied one repeats a token).
+    """
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-split"),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tiny_split: Path) -> dict[str, Any]:
+    """One launch of 2 ranks running the ``serve`` scenario."""
+    done = mlxi_launch("-n", "2", "--rank-timeout", "20", RANK0, "serve", str(tiny_split))
+    assert done.returncode == 0, done.stderr
+    return last_json(done)
+
+
+@pytest.mark.timeout(300)
+def test_tensor_parallel_over_two_ranks_matches_one_process(served: dict[str, Any]) -> None:
+    sharded, single = served["distributed"], served["single"]
+    assert len(single["tokens"]) > 3
+    assert sharded["tokens"] == single["tokens"]
+    assert sharded["text"] == single["text"]
+    assert served["llama_index"] == served["llama_index_single"] == single["text"]
+
+
+@pytest.mark.timeout(300)
+def test_cancelled_stream_frees_every_rank(served: dict[str, Any]) -> None:
+    assert served["cancelled_chunks"] == 2
+    # The next request runs on every rank and answers as before.
+    assert served["after_cancel"] == served["single"]["text"]
+    assert served["abort"] == "abort"
+    stats = served["stats"]
+    assert stats["aborted"] == 2 and stats["running"] == 0
+    # Every rank followed every step rank 0 took, the cancelled requests' included.
+    steps = {r["steps"] for r in stats["ranks"]}
+    assert len(steps) == 1 and steps.pop() > 0
+
+
+@pytest.mark.timeout(300)
+def test_stats_and_cache_clear_cover_every_rank(served: dict[str, Any]) -> None:
+    stats = served["stats"]
+    assert stats["world_size"] == 2 and stats["state"] == "serving"
+    assert [r["rank"] for r in stats["ranks"]] == [0, 1]
+    assert all(r["alive"] for r in stats["ranks"])
+    assert [r["rank"] for r in served["clear"]] == [0, 1]
+    assert served["stopped_state"] == "stopped"
+
+
+@pytest.mark.timeout(300)
+def test_killed_rank_is_an_error_on_rank_zero_and_launch_fails(
+    tiny_split: Path, tmp_path: Path
+) -> None:
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps(["127.0.0.1", "127.0.0.1"]))
+    done = mlxi_launch(
+        "--hostfile", str(hosts), "--rank-timeout", "10", RANK0, "kill", str(tiny_split)
+    )
+    assert done.returncode != 0
+    result = last_json(done)
+    assert "rank 1 of 2" in result["error"], result
+    assert result["state"] == "failed"
+    assert result["seconds"] is not None and result["seconds"] < 60  # rank_timeout is 10
+    assert "Error: rank 1 (127.0.0.1) was killed by SIGKILL" in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_mlxi_run_on_launched_ranks_answers_as_one_process(tiny_split: Path) -> None:
+    run = ["run", str(tiny_split), "Hello there", "-t", "0", "-m", "8"]
+    single = subprocess.run([*MLXI, *run], capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stderr
+    sharded = mlxi_launch("-n", "2", "--", *MLXI, *run)
+    assert sharded.returncode == 0, sharded.stderr
+    assert sharded.stdout == single.stdout and single.stdout.strip()
+
+
+@pytest.mark.smollm
+@pytest.mark.timeout(600)
+def test_smollm_over_three_ranks_matches_one_process(smollm2_path: Path) -> None:
+    done = mlxi_launch(
+        "-n", "3", "--rank-timeout", "60", RANK0, "match", str(smollm2_path), "6", timeout=540
+    )
+    assert done.returncode == 0, done.stderr
+    result = last_json(done)
+    assert result["world_size"] == 3
+    assert result["distributed"]["tokens"] == result["single"]["tokens"]
+    assert result["distributed"]["text"] == result["single"]["text"]
+
+
+@pytest.mark.smollm
+@pytest.mark.timeout(300)
+def test_smollm_over_two_ranks_is_refused_naming_its_heads(smollm2_path: Path) -> None:
+    done = mlxi_launch("-n", "2", RANK0, "refuse", str(smollm2_path))
+    result = last_json(done)
+    assert result["type"] == "ValueError"
+    assert "9 attention heads" in result["error"] and "over 2 ranks" in result["error"]
+    assert "(3)" in result["error"]  # the rank count that fits
+    assert done.returncode != 0  # the other rank was told to exit, with a failure
+
+
+# ------------------------------------------------------------ no processes
+
+
+def test_tensor_split_check_names_the_sizes() -> None:
+    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
+    check_tensor_split(config, 3, "m")
+    with pytest.raises(ValueError, match=r"9 attention heads, 3 KV heads.*\(3\)"):
+        check_tensor_split(config, 2, "m")
+    with pytest.raises(ValueError, match="FFN width"):
+        check_tensor_split({"num_attention_heads": 4, "intermediate_size": 6}, 4, "m")
+
+
+def test_engine_options_are_checked_before_any_rank_starts(tiny_split: Path) -> None:
+    from mlx_integrations.engine import DistributedEngine
+
+    with pytest.raises(ValueError, match="parallel must be 'tensor' or 'pipeline'"):
+        DistributedEngine(tiny_split, parallel="data")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rank_timeout must be a positive"):
+        DistributedEngine(tiny_split, rank_timeout=0)
+    with pytest.raises(ValueError, match="does not take draft_model, prompt_lookup or kv_bits"):
+        DistributedEngine(tiny_split, kv_bits=8)
+
+
+def test_launch_refuses_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nothing to launch"):
+        launch([], num_ranks=2)
+    with pytest.raises(ValueError, match="number of local ranks"):
+        launch(["x.py"])
+    with pytest.raises(ValueError, match="backend must be 'ring' or 'mpi'"):
+        launch(["x.py"], num_ranks=2, backend="tcp")  # type: ignore[arg-type]
+    bad = tmp_path / "hosts.json"
+    bad.write_text('{"ssh": "a"}')
+    with pytest.raises(ValueError, match="JSON list of hosts"):
+        read_hostfile(bad)
+
+
+def test_remote_ranks_start_over_ssh_with_the_ring_hostfile() -> None:
+    hosts = [Host("mac1", "10.0.0.1"), Host("mac2", "10.0.0.2")]
+    commands = rank_commands(
+        ["chat.py", "--fast"],
+        hosts,
+        ring_ports=[5001, 5002],
+        control_port=5003,
+        hostfile_path="/tmp/h.json",
+        python="/opt/py/bin/python",
+        cwd="/work",
+        rank_timeout=30,
+        start_timeout=120,
+    )
+    first, second = commands
+    assert first.argv[:2] == ["ssh", "mac1"] and second.argv[:2] == ["ssh", "mac2"]
+    assert "/opt/py/bin/python chat.py --fast" in first.argv[2]
+    assert "-m mlx_integrations.engine.ranks" in second.argv[2]
+    assert '[["10.0.0.1:5001"], ["10.0.0.2:5002"]]' in second.argv[2]
+    assert second.env["MLX_RANK"] == "1" and second.env["MLXI_CONTROL"] == "10.0.0.1:5003"

@@ -101,3 +101,42 @@ def test_quantize_a_vlm_through_mlx_vlm(tmp_path, monkeypatch, tiny_vlm, test_im
     # The vision tower stays unquantized; the language model is quantized; it still sees.
     replies = [engine_reply(Path(info["path"]), image, "Describe it.", 6) for image in test_images]
     assert replies[0] != replies[1]
+
+
+def test_a_session_gives_the_images_with_the_first_question(
+    tmp_path, monkeypatch, tiny_vlm, test_images
+):
+    import re
+
+    from tests.cli.test_run import Terminal
+
+    store_with(tmp_path, monkeypatch, tiny_vlm, "tiny-vl")
+    args = ["run", "tiny-vl", "--image", str(test_images[0]), "-t", "0", "-m", "3", "-v"]
+    with Terminal(args) as term:
+        term.read_until(">>> ")
+        term.send("Hi")
+        first = term.read_until(" prompt tokens")
+        term.read_until(">>> ", start=first.index(" prompt tokens"))
+        mark = len(term.seen)
+        term.send("Hi")
+        second = term.read_until(" prompt tokens", start=mark)
+        term.send("/bye")
+        assert term.close() == 0
+    counts = [int(n) for n in re.findall(r"\[(\d+) prompt tokens", second)]
+    # The image goes with the first question only, as in this conversation on the engine.
+    parts = [{"type": "image", "image": str(test_images[0])}, {"type": "text", "text": "Hi"}]
+    turns = [{"role": "user", "content": parts}]
+
+    async def expected() -> list[int]:
+        engine = SimpleEngine(tiny_vlm)
+        try:
+            one = await engine.chat(turns, max_tokens=3, temperature=0)
+            again = [*turns, {"role": "assistant", "content": one.text}]
+            two = await engine.chat(
+                [*again, {"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+            )
+        finally:
+            await engine.stop()
+        return [one.prompt_tokens, two.prompt_tokens]
+
+    assert counts == asyncio.run(expected())

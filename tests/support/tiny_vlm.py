@@ -86,6 +86,7 @@ _IMAGE_PROCESSOR = {
 def build_tiny_vlm(
     out_dir: Path,
     *,
+    arch: str = "qwen2_5_vl",
     hidden_size: int = 64,
     num_hidden_layers: int = 2,
     vision_hidden_size: int = 32,
@@ -93,10 +94,11 @@ def build_tiny_vlm(
     seed: int = 0,
     max_position_embeddings: int = 4096,
 ) -> Path:
-    """Write a random Qwen2.5-VL folder that ``mlx_vlm.load`` (and our engines) open.
+    """Write a random Qwen2.5-VL (or Qwen2-VL) folder that ``mlx_vlm.load`` opens.
 
     Args:
         out_dir: Folder to create.
+        arch: ``"qwen2_5_vl"`` or ``"qwen2_vl"`` (mlx-vlm formats their prompts apart).
         hidden_size: Width of the language model (4 heads, 2 KV heads).
         num_hidden_layers: Depth of the language model.
         vision_hidden_size: Width of the vision tower (2 heads).
@@ -106,7 +108,7 @@ def build_tiny_vlm(
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.models import qwen2_5_vl
+    from mlx_vlm.models import qwen2_5_vl, qwen2_vl
     from tokenizers import AddedToken
 
     out_dir = Path(out_dir)
@@ -120,8 +122,12 @@ def build_tiny_vlm(
     # mrope splits each head's rotary half into temporal, height and width sections.
     mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
     config = {
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "model_type": "qwen2_5_vl",
+        "architectures": [
+            "Qwen2_5_VLForConditionalGeneration"
+            if arch == "qwen2_5_vl"
+            else "Qwen2VLForConditionalGeneration"
+        ],
+        "model_type": arch,
         "hidden_size": hidden_size,
         "num_hidden_layers": num_hidden_layers,
         "intermediate_size": 2 * hidden_size,
@@ -159,13 +165,30 @@ def build_tiny_vlm(
             "tokens_per_second": 2,
         },
     }
+    if arch == "qwen2_vl":  # its vision tower: embed_dim wide, merged to the text width
+        config["vision_config"] = {
+            "model_type": "qwen2_vl",
+            "depth": vision_depth,
+            "embed_dim": vision_hidden_size,
+            "hidden_size": hidden_size,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "in_channels": 3,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
+    elif arch != "qwen2_5_vl":
+        raise ValueError(f"arch must be 'qwen2_5_vl' or 'qwen2_vl', got {arch!r}")
+    module = qwen2_5_vl if arch == "qwen2_5_vl" else qwen2_vl
     # The configs as mlx_vlm.utils.load_model builds them from config.json.
     raw = json.loads(json.dumps(config))
-    model_config = qwen2_5_vl.ModelConfig.from_dict(raw)
-    model_config.text_config = qwen2_5_vl.TextConfig.from_dict(raw["text_config"])
-    model_config.vision_config = qwen2_5_vl.VisionConfig.from_dict(raw["vision_config"])
+    model_config = module.ModelConfig.from_dict(raw)
+    model_config.text_config = module.TextConfig.from_dict(raw["text_config"])
+    model_config.vision_config = module.VisionConfig.from_dict(raw["vision_config"])
     mx.random.seed(seed)
-    model = qwen2_5_vl.Model(model_config)
+    model = module.Model(model_config)
     weights = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
@@ -207,8 +230,9 @@ def build_tiny_vlm(
         "max_frames": 4,
     }
     (out_dir / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    processor = "Qwen2_5_VLProcessor" if arch == "qwen2_5_vl" else "Qwen2VLProcessor"
     (out_dir / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Qwen2_5_VLProcessor"}, indent=2)
+        json.dumps({"processor_class": processor}, indent=2)
     )
     (out_dir / "generation_config.json").write_text(
         json.dumps({"eos_token_id": ids["<|im_end|>"], "do_sample": False})

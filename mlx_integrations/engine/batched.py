@@ -11,6 +11,7 @@ arrives.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -177,6 +178,8 @@ class BatchedEngine(MLXEngine):
         # Under the state lock: the wait line, control calls, and whether the owner
         # thread is running the loop (it runs while there is work, then returns).
         self._inbox: deque[Job] = deque()
+        self._arrivals: list[Job] = []  # dispatched in this pass of an event loop
+        self._release_on: asyncio.AbstractEventLoop | None = None
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._serving = False
         # Owner thread only.
@@ -229,11 +232,31 @@ class BatchedEngine(MLXEngine):
         )
 
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
-        # The state lock is held.
-        if not self._serving:
-            executor.submit(self._serve)  # raises once the interpreter is exiting
+        # The state lock is held. Requests sent in one pass of the event loop (as
+        # asyncio.gather sends them) reach the owner at once, to be prefilled together.
+        self._arrivals.append(job)
+        loop = asyncio.get_running_loop()
+        if self._release_on is not loop:
+            self._release_on = loop
+            loop.call_soon(self._release, executor)
+
+    def _release(self, executor: ThreadPoolExecutor) -> None:
+        """Move the arrivals into the wait line; start the owner's loop if it is idle."""
+        with self._state_lock:
+            self._inbox.extend(self._arrivals)
+            self._arrivals.clear()
+            self._release_on = None
+            if self._serving:
+                return
             self._serving = True
-        self._inbox.append(job)
+        try:
+            executor.submit(self._serve)
+        except RuntimeError as exc:  # the engine stopped, or the interpreter is exiting
+            with self._state_lock:
+                self._serving = False
+                jobs, self._inbox = list(self._inbox), deque()
+            for job in jobs:
+                self._finish(job, aborted_output(job) if job.abort.is_set() else exc)
 
     def _on_loaded(self, executor: ThreadPoolExecutor) -> None:
         from mlx_lm.generate import StopSequences

@@ -90,6 +90,27 @@ async def test_streamed_chunks_add_up(engine):
     assert last.prompt_tokens == len(engine.tokenizer.encode(prompt, add_special_tokens=False))
 
 
+async def test_requests_sent_together_are_prefilled_and_decoded_together(tiny_llama, reference):
+    eng = BatchedEngine(tiny_llama, cache_memory_mb=0)
+    try:
+        eos = next(iter(eng.tokenizer.eos_token_ids))
+        calls = [
+            dict(messages=convo(q), max_tokens=6, temperature=0, logit_bias={eos: -1e9})
+            for q in QUESTIONS
+        ]
+        for _ in range(2):  # from an idle engine, then right after a batch ended
+            before = eng.get_stats()["steps_executed"]
+            outs = await asyncio.gather(*[eng.chat(**c) for c in calls])
+            stats = eng.get_stats()
+            # Six steps of six sequences: none prefilled or decoded apart from the others.
+            assert stats["steps_executed"] - before == 6
+            assert stats["batch_size"] == stats["peak_batch_size"] == len(calls)
+            assert stats["solo_requests"] == 0
+        assert [o.tokens for o in outs] == await one_by_one(reference, calls)
+    finally:
+        await eng.stop()
+
+
 async def test_requests_join_a_running_batch(engine, reference):
     eos = next(iter(engine.tokenizer.eos_token_ids))
     long_call = dict(

@@ -89,6 +89,9 @@ def pull(
         show_envvar=False,
         help="Hub token (default: HF_TOKEN or the saved login); never printed.",
     ),
+    quantize_bits: int | None = typer.Option(
+        None, "--quantize", help="Then quantize it to N bits into <name>-qN (vision models too)."
+    ),
     json_output: bool = JSON_OPTION,
 ) -> Result:
     """Download a model from the Hugging Face Hub into the store."""
@@ -115,7 +118,15 @@ def pull(
         line = f"pulled {model.name} ({pin}, {human_size(model.manifest.size_bytes)})"
     else:
         line = f"{model.name} is up to date ({pin})"
-    return Result(result.to_dict(), [line])
+    if quantize_bits is None:
+        return Result(result.to_dict(), [line])
+    from mlx_integrations.models.quantize import quantize_model
+
+    with progress_bars() as progress:
+        quantized = quantize_model(model.name, bits=quantize_bits, progress=progress)
+    size = human_size(quantized.manifest.size_bytes)
+    lines = [line, f"quantized {model.name} -> {quantized.name} ({quantize_bits} bits, {size})"]
+    return Result({**result.to_dict(), "quantized": quantized.summary()}, lines)
 
 
 @app.command("import")

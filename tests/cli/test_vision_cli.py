@@ -140,3 +140,15 @@ def test_a_session_gives_the_images_with_the_first_question(
         return [one.prompt_tokens, two.prompt_tokens]
 
     assert counts == asyncio.run(expected())
+
+
+def test_pull_quantize_a_vlm(hub, env, tiny_vlm, test_images):
+    hub.add_repo("org/tiny-vl-q", tiny_vlm)
+    result = mlxi("pull", "org/tiny-vl-q", "--quantize", "8", "--json")
+    assert result.exit_code == 0, result.stderr
+    quantized = json.loads(result.stdout)["quantized"]
+    assert quantized["name"] == "org/tiny-vl-q-q8"
+    info = json.loads(mlxi("show", quantized["name"], "--json").stdout)
+    assert info["vision"] is True and info["quantization"]["bits"] == 8
+    replies = [engine_reply(Path(info["path"]), image, "Describe it.", 6) for image in test_images]
+    assert replies[0] != replies[1]

@@ -257,3 +257,21 @@ async def test_another_image_is_not_served_from_the_cache(tiny_vlm, test_images)
         await warm.stop()
         await cold.stop()
     assert got.cached_tokens == 0 and got.tokens == want.tokens
+
+
+async def test_mlx_work_runs_on_the_owner_thread(engine, test_images, monkeypatch) -> None:
+    import threading
+
+    import mlx_vlm
+
+    seen: list[str] = []
+    for name in ("prepare_inputs", "stream_generate"):
+        real = getattr(mlx_vlm, name)
+
+        def spy(*args, _real=real, **kwargs):
+            seen.append(threading.current_thread().name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mlx_vlm, name, spy)
+    await engine.chat(_user(test_images[0]), max_tokens=2, temperature=0)
+    assert len(seen) == 2 and all(n.startswith("mlxi-owner-") for n in seen)

@@ -228,6 +228,8 @@ class DistributedEngine(MLXEngine):
                     await asyncio.to_thread(executor.join, 5)
             return
         await super().stop()
+        if isinstance(executor, _DaemonOwner):  # its streams go before the interpreter does
+            await asyncio.to_thread(executor.join, 5)
 
     def _order_exit(self, code: int, reason: str) -> None:
         """Owner thread: every rank leaves its loop; no request can follow."""

@@ -117,6 +117,24 @@ def test_mlxi_run_on_launched_ranks_answers_as_one_process(tiny_split: Path) -> 
     assert sharded.stdout == single.stdout and single.stdout.strip()
 
 
+@pytest.mark.timeout(300)
+def test_pipeline_over_two_ranks_matches_one_process(tmp_path: Path) -> None:
+    # mlx-lm splits ministral3 by layers (llama has no pipeline split).
+    model = build_tiny_model(
+        tmp_path / "tiny-pipeline",
+        arch="ministral3",
+        num_hidden_layers=4,
+        tie_word_embeddings=False,
+        seed=3,  # a seed whose greedy reply is not one token repeated
+    )
+    done = mlxi_launch("-n", "2", RANK0, "match", str(model), "12", "pipeline")
+    assert done.returncode == 0, done.stderr
+    result = last_json(done)
+    assert result["layers_on_rank0"] == 2  # of 4: rank 1 runs the other two
+    assert len(set(result["single"]["tokens"])) > 1
+    assert result["distributed"]["tokens"] == result["single"]["tokens"]
+
+
 @pytest.mark.smollm
 @pytest.mark.timeout(600)
 def test_smollm_over_three_ranks_matches_one_process(smollm2_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Rank 0's program in the distributed tests, run by ``mlxi launch``.
 
 ``python distributed_rank0.py SCENARIO MODEL [MAX_TOKENS]`` prints one JSON object
-(the figures the test checks) as its last stdout line. Scenarios:
+(the figures the test checks) as its last stdout line; ``match`` takes a fourth
+argument, ``tensor`` (default) or ``pipeline``. Scenarios:
 
 - ``serve``: greedy replies through ChatMLX and MLXLLM on the DistributedEngine and on
   a SimpleEngine of the same model in this process; a stream closed after two chunks,
@@ -77,6 +78,7 @@ def serve(model: str, max_tokens: int) -> dict[str, object]:
         ],
     }
     result["clear"] = engine.clear_runtime_caches()["ranks"]
+    asyncio.run(reference.stop())
     asyncio.run(engine.stop())
     result["stopped_state"] = engine.get_stats()["state"]
     return result
@@ -116,13 +118,19 @@ async def abort_one(engine: DistributedEngine) -> str | None:
     return last.finish_reason if last is not None else None
 
 
-def match(model: str, max_tokens: int) -> dict[str, object]:
-    engine = DistributedEngine(model, rank_timeout=60)
-    return {
+def match(model: str, max_tokens: int, parallel: str = "tensor") -> dict[str, object]:
+    engine = DistributedEngine(model, rank_timeout=60, parallel=parallel)  # type: ignore[arg-type]
+    reference = SimpleEngine(model)
+    result = {
         "distributed": greedy(engine, max_tokens),
-        "single": greedy(SimpleEngine(model), max_tokens),
+        "single": greedy(reference, max_tokens),
         "world_size": engine.get_stats()["world_size"],
     }
+    inner = engine._model.model  # which layers rank 0 holds
+    result["layers_on_rank0"] = len(getattr(inner, "pipeline_layers", inner.layers))
+    asyncio.run(reference.stop())  # engines are stopped before exit (MLX streams)
+    asyncio.run(engine.stop())
+    return result
 
 
 def refuse(model: str) -> dict[str, object]:
@@ -160,8 +168,10 @@ def main() -> None:
     if scenario == "kill":
         kill(model)
         return
-    result = {"serve": serve, "match": match}.get(scenario)
-    out = result(model, max_tokens) if result is not None else refuse(model)
+    if scenario == "match":
+        out = match(model, max_tokens, *sys.argv[4:])
+    else:
+        out = serve(model, max_tokens) if scenario == "serve" else refuse(model)
     print(json.dumps(out))
 
 

@@ -110,7 +110,8 @@ def build_tiny_model(
 
     Args:
         out_dir: Folder to create (must not hold another model).
-        arch: ``"llama"`` or ``"qwen2"``.
+        arch: ``"llama"``, ``"qwen2"`` or ``"ministral3"`` (which mlx-lm splits by
+            layers, as a pipeline).
         hidden_size: Width of the model.
         num_hidden_layers: Depth.
         num_attention_heads: Query heads.
@@ -127,7 +128,7 @@ def build_tiny_model(
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import llama, qwen2
+    from mlx_lm.models import llama, ministral3, qwen2
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,14 @@ def build_tiny_model(
         "eos_token_id": eos_id,
         "torch_dtype": dtype,
     }
-    module = {"llama": llama, "qwen2": qwen2}[arch]
+    if arch == "ministral3":  # a Llama-like model that mlx-lm can split as a pipeline
+        config["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": max_position_embeddings,
+        }
+    module = {"llama": llama, "qwen2": qwen2, "ministral3": ministral3}[arch]
     args = module.ModelArgs.from_dict(config)
     mx.random.seed(seed)
     model = module.Model(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import os
 import re
 import urllib.error
 import urllib.parse
@@ -85,9 +86,17 @@ def decode_image(data: bytes, where: str) -> Image:
     return img.convert("RGB")
 
 
-def resolve_video(source: Any, limits: MediaLimits = MediaLimits()) -> str:
+def resolve_video(
+    source: Any, limits: MediaLimits = MediaLimits(), temp_files: list[str] | None = None
+) -> str:
     """A local file path for a video source (downloads and data go to a temp file),
     checked to hold a first frame that OpenCV (which mlx-vlm reads videos with) decodes.
+
+    Args:
+        source: The video source.
+        limits: Size and time limits.
+        temp_files: Receives the path of a temp file made for the video (the caller
+            deletes it once the video is read).
 
     Raises:
         MediaError: As :func:`load_image` for the source, or not a readable video.
@@ -102,7 +111,14 @@ def resolve_video(source: Any, limits: MediaLimits = MediaLimits()) -> str:
 
     with tempfile.NamedTemporaryFile(prefix="mlxi-video-", suffix=".mp4", delete=False) as f:
         f.write(data)
-    return _check_video(f.name, where)
+    try:
+        _check_video(f.name, where)
+    except BaseException:
+        os.unlink(f.name)
+        raise
+    if temp_files is not None:
+        temp_files.append(f.name)
+    return f.name
 
 
 def _check_video(path: str, where: str) -> str:
@@ -221,11 +237,25 @@ def _data_url(text: str, where: str) -> bytes:
     return urllib.parse.unquote_to_bytes(payload)
 
 
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http(s) URLs only (urllib would follow ftp:// too)."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        if not newurl.lower().startswith(("http://", "https://")):
+            raise MediaError(f"{req.full_url!r} redirects to {newurl!r}, which is not http(s)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_opener = urllib.request.build_opener(_HttpOnlyRedirects)
+
+
 def _download(url: str, limits: MediaLimits, where: str) -> bytes:
     """GET ``url`` with a timeout, refusing a body larger than the limit."""
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-integrations"})
     try:
-        with urllib.request.urlopen(request, timeout=limits.timeout_s) as response:
+        with _opener.open(request, timeout=limits.timeout_s) as response:
             declared = response.headers.get("Content-Length")
             if declared and declared.isdigit() and int(declared) > limits.max_bytes:
                 raise MediaError(

@@ -13,8 +13,11 @@ the engine's owner thread; images are decoded to PIL images before, off the even
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,16 +208,25 @@ def gather_media(
             f"({limits.max_images}, the engine option max_images); send fewer or raise it"
         )
     inputs = VisionInputs()
+    temp_files: list[str] = []
+    # Downloaded videos live until the request's inputs are gone.
+    weakref.finalize(inputs, _remove_files, temp_files)
     for kind, source in found:
         if kind == "image":
             image = load_image(source, limits)
             inputs.images.append(image)
             digest = hashlib.sha256(f"{image.size}{image.mode}".encode() + image.tobytes())
         else:
-            inputs.videos.append(resolve_video(source, limits))
+            inputs.videos.append(resolve_video(source, limits, temp_files))
             digest = hashlib.sha256(Path(inputs.videos[-1]).read_bytes())
         inputs.keys.append(f"{kind}:{digest.hexdigest()}")
     return messages, inputs
+
+
+def _remove_files(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _sources(value: Any, name: str) -> list[str]:

@@ -163,3 +163,25 @@ async def test_images_that_outgrow_the_context_window(tmp_path, test_images) -> 
         assert out.finished and out.prompt_tokens + out.completion_tokens <= 50
     finally:
         await small.stop()
+
+
+async def test_a_redirect_to_another_scheme_is_refused(engine, test_images) -> None:
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "ftp://127.0.0.1/cat.png")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/cat.png"
+        with pytest.raises(ValueError, match="which is not http"):
+            await engine.chat(_user(url), max_tokens=2)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    await _serves(engine, test_images[0])

@@ -74,3 +74,17 @@ async def test_a_file_that_is_not_a_video(engine, videos, tmp_path):
         await engine.chat(_user(tmp_path / "none.mp4"), max_tokens=2)
     assert engine.get_stats()["num_requests_failed"] == failed
     assert (await engine.chat(_user(videos[0]), max_tokens=2)).finished
+
+
+async def test_a_downloaded_video_leaves_no_temp_file(engine, videos, tmp_path, monkeypatch):
+    import base64
+    import gc
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    data = base64.b64encode(videos[0].read_bytes()).decode()
+    out = await engine.chat(_user(f"data:video/mp4;base64,{data}"), max_tokens=2, temperature=0)
+    inline = await engine.chat(_user(videos[0]), max_tokens=2, temperature=0)
+    assert out.tokens == inline.tokens
+    gc.collect()
+    assert not list(tmp_path.glob("mlxi-video-*"))

@@ -251,6 +251,29 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(_HttpOnlyRedirects)
 
 
+def _read_body(response: Any, limits: MediaLimits, where: str) -> bytes:
+    """Read at most ``max_bytes + 1`` bytes within ``timeout_s`` in all (a server that
+    trickles bytes would stay under a per-read timeout forever)."""
+    import time
+
+    deadline = time.monotonic() + limits.timeout_s
+    chunks: list[bytes] = []
+    size = 0
+    read = getattr(response, "read1", response.read)  # what has arrived, not a full block
+    while size <= limits.max_bytes:
+        chunk = read(min(64 * 1024, limits.max_bytes + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if time.monotonic() > deadline:
+            raise MediaError(
+                f"{where} took longer than {limits.timeout_s:g} s to download; raise "
+                "media_timeout_s or use a faster or smaller source"
+            )
+    return b"".join(chunks)
+
+
 def _download(url: str, limits: MediaLimits, where: str) -> bytes:
     """GET ``url`` with a timeout, refusing a body larger than the limit."""
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-integrations"})
@@ -263,7 +286,7 @@ def _download(url: str, limits: MediaLimits, where: str) -> bytes:
                     f"limit of {limits.max_bytes / MiB:.1f} MiB; raise max_media_mb or "
                     "use a smaller file"
                 )
-            data = response.read(limits.max_bytes + 1)
+            data = _read_body(response, limits, where)
     except MediaError:
         raise
     except urllib.error.HTTPError as exc:

@@ -185,3 +185,35 @@ async def test_a_redirect_to_another_scheme_is_refused(engine, test_images) -> N
         httpd.shutdown()
         httpd.server_close()
     await _serves(engine, test_images[0])
+
+
+async def test_a_download_that_trickles_past_the_timeout(tiny_vlm, test_images) -> None:
+    import time
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for byte in test_images[0].read_bytes()[:40]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:  # the client gave up
+                pass
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    engine = SimpleEngine(tiny_vlm, media_timeout_s=0.5)
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/slow.png"
+        with pytest.raises(ValueError, match=r"took longer than 0\.5 s to download"):
+            await engine.chat(_user(url), max_tokens=2)
+        await _serves(engine, test_images[0])
+    finally:
+        await engine.stop()
+        httpd.shutdown()
+        httpd.server_close()

@@ -53,6 +53,12 @@ class SimpleEngine(MLXEngine):
     processors that keep state cannot be run over drafts that are then rejected.
     Every chunk carries the cumulative ``mtp_drafts`` and ``mtp_accepted``.
 
+    A vision-language model (a folder whose config.json has a ``vision_config``) is
+    served through mlx-vlm (:mod:`~mlx_integrations.engine.vision`): ``is_mllm`` is
+    True, ``chat`` takes ``images``/``videos`` and image/video parts in messages, and the
+    next turn about the same images reuses the previous turn's KV cache. Speculative
+    decoding is refused for it.
+
     A quantized KV cache (``kv_bits=4`` or ``8``; see
     :mod:`~mlx_integrations.engine.kv_quantization`) holds long contexts in a fraction
     of the memory; the prefix cache keeps and reuses quantized entries at their real

@@ -20,6 +20,7 @@ from typing import Any
 from mlx_integrations.chat.template import probe_template, render_chat_prompt
 from mlx_integrations.chat.tool_formats import detect_format
 from mlx_integrations.models.errors import StoreError
+from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest
 from mlx_integrations.models.names import validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
@@ -154,6 +155,11 @@ def warm_model(
     if "/" in name:
         raise StoreError(f"The warm cache name {name!r} cannot hold '/'.")
     path = resolve_model(model, store=store or default_store())
+    if isinstance(read_json_object(path / "config.json").get("vision_config"), dict):
+        raise StoreError(
+            f"{model} is a vision-language model; warm caches are for text models.",
+            hint="Its engine reuses a conversation's KV cache from turn to turn instead.",
+        )
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache

@@ -152,3 +152,10 @@ def test_pull_quantize_a_vlm(hub, env, tiny_vlm, test_images):
     assert info["vision"] is True and info["quantization"]["bits"] == 8
     replies = [engine_reply(Path(info["path"]), image, "Describe it.", 6) for image in test_images]
     assert replies[0] != replies[1]
+
+
+def test_warm_refuses_a_vlm(tmp_path, monkeypatch, tiny_vlm):
+    store_with(tmp_path, monkeypatch, tiny_vlm, "tiny-vl")
+    result = mlxi("warm", "tiny-vl", "--system", "You describe images.")
+    assert result.exit_code == 1
+    assert "vision-language model; warm caches are for text models" in result.stderr

@@ -1,0 +1,612 @@
+"""Our engines against raw mlx-lm on a GPU, on random-weight Qwen2.5-0.5B and 1.5B shapes.
+
+Each figure is ours over raw measured in one run, the sides alternating which goes
+first, after a warm-up of every shape (a GPU compiles kernels for each new shape),
+over several repetitions: the median and the spread (lowest, highest) of the
+per-repetition ratios.
+
+1. **Single stream**: greedy decode tokens/s (first token to last) of
+   ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the cold
+   time to first token. A third side, ``eager``, is SimpleEngine with mlx-lm's own loop
+   instead of the compiled step.
+2. **Batched**: ``BatchedEngine(max_num_seqs=c)`` serving ``c`` requests at once
+   against ``mlx_lm.batch_generate`` with the same batch sizes (completion and prefill
+   batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included.
+3. **Prefix hit**: time to first token of a question after a cached 1,024-token
+   prefix: SimpleEngine's prefix cache against raw mlx-lm reusing the prefix's KV cache.
+4. **Prompt lookup**: SimpleEngine (``prompt_lookup=4``) against itself without, on
+   a copy-heavy prompt; on SmolLM2-135M-Instruct when ``--smollm`` (a real model
+   copies; a random one only repeats itself), and BatchedEngine at c = 8.
+5. **Profile**: where a decode step's time goes (graph building in Python, kernel
+   launches, the GPU), the memory bandwidth, and the bandwidth floor per token.
+
+The models are random bf16 weights of the real shapes (151,936-token head) over a small
+tokenizer: the embedding (tied head) rows are zero but those of tokens that read as
+printable ASCII alone, so greedy decoding never picks a special token (never ends
+early: every side makes exactly the same tokens, checked) and every token streams text. Results go to ``--out`` as ``bench_gpu.json`` (written after
+each part) and ``bench_gpu.png`` (tokens/s against concurrency).
+
+Run (on the GPU machine, see bench/gpu/device.sh): ``python3 bench/bench_gpu.py --out DIR``;
+``--quick`` runs tiny shapes, for a check on a CPU. ``--plot JSON`` redraws the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _gpu_report import brief, plot, summary
+
+import mlx_integrations  # noqa: F401  (BLAS preload and float32 precision before mlx.core)
+
+VOCAB = 151936
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "intermediate_size": 8960,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+}
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly box".split()
+COPY_TEXT = (
+    "def parse_config(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+    "    if 'name' not in data:\n        raise ValueError('config has no name')\n"
+    "    return Config(name=data['name'], size=int(data.get('size', 0)))\n"
+)
+
+
+def build_model(out: Path, shape: dict[str, int], seed: int = 0) -> Path:
+    """A random bf16 Qwen2 model of ``shape`` with a 151,936-token head (see the docstring)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+    from tokenizers import Tokenizer
+
+    from tests.support.tiny_models import build_tiny_model
+
+    if (out / "model.safetensors").exists():
+        return out
+    build_tiny_model(out, arch="qwen2", hidden_size=64, num_hidden_layers=1, dtype="bfloat16")
+    config = json.loads((out / "config.json").read_text())
+    # Tokens a greedy step may pick: each one alone reads as printable ASCII (a random
+    # model would otherwise string bytes into invalid UTF-8, whose text streams late).
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    specials = {
+        int(k)
+        for k in json.loads((out / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    }
+    keep = np.zeros(VOCAB, dtype=bool)
+    for i in range(tok.get_vocab_size()):
+        text = tok.decode([i])
+        keep[i] = i not in specials and bool(text) and text.isascii() and text.isprintable()
+    config |= shape | {"vocab_size": VOCAB, "max_position_embeddings": 32768}
+    config |= {"tie_word_embeddings": True}
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    weights = {k: v.astype(mx.bfloat16) for k, v in tree_flatten(model.parameters())}
+    name = "model.embed_tokens.weight"
+    weights[name] = weights[name] * mx.array(keep[:, None], dtype=mx.bfloat16)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def words(n: int, offset: int = 0) -> str:
+    return " ".join(WORDS[(i * 7 + offset) % len(WORDS)] for i in range(n))
+
+
+def spread(ours: list[float], raw: list[float]) -> dict[str, Any]:
+    """Per-repetition ratios ours/raw: median, lowest, highest, and both sides' medians."""
+    ratios = [o / r for o, r in zip(ours, raw, strict=True) if r > 0]
+    return {
+        "ours": ours,
+        "raw": raw,
+        "ours_median": statistics.median(ours),
+        "raw_median": statistics.median(raw),
+        "ratio": statistics.median(ratios) if ratios else None,
+        "ratio_low": min(ratios) if ratios else None,
+        "ratio_high": max(ratios) if ratios else None,
+    }
+
+
+def alternate(reps: int, sides: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """Run every side once per repetition, rotating which goes first."""
+    names = list(sides)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            out[name].append(sides[name]())
+    return out
+
+
+@contextlib.contextmanager
+def eager_decoding() -> Iterator[None]:
+    """SimpleEngine with mlx-lm's decode loop instead of the compiled step."""
+    from mlx_integrations.engine import compiled_decode
+
+    saved = compiled_decode.supports
+    compiled_decode.supports = lambda model, cache: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        compiled_decode.supports = saved  # type: ignore[assignment]
+
+
+def raw_stream(model: Any, tokenizer: Any, prompt: list[int], tokens: int) -> dict[str, Any]:
+    """mlx-lm's stream_generate: TTFT from the call, decode rate from first token to last."""
+    from mlx_lm import stream_generate
+
+    start = time.perf_counter()
+    first = None
+    out = []
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=tokens):
+        out.append(int(r.token))
+        if first is None:
+            first = time.perf_counter()
+    assert first is not None
+    end = time.perf_counter()
+    return {"tokens": out, "ttft": first - start, "tps": (len(out) - 1) / (end - first)}
+
+
+async def engine_stream(engine: Any, prompt: str, tokens: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    first = None
+    last: Any = None
+    async for out in engine.stream_generate(prompt, max_tokens=tokens, temperature=0.0):
+        if first is None:
+            first = time.perf_counter()
+        last = out
+    end = time.perf_counter()
+    assert first is not None and last is not None
+    n = last.completion_tokens
+    return {
+        "tokens": list(last.tokens),
+        "ttft": first - start,
+        "tps": (n - 1) / (end - first),
+        "drafted": last.mtp_drafts,
+        "accepted": last.mtp_accepted,
+        "cached": int(getattr(last, "cached_tokens", 0)),
+    }
+
+
+def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    from mlx_integrations.engine import SimpleEngine
+
+    prompt = words(32)
+    ids = tokenizer.encode(prompt)
+    engine = SimpleEngine(path, cache_memory_mb=0)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())
+        ref = raw_stream(model, tokenizer, ids, args.tokens)  # warm-up, and the reference
+        checks: list[bool] = []
+        runs: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": [], "eager": []}
+
+        def raw() -> float:
+            runs["raw"].append(r := raw_stream(model, tokenizer, ids, args.tokens))
+            return float(r["tps"])
+
+        def ours() -> float:
+            r = loop.run_until_complete(engine_stream(engine, prompt, args.tokens))
+            runs["ours"].append(r)
+            checks.append(r["tokens"] == ref["tokens"])
+            return float(r["tps"])
+
+        def eager() -> float:
+            with eager_decoding():
+                r = loop.run_until_complete(engine_stream(engine, prompt, args.tokens))
+            runs["eager"].append(r)
+            checks.append(r["tokens"] == ref["tokens"])
+            return float(r["tps"])
+
+        ours(), eager()  # warm-up of both loops
+        checks.clear()
+        runs["ours"].clear()
+        runs["eager"].clear()
+        tps = alternate(args.reps, {"raw": raw, "ours": ours, "eager": eager})
+        ttft = {k: [r["ttft"] for r in v] for k, v in runs.items()}
+        return {
+            "tokens": len(ref["tokens"]),
+            "same_tokens": all(checks),
+            "decode": spread(tps["ours"], tps["raw"]),
+            "decode_eager": spread(tps["eager"], tps["raw"]),
+            "ttft": spread(ttft["ours"], ttft["raw"]),
+        }
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+
+
+def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for c in args.concurrency:
+        results[str(c)] = batched_at(c, path, model, tokenizer, args)
+        print(f"    c={c:3d}  {summary(results[str(c)])}", flush=True)
+    return results
+
+
+def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    """``c`` requests at once: BatchedEngine against batch_generate with batch sizes ``c``."""
+    from mlx_lm import batch_generate
+
+    from mlx_integrations.engine import BatchedEngine
+
+    prompts = [words(20 + (i % 9), offset=i) for i in range(c)]
+    ids = [tokenizer.encode(p) for p in prompts]
+    engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+    loop = asyncio.new_event_loop()
+    counts: dict[str, list[int]] = {"raw": [], "ours": []}
+
+    def raw() -> float:
+        start = time.perf_counter()
+        response = batch_generate(
+            model,
+            tokenizer,
+            ids,
+            max_tokens=args.tokens,
+            completion_batch_size=c,
+            prefill_batch_size=c,
+            return_token_ids=True,
+        )
+        seconds = time.perf_counter() - start
+        counts["raw"].append(n := sum(map(len, response.token_ids)))
+        return n / seconds
+
+    async def serve() -> list[Any]:
+        calls = [engine.generate(p, max_tokens=args.tokens, temperature=0.0) for p in prompts]
+        return list(await asyncio.gather(*calls))
+
+    def ours() -> float:
+        start = time.perf_counter()
+        outs = loop.run_until_complete(serve())
+        seconds = time.perf_counter() - start
+        counts["ours"].append(n := sum(o.completion_tokens for o in outs))
+        return n / seconds
+
+    try:
+        loop.run_until_complete(engine.start())
+        raw(), ours()  # warm-up at this batch size
+        tps = alternate(args.batched_reps, {"raw": raw, "ours": ours})
+        return spread(tps["ours"], tps["raw"]) | {
+            "same_token_count": len(set(counts["raw"] + counts["ours"])) == 1,
+            "tokens_per_run": counts["ours"][-1],
+        }
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+
+
+def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    """TTFT of a question after a cached 1,024-token prefix, ours against raw reuse."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from mlx_integrations.engine import SimpleEngine
+
+    prefix_ids = tokenizer.encode(words(1200))[: args.prefix_tokens]
+    prefix = tokenizer.decode(prefix_ids)
+    prefix_ids = tokenizer.encode(prefix)
+    questions = [f" question {i}: " + words(12, offset=i) for i in range(args.reps + 2)]
+
+    raw_cache = make_prompt_cache(model)
+    for _ in generate_step(mx.array(prefix_ids), model, max_tokens=1, prompt_cache=raw_cache):
+        pass
+    held = raw_cache[0].offset
+
+    def raw_once(q: str) -> float:
+        ids = tokenizer.encode(prefix + q)[len(prefix_ids) :]
+        start = time.perf_counter()
+        steps = generate_step(mx.array(ids), model, max_tokens=1, prompt_cache=raw_cache)
+        next(steps)
+        ttft = time.perf_counter() - start
+        steps.close()
+        trim_prompt_cache(raw_cache, raw_cache[0].offset - held)
+        return ttft
+
+    engine = SimpleEngine(path)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())
+        loop.run_until_complete(engine.generate(prefix + questions[0], max_tokens=2))
+        raw_once(questions[1])  # warm-up
+        cached: list[int] = []
+        it = iter(questions[2:])
+
+        def ours() -> float:
+            r = loop.run_until_complete(engine_stream(engine, prefix + next(it), 1))
+            cached.append(r["cached"])
+            return float(r["ttft"])
+
+        qs = iter(questions[2:])
+        ttft = alternate(args.reps, {"raw": lambda: raw_once(next(qs)), "ours": ours})
+        return spread(ttft["ours"], ttft["raw"]) | {
+            "prefix_tokens": len(prefix_ids),
+            "cached_tokens": cached,
+        }
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+
+
+def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
+    """Prompt lookup's speed-up on a copy-heavy prompt, c = 1 and c = 8."""
+    from mlx_integrations.engine import BatchedEngine, SimpleEngine
+
+    prompt = "Repeat this code exactly, then stop.\n\n" + COPY_TEXT * 2 + "\n" + COPY_TEXT[:40]
+    tokens = args.tokens
+    plain = SimpleEngine(path, cache_memory_mb=0)
+    lookup = SimpleEngine(path, cache_memory_mb=0, prompt_lookup=4)
+    loop = asyncio.new_event_loop()
+    result: dict[str, Any] = {"model": label}
+    try:
+        for e in (plain, lookup):
+            loop.run_until_complete(e.start())
+            loop.run_until_complete(engine_stream(e, prompt, 16))
+        runs: list[dict[str, Any]] = []
+
+        def with_lookup() -> float:
+            runs.append(r := loop.run_until_complete(engine_stream(lookup, prompt, tokens)))
+            return float(r["tps"])
+
+        def without() -> float:
+            return float(loop.run_until_complete(engine_stream(plain, prompt, tokens))["tps"])
+
+        tps = alternate(args.reps, {"plain": without, "lookup": with_lookup})
+        result["c1"] = spread(tps["lookup"], tps["plain"]) | {
+            "drafted": runs[-1]["drafted"],
+            "accepted": runs[-1]["accepted"],
+        }
+    finally:
+        for e in (plain, lookup):
+            loop.run_until_complete(e.stop())
+    engines = {
+        "plain": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0),
+        "lookup": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0, prompt_lookup=4),
+    }
+    try:
+        for e in engines.values():
+            loop.run_until_complete(e.start())
+
+        async def serve(name: str) -> list[Any]:
+            prompts = [f"{i}. " + prompt for i in range(8)]
+            calls = [engines[name].generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
+            return list(await asyncio.gather(*calls))
+
+        def batch(name: str) -> float:
+            start = time.perf_counter()
+            outs = loop.run_until_complete(serve(name))
+            return sum(o.completion_tokens for o in outs) / (time.perf_counter() - start)
+
+        batch("plain"), batch("lookup")
+        tps = alternate(
+            max(2, args.batched_reps),
+            {"plain": lambda: batch("plain"), "lookup": lambda: batch("lookup")},
+        )
+        result["c8"] = spread(tps["lookup"], tps["plain"])
+    finally:
+        for e in engines.values():
+            loop.run_until_complete(e.stop())
+        loop.close()
+    return result
+
+
+def bench_profile(model: Any, tokenizer: Any, path: Path, args: Any) -> dict[str, Any]:
+    """Where a decode step's time goes; the memory bandwidth; CUDA graphs on and off."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_integrations.engine.compiled_decode import CompiledDecoder
+    from mlx_integrations.engine.speculative import prefill
+
+    ids = tokenizer.encode(words(32))
+    n = 32
+    out: dict[str, Any] = {"steps": n}
+
+    def chain(compiled: bool) -> tuple[float, float, float]:
+        cache = make_prompt_cache(model)
+        prefill(model, cache, ids[:-1], 2048)
+        y = mx.array([ids[-1]], mx.uint32)
+        decoder = CompiledDecoder(model, cache) if compiled else None
+
+        def step(y: Any) -> Any:
+            if decoder is not None:
+                return mx.argmax(decoder.feed(y), axis=-1)
+            logits = model(y[None], cache=cache)[:, -1, :]
+            return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+
+        # n steps built lazily, the next fed with the last's token, then evaluated at once.
+        mx.eval(step(y))
+        start = time.perf_counter()
+        ys = [y := step(y) for _ in range(n)]
+        built = time.perf_counter()
+        mx.eval(ys)
+        done = time.perf_counter()
+        # n steps each evaluated before the next is built (a round trip per token).
+        sync_start = time.perf_counter()
+        for _ in range(n):
+            y = step(y)
+            y.item()
+        sync = time.perf_counter() - sync_start
+        if decoder is not None:
+            decoder.close()
+        return (built - start) / n, (done - built) / n, sync / n
+
+    for compiled in (False, True, False, True):
+        build, run, sync = chain(compiled)
+        key = "compiled" if compiled else "eager"
+        out[key] = {"build_ms": build * 1e3, "eval_ms": run * 1e3, "sync_step_ms": sync * 1e3}
+    # A token reads every weight once: the tied head is the embedding table.
+    weight_bytes = sum(v.nbytes for _, v in _leaves(model))
+    out["weight_bytes"] = weight_bytes
+    x = mx.random.uniform(shape=(1 << 28,)).astype(mx.bfloat16)
+    mx.eval(x)
+    times = []
+    for _ in range(6):
+        start = time.perf_counter()
+        mx.eval(x * 1.5)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times[1:])
+    out["copy_bandwidth_gbs"] = 2 * x.nbytes / seconds / 1e9
+    out["floor_ms_per_token"] = weight_bytes / (2 * x.nbytes / seconds) * 1e3
+    del x
+    if args.cuda_graphs:
+        out["cuda_graphs"] = {}
+        for flag in ("1", "0"):
+            env = os.environ | {"MLX_USE_CUDA_GRAPHS": flag}
+            cmd = [
+                sys.executable,
+                __file__,
+                "--raw-decode",
+                str(path),
+                "--tokens",
+                str(args.tokens),
+            ]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            lines = done.stdout.strip().splitlines()
+            out["cuda_graphs"][flag] = json.loads(lines[-1]) if lines else done.stderr[-500:]
+    return out
+
+
+def _leaves(model: Any) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    return list(tree_flatten(model.parameters()))
+
+
+def raw_decode_only(path: Path, tokens: int) -> None:
+    """Print raw mlx-lm's decode tokens/s (median of 3 after a warm-up) as one JSON line."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    ids = tokenizer.encode(words(32))
+    raw_stream(model, tokenizer, ids, tokens)
+    rates = [raw_stream(model, tokenizer, ids, tokens)["tps"] for _ in range(3)]
+    print(json.dumps({"tps": statistics.median(rates), "all": rates}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--shapes", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["single", "profile", "batched", "prefix", "lookup"]
+    )
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--batched-reps", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--prefix-tokens", type=int, default=1024)
+    parser.add_argument("--models", type=Path, default=Path("/tmp/bench-gpu-models"))
+    parser.add_argument("--smollm", action="store_true", help="prompt lookup on SmolLM2 too")
+    parser.add_argument("--cuda-graphs", action="store_true", help="raw decode, graphs on/off")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU check)")
+    parser.add_argument("--plot", type=Path, help="redraw the PNG from this JSON and stop")
+    parser.add_argument("--raw-decode", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw_decode:
+        return raw_decode_only(args.raw_decode, args.tokens)
+    if args.plot:
+        return plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+    if args.quick:
+        args.shapes, args.tokens, args.reps, args.batched_reps = ["tiny"], 24, 2, 1
+        args.concurrency, args.prefix_tokens = [1, 4], 128
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlx_integrations.runtime import backend_info
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = backend_info()
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpu": info["gpu_name"] or info["device"],
+        "backend": dict(info),
+        "tokens": args.tokens,
+        "reps": args.reps,
+        "batched_reps": args.batched_reps,
+        "concurrency": args.concurrency,
+        "shapes": {},
+    }
+    json_path = args.out / "bench_gpu.json"
+    print(f"{results['gpu']} ({info['backend']}), mlx {info['mlx_version']}", flush=True)
+    for shape in args.shapes:
+        start = time.perf_counter()
+        path = build_model(args.models / shape, SHAPES[shape])
+        model, tokenizer = load(str(path))
+        r: dict[str, Any] = results["shapes"].setdefault(shape, {})
+        r["parameters"] = sum(v.size for _, v in _leaves(model))
+        print(
+            f"{shape}: {r['parameters'] / 1e9:.2f}B parameters, built and loaded in "
+            f"{time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
+        parts: dict[str, Callable[[], Any]] = {
+            "single": functools.partial(bench_single, path, model, tokenizer, args),
+            "profile": functools.partial(bench_profile, model, tokenizer, path, args),
+            "batched": functools.partial(bench_batched, path, model, tokenizer, args),
+            "prefix": functools.partial(bench_prefix, path, model, tokenizer, args),
+            "lookup": functools.partial(bench_lookup, path, args, shape),
+        }
+        for part in args.parts:
+            if part == "lookup" and shape != args.shapes[0]:
+                continue
+            start = time.perf_counter()
+            try:
+                r[part] = parts[part]()
+            except Exception:
+                r[part] = {"error": traceback.format_exc()[-2000:]}
+            r[f"{part}_s"] = round(time.perf_counter() - start, 1)
+            json_path.write_text(json.dumps(results, indent=1))
+            print(f"  {part} ({r[f'{part}_s']} s): {brief(part, r[part])}", flush=True)
+        del model
+        mx.clear_cache()
+    if args.smollm and "lookup" in args.parts:
+        from tests.support.smollm import ensure_smollm2
+
+        try:
+            results["smollm_lookup"] = bench_lookup(ensure_smollm2(), args, "SmolLM2-135M-Instruct")
+        except Exception:
+            results["smollm_lookup"] = {"error": traceback.format_exc()[-2000:]}
+        print(f"smollm lookup: {brief('lookup', results['smollm_lookup'])}", flush=True)
+    json_path.write_text(json.dumps(results, indent=1))
+    try:
+        plot(results, args.out / "bench_gpu.png")
+    except Exception as exc:
+        print(f"no plot: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -188,7 +188,6 @@ class BatchedEngine(MLXEngine):
         self._active: dict[int, _Active] = {}
         self._samplers: dict[tuple[float, float, float, int], GuardedSampler] = {}
         self._solo: tuple[_Active, SoloDecode] | None = None
-        self._compile_solo = True  # until a model's decode step fails to trace
         # Under the state lock.
         self._solo_requests = 0
         self._solo_tokens = 0
@@ -414,7 +413,6 @@ class BatchedEngine(MLXEngine):
             max_tokens=p.max_tokens,
             prefill_step_size=self._prefill_step_size,
             prompt_lookup=lookup,
-            compile=self._compile_solo,
         )
         act = _Active(job, self._output_builder(job, reused), None, sampler)
         self._solo = (act, solo)
@@ -427,7 +425,6 @@ class BatchedEngine(MLXEngine):
         act, solo = self._solo
         try:
             steps = solo.step()
-            self._compile_solo = self._compile_solo and not solo.compile_failed
         except Exception as exc:
             logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
             repair_random_state()
@@ -458,7 +455,6 @@ class BatchedEngine(MLXEngine):
         assert self._solo is not None
         act, solo = self._solo
         self._solo = None
-        solo.close()
         self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
         self._finish(act.job, out)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from mlx_integrations.engine import compiled_decode
 from mlx_integrations.engine.speculative import Step, prefill, prompt_lookup_steps
 
 # Decode steps between two returns of MLX's buffer pool (mlx-lm's generate_step: 256).
@@ -33,9 +32,6 @@ class SoloDecode:
         max_tokens: Tokens to generate.
         prefill_step_size: Prompt tokens per forward pass (and per turn).
         prompt_lookup: Most tokens drafted per round from the context; 0 decodes plainly.
-        compile: Decode plainly through the compiled step
-            (:mod:`~mlx_integrations.engine.compiled_decode`) where the cache allows, as
-            ``SimpleEngine`` does; :attr:`compile_failed` tells when it could not trace.
     """
 
     def __init__(
@@ -49,7 +45,6 @@ class SoloDecode:
         max_tokens: int,
         prefill_step_size: int,
         prompt_lookup: int = 0,
-        compile: bool = True,
     ):
         self.cache = cache
         self.context = list(prompt)
@@ -63,9 +58,6 @@ class SoloDecode:
         self._produced = 0
         self._next: Any = None  # the sampled token not yet handed out (plain decoding)
         self._rounds: Generator[Step, None, None] | None = None  # prompt lookup
-        self._compile = compile
-        self._decoder: compiled_decode.CompiledDecoder | None = None
-        self.compile_failed = False
 
     @property
     def prefilling(self) -> bool:
@@ -85,7 +77,7 @@ class SoloDecode:
             return self._lookup_round()
         with mx.stream(generation_stream):
             if self._next is None:  # the first token, from the prompt's last one
-                self._next = self._first()
+                self._next = self._sample(mx.array([self.context[-1]], mx.uint32))
             token_array = self._next
             if self._produced + 1 < self._max_tokens:
                 # Feed the token and start the next step before reading this one.
@@ -114,41 +106,14 @@ class SoloDecode:
             self._next = None
             self._advance(token)
             steps.append((token, 0, False))
-        self.close()
         fed = self._fed if self.prefilling else len(self.context) - 1
         return steps, self.context[fed:], self.context[:fed]
-
-    def close(self) -> None:
-        """Leave :attr:`cache` an ordinary KV cache holding every token fed so far."""
-        if self._decoder is not None:
-            self._decoder.close()
-            self._decoder = None
-
-    def _first(self) -> Any:
-        """Sample the first token, through the compiled step when it traces."""
-        import mlx.core as mx
-
-        last = mx.array([self.context[-1]], mx.uint32)
-        if self._compile and compiled_decode.supports(self._model, self.cache):
-            decoder = compiled_decode.CompiledDecoder(self._model, self.cache)
-            try:
-                sampled = self._sampler(decoder.feed(last))
-            except Exception:  # nothing was written: decode this request eagerly
-                self.compile_failed = True
-            else:
-                self._decoder = decoder
-                mx.async_eval(sampled)
-                return sampled
-        return self._sample(last)
 
     def _sample(self, token: Any) -> Any:
         import mlx.core as mx
 
-        if self._decoder is not None:
-            logprobs = self._decoder.feed(token)
-        else:
-            logits = self._model(token.reshape(1, 1), cache=self.cache)[:, -1, :]
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logits = self._model(token.reshape(1, 1), cache=self.cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sampler(logprobs)
         mx.async_eval(sampled)
         return sampled

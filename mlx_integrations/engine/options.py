@@ -68,8 +68,9 @@ class EngineOptions:
     reply so far) of the context's last few tokens; no second model needed.
     ``BatchedEngine`` drafts for a request while it runs alone. 0 turns it off."""
     kv_bits: int | None = None
-    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` only,
-    not with ``draft_model``); None keeps the cache in the model's dtype. 8 bits halves
+    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` only;
+    with ``draft_model``, the target's cache from its first token); None keeps the cache
+    in the model's dtype. 8 bits halves
     a float16 cache with little drift in replies, 4 bits takes about 0.28x."""
     kv_group_size: int = 64
     """Values sharing one scale and bias in the quantized KV cache (32, 64 or 128; it
@@ -105,13 +106,15 @@ class EngineOptions:
             raise ValueError(f"prefill_step_size must be >= 1, got {step}")
         validate_speculative_options(self.draft_model, self.num_draft_tokens, self.prompt_lookup)
         validate_kv_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
-        if self.kv_bits is not None and self.draft_model is not None:
-            # mlx-lm's speculative_generate_step quantizes a copy of the cache list,
-            # so the request's own cache would miss the tokens decoded after it.
+        if self.kv_bits is not None and self.draft_model is not None and self.quantized_kv_start:
+            # mlx-lm's speculative_generate_step would quantize a copy of the cache list
+            # midway, so the request's own cache would miss the tokens decoded after it;
+            # a cache quantized from its first token is one the draft loop keeps.
             raise ValueError(
-                f"kv_bits={self.kv_bits} does not work with draft_model="
-                f"{str(self.draft_model)!r}; drop one of them, or use prompt_lookup "
-                "(which works with a quantized KV cache) instead of a draft model"
+                f"kv_bits={self.kv_bits} with draft_model={str(self.draft_model)!r} "
+                f"quantizes the KV cache from its first token: quantized_kv_start must "
+                f"be 0, got {self.quantized_kv_start}; or use prompt_lookup, which takes "
+                "any quantized_kv_start"
             )
         _check_media_limits(self.max_images, self.max_media_mb, self.media_timeout_s)
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)

@@ -131,6 +131,35 @@ async def test_prompt_lookup_decodes_with_a_quantized_cache(model64):
         await lookup.stop()
 
 
+async def test_a_draft_model_decodes_over_a_quantized_cache(model64):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    plain = SimpleEngine(model64, kv_bits=8, cache_memory_mb=0)
+    drafting = SimpleEngine(model64, kv_bits=8, draft_model=str(model64))
+    try:
+        for messages in PROMPTS:
+            ref = await plain.chat(messages, max_tokens=24, temperature=0)
+            out = await drafting.chat(messages, max_tokens=24, temperature=0)
+            # The draft is the model itself over an unquantized cache: it mostly agrees.
+            assert out.mtp_drafts > 0 and out.mtp_accepted > out.mtp_drafts / 2
+            assert agreed(ref.tokens, out.tokens) >= 4
+        # The prefix cache holds the target's quantized KV, at its real size, and the
+        # next turn reuses it (with the draft model's own cache beside it).
+        stats = drafting.get_cache_stats()
+        assert stats["entry_count"] == len(PROMPTS)
+        entries = drafting._prefix._entries
+        assert all(isinstance(c, QuantizedKVCache) for e in entries for c in e.cache)
+        first = await drafting.chat(PROMPTS[0], max_tokens=16, temperature=0)
+        second = await drafting.chat(HISTORY, max_tokens=16, temperature=0)
+        assert second.cached_tokens >= first.prompt_tokens - 1
+        assert second.mtp_drafts > 0 and second.mtp_accepted > second.mtp_drafts / 2
+        baseline = await plain.chat(HISTORY, max_tokens=16, temperature=0)
+        assert agreed(baseline.tokens, second.tokens) >= 4
+    finally:
+        await plain.stop()
+        await drafting.stop()
+
+
 async def test_quantized_engine_serves_after_a_cancelled_request(model64):
     eng = SimpleEngine(model64, kv_bits=4)
     try:
@@ -166,9 +195,9 @@ async def test_quantized_engine_serves_after_a_cancelled_request(model64):
         ({"quantized_kv_start": -1}, ValueError, r"quantized_kv_start must be >= 0.*-1"),
         ({"quantized_kv_start": None}, TypeError, r"quantized_kv_start must be an integer"),
         (
-            {"kv_bits": 8, "draft_model": "some/draft"},
+            {"kv_bits": 8, "draft_model": "some/draft", "quantized_kv_start": 16},
             ValueError,
-            r"kv_bits=8 does not work with draft_model='some/draft'.*prompt_lookup",
+            r"kv_bits=8 with draft_model='some/draft'.*quantized_kv_start must be 0, got 16",
         ),
     ],
 )

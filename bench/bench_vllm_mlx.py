@@ -14,8 +14,9 @@ vllm-mlx implements the same ``BaseEngine`` contract (``SimpleEngine``,
    Measured for both engine pairs. Every round is a new conversation, so no round
    reuses another's cache. The cold first turn is printed alongside, and what each
    side reused.
-3. Total generated tokens/s of 8 concurrent greedy ``stream_chat`` requests,
-   BatchedEngine against vllm-mlx BatchedEngine (``SchedulerConfig(max_num_seqs=8)``),
+3. Total generated tokens/s of N concurrent greedy ``stream_chat`` requests
+   (``--concurrency 1 2 4 8 16`` measures each level; 8 by default),
+   BatchedEngine against vllm-mlx BatchedEngine (``SchedulerConfig(max_num_seqs=N)``),
    prefix caches off on both so both do the same prefill and decode work (higher is
    better). The greedy texts are compared request by request.
 
@@ -56,7 +57,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -532,9 +533,12 @@ async def bench_batched_throughput(peer: Peer, s: Settings) -> None:
     print("".join(line))
 
 
-async def bench_model(peer: Peer, s: Settings) -> None:
-    for part in (bench_simple, bench_batched_ttft, bench_batched_throughput):
-        await part(peer, s)
+async def bench_model(peer: Peer, s: Settings, levels: list[int], only_batched: bool) -> None:
+    if not only_batched:
+        for part in (bench_simple, bench_batched_ttft):
+            await part(peer, s)
+    for level in levels:
+        await bench_batched_throughput(peer, replace(s, concurrency=level))
 
 
 def main() -> None:
@@ -543,7 +547,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128, help="decode tokens (figure 1)")
     parser.add_argument("--batch-tokens", type=int, default=128, help="per request (figure 3)")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[8], help="levels of figure 3"
+    )
+    parser.add_argument("--only-batched", action="store_true", help="figure 3 alone")
     parser.add_argument("--context", type=int, default=1500, help="first-turn tokens (fig. 2)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -592,7 +599,7 @@ def main() -> None:
                     args.rounds,
                     args.tokens,
                     args.batch_tokens,
-                    args.concurrency,
+                    0,
                     args.context,
                 )
             ]
@@ -606,13 +613,13 @@ def main() -> None:
                         max(3, args.rounds // 2 + 1),
                         min(args.tokens, 64),
                         min(args.batch_tokens, 64),
-                        args.concurrency,
+                        0,
                         args.context,
                     )
                 )
             print("medians of alternated rounds; ratios are ours / vllm-mlx\n")
             for settings in models:
-                asyncio.run(bench_model(peer, settings))
+                asyncio.run(bench_model(peer, settings, args.concurrency, args.only_batched))
             print(f"load average at end: {os.getloadavg()[0]:.2f}")
         finally:
             peer.close()

@@ -2,8 +2,8 @@
 
 Tests that hand models ``http(s)://`` image URLs stay offline: the files come from a
 loopback server. :func:`route_urls` makes both ``httpx.get`` (used by langchain-tests
-to fetch its fixtures) and ``urllib.request.urlopen`` (used by the engines' media
-loader) answer chosen public URLs from that server, as a hosts file would.
+to fetch its fixtures) and every ``urllib`` opener (the engines' media loader uses one)
+answer chosen public URLs from that server, as a hosts file would.
 """
 
 from __future__ import annotations
@@ -62,37 +62,26 @@ class FileServer:
         self._thread.join(timeout=5)
 
 
-class _RoutedHandler(urllib.request.BaseHandler):
-    handler_order = 100  # before the HTTP(S) handlers
-
-    def __init__(self, routes: Mapping[str, str]) -> None:
-        self.routes = dict(routes)
-
-    def _routed(self, req: urllib.request.Request) -> Any:
-        target = self.routes.get(req.full_url)
-        if target is None:
-            return None  # the next handler opens it as usual
-        routed = urllib.request.Request(target, headers=dict(req.header_items()))
-        return urllib.request.build_opener().open(routed, timeout=req.timeout)  # type: ignore[attr-defined]
-
-    http_open = _routed
-    https_open = _routed
-
-
 @contextmanager
 def route_urls(monkeypatch: Any, routes: Mapping[str, str]) -> Iterator[None]:
-    """While active, fetching a URL in ``routes`` (by ``httpx.get`` or ``urllib``)
-    fetches its loopback target instead; other URLs are fetched as usual."""
+    """While active, fetching a URL in ``routes`` (by ``httpx.get`` or any ``urllib``
+    opener) fetches its loopback target instead; other URLs are fetched as usual."""
     import httpx
 
     real_get = httpx.get
+    real_open = urllib.request.OpenerDirector.open
 
     def get(url: Any, *args: Any, **kwargs: Any) -> Any:
         return real_get(routes.get(str(url), url), *args, **kwargs)
 
+    def open_routed(self: Any, fullurl: Any, *args: Any, **kwargs: Any) -> Any:
+        url = fullurl.full_url if isinstance(fullurl, urllib.request.Request) else fullurl
+        target = routes.get(str(url))
+        if target is not None:
+            headers = dict(fullurl.header_items()) if not isinstance(fullurl, str) else {}
+            fullurl = urllib.request.Request(target, headers=headers)
+        return real_open(self, fullurl, *args, **kwargs)
+
     monkeypatch.setattr(httpx, "get", get)
-    urllib.request.install_opener(urllib.request.build_opener(_RoutedHandler(routes)))
-    try:
-        yield
-    finally:
-        urllib.request.install_opener(None)  # type: ignore[arg-type]
+    monkeypatch.setattr(urllib.request.OpenerDirector, "open", open_routed)
+    yield

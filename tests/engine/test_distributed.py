@@ -108,6 +108,16 @@ def test_killed_rank_is_an_error_on_rank_zero_and_launch_fails(
 
 
 @pytest.mark.timeout(300)
+def test_hung_rank_is_an_error_after_rank_timeout_and_launch_fails(tiny_split: Path) -> None:
+    done = mlxi_launch("-n", "2", "--rank-timeout", "3", RANK0, "hang", str(tiny_split))
+    assert done.returncode != 0
+    result = last_json(done)
+    assert "rank 1 of 2 sent no heartbeat" in result["error"], result
+    assert result["state"] == "failed"
+    assert "Error: rank" in done.stderr
+
+
+@pytest.mark.timeout(300)
 def test_mlxi_run_on_launched_ranks_answers_as_one_process(tiny_split: Path) -> None:
     run = ["run", str(tiny_split), "Hello there", "-t", "0", "-m", "8"]
     single = subprocess.run([*MLXI, *run], capture_output=True, text=True, timeout=120)

@@ -11,6 +11,7 @@ argument, ``tensor`` (default) or ``pipeline``. Scenarios:
 - ``refuse``: the error of a model that cannot be split over the ranks.
 - ``kill``: a long stream during which rank 1 is killed (SIGKILL); the error and the
   seconds it took to come are printed, then the program exits 3.
+- ``hang``: the same, with rank 1 stopped (SIGSTOP) instead: it hangs, alive.
 """
 
 from __future__ import annotations
@@ -142,15 +143,15 @@ def refuse(model: str) -> dict[str, object]:
     return {"error": None}
 
 
-def kill(model: str) -> None:
-    engine = DistributedEngine(model, rank_timeout=10)
+def kill(model: str, sig: signal.Signals = signal.SIGKILL) -> None:
+    engine = DistributedEngine(model)  # rank_timeout from mlxi launch --rank-timeout
     chat = ChatMLX(engine=engine, temperature=0, max_tokens=4000)
     started = None
     try:
         for n, _chunk in enumerate(chat.stream(PROMPT, logits_processors=no_end(engine))):
             if n == 3:
                 pid = engine.get_stats()["ranks"][1]["pid"]
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
                 started = time.monotonic()
     except DistributedError as exc:
         waited = time.monotonic() - started if started is not None else None
@@ -165,8 +166,8 @@ def kill(model: str) -> None:
 def main() -> None:
     scenario, model = sys.argv[1], sys.argv[2]
     max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 12
-    if scenario == "kill":
-        kill(model)
+    if scenario in ("kill", "hang"):
+        kill(model, signal.SIGKILL if scenario == "kill" else signal.SIGSTOP)
         return
     if scenario == "match":
         out = match(model, max_tokens, *sys.argv[4:])

@@ -47,15 +47,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def brief(part: str, r: dict[str, Any]) -> str:
+    """One line for the log."""
     if "error" in r:
-        return "ERROR " + r["error"].strip().splitlines()[-1]
+        return "ERROR " + r["error"].strip().splitlines()[-1][:300]
     if part == "single":
         return (
-            f"decode {summary(r['decode'])}; eager {summary(r['decode_eager'])}; "
-            f"ttft {summary(r['ttft'])}; same tokens {r['same_tokens']}"
+            f"decode {summary(r['decode'])}; ttft {summary(r['ttft'])}; "
+            f"same tokens {r['same_tokens']} (raw to raw {r['raw_same_tokens']})"
         )
     if part == "batched":
-        return "; ".join(f"c={c} {v['ratio']:.3f}" for c, v in r.items())
+        return "; ".join(f"c={c} {v['ratio']:.3f}" for c, v in r.items() if isinstance(v, dict))
     if part == "prefix":
         return f"{summary(r)} cached {r['cached_tokens']}"
     if part == "lookup":
@@ -64,6 +65,4 @@ def brief(part: str, r: dict[str, Any]) -> str:
             f"c1 {summary(c1)} accepted {c1.get('accepted')}/{c1.get('drafted')}; "
             f"c8 {summary(r.get('c8', {}))}"
         )
-    if part == "profile":
-        return json.dumps({k: v for k, v in r.items() if k != "steps"})
-    return ""
+    return json.dumps(r)

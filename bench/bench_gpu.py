@@ -7,16 +7,15 @@ per-repetition ratios.
 
 1. **Single stream**: greedy decode tokens/s (first token to last) of
    ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the cold
-   time to first token. A third side, ``eager``, is SimpleEngine with mlx-lm's own loop
-   instead of the compiled step.
+   time to first token.
 2. **Batched**: ``BatchedEngine(max_num_seqs=c)`` serving ``c`` requests at once
    against ``mlx_lm.batch_generate`` with the same batch sizes (completion and prefill
    batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included.
 3. **Prefix hit**: time to first token of a question after a cached 1,024-token
    prefix: SimpleEngine's prefix cache against raw mlx-lm reusing the prefix's KV cache.
 4. **Prompt lookup**: SimpleEngine (``prompt_lookup=4``) against itself without, on
-   a copy-heavy prompt; on SmolLM2-135M-Instruct when ``--smollm`` (a real model
-   copies; a random one only repeats itself), and BatchedEngine at c = 8.
+   a copy-heavy prompt, and BatchedEngine at c = 8; ``--shapes smollm2`` runs it on
+   SmolLM2-135M-Instruct (a real model copies; a random one only repeats itself).
 5. **Profile**: where a decode step's time goes (graph building in Python, kernel
    launches, the GPU), the memory bandwidth, and the bandwidth floor per token.
 
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -42,8 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,19 +147,6 @@ def alternate(reps: int, sides: dict[str, Callable[[], float]]) -> dict[str, lis
     return out
 
 
-@contextlib.contextmanager
-def eager_decoding() -> Iterator[None]:
-    """SimpleEngine with mlx-lm's decode loop instead of the compiled step."""
-    from mlx_integrations.engine import compiled_decode
-
-    saved = compiled_decode.supports
-    compiled_decode.supports = lambda model, cache: False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        compiled_decode.supports = saved  # type: ignore[assignment]
-
-
 def raw_stream(model: Any, tokenizer: Any, prompt: list[int], tokens: int) -> dict[str, Any]:
     """mlx-lm's stream_generate: TTFT from the call, decode rate from first token to last."""
     from mlx_lm import stream_generate
@@ -211,7 +195,7 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
         loop.run_until_complete(engine.start())
         ref = raw_stream(model, tokenizer, ids, args.tokens)  # warm-up, and the reference
         checks: list[bool] = []
-        runs: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": [], "eager": []}
+        runs: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": []}
 
         def raw() -> float:
             runs["raw"].append(r := raw_stream(model, tokenizer, ids, args.tokens))
@@ -223,24 +207,16 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
             checks.append(r["tokens"] == ref["tokens"])
             return float(r["tps"])
 
-        def eager() -> float:
-            with eager_decoding():
-                r = loop.run_until_complete(engine_stream(engine, prompt, args.tokens))
-            runs["eager"].append(r)
-            checks.append(r["tokens"] == ref["tokens"])
-            return float(r["tps"])
-
-        ours(), eager()  # warm-up of both loops
+        ours()  # warm-up
         checks.clear()
         runs["ours"].clear()
-        runs["eager"].clear()
-        tps = alternate(args.reps, {"raw": raw, "ours": ours, "eager": eager})
+        tps = alternate(args.reps, {"raw": raw, "ours": ours})
         ttft = {k: [r["ttft"] for r in v] for k, v in runs.items()}
         return {
             "tokens": len(ref["tokens"]),
             "same_tokens": all(checks),
             "decode": spread(tps["ours"], tps["raw"]),
-            "decode_eager": spread(tps["eager"], tps["raw"]),
+            "raw_same_tokens": all(r["tokens"] == ref["tokens"] for r in runs["raw"]),
             "ttft": spread(ttft["ours"], ttft["raw"]),
         }
     finally:
@@ -422,54 +398,30 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
     return result
 
 
+RAW_ENVS: dict[str, dict[str, str]] = {
+    "default": {},
+    "cuda_graphs_off": {"MLX_USE_CUDA_GRAPHS": "0"},
+    "ops_per_buffer_50": {"MLX_MAX_OPS_PER_BUFFER": "50"},
+    "ops_per_buffer_500": {"MLX_MAX_OPS_PER_BUFFER": "500"},
+    "ops_per_buffer_5000": {"MLX_MAX_OPS_PER_BUFFER": "5000"},
+}
+"""Environments raw mlx-lm decodes under, each in its own process (MLX reads them once)."""
+
+
 def bench_profile(model: Any, tokenizer: Any, path: Path, args: Any) -> dict[str, Any]:
-    """Where a decode step's time goes; the memory bandwidth; CUDA graphs on and off."""
+    """Where a decode step's time goes; the memory bandwidth; MLX's CUDA settings.
+
+    Saved to ``--part-out`` after each measurement, so a failure keeps the earlier ones.
+    """
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.compiled_decode import CompiledDecoder
-    from mlx_integrations.engine.speculative import prefill
+    out: dict[str, Any] = {"steps": 32}
 
-    ids = tokenizer.encode(words(32))
-    n = 32
-    out: dict[str, Any] = {"steps": n}
+    def save() -> None:
+        args.part_out.write_text(json.dumps(out | {"partial": True}))
 
-    def chain(compiled: bool) -> tuple[float, float, float]:
-        cache = make_prompt_cache(model)
-        prefill(model, cache, ids[:-1], 2048)
-        y = mx.array([ids[-1]], mx.uint32)
-        decoder = CompiledDecoder(model, cache) if compiled else None
-
-        def step(y: Any) -> Any:
-            if decoder is not None:
-                return mx.argmax(decoder.feed(y), axis=-1)
-            logits = model(y[None], cache=cache)[:, -1, :]
-            return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
-
-        # n steps built lazily, the next fed with the last's token, then evaluated at once.
-        mx.eval(step(y))
-        start = time.perf_counter()
-        ys = [y := step(y) for _ in range(n)]
-        built = time.perf_counter()
-        mx.eval(ys)
-        done = time.perf_counter()
-        # n steps each evaluated before the next is built (a round trip per token).
-        sync_start = time.perf_counter()
-        for _ in range(n):
-            y = step(y)
-            y.item()
-        sync = time.perf_counter() - sync_start
-        if decoder is not None:
-            decoder.close()
-        return (built - start) / n, (done - built) / n, sync / n
-
-    for compiled in (False, True, False, True):
-        build, run, sync = chain(compiled)
-        key = "compiled" if compiled else "eager"
-        out[key] = {"build_ms": build * 1e3, "eval_ms": run * 1e3, "sync_step_ms": sync * 1e3}
     # A token reads every weight once: the tied head is the embedding table.
     weight_bytes = sum(v.nbytes for _, v in _leaves(model))
-    out["weight_bytes"] = weight_bytes
     x = mx.random.uniform(shape=(1 << 28,)).astype(mx.bfloat16)
     mx.eval(x)
     times = []
@@ -477,26 +429,79 @@ def bench_profile(model: Any, tokenizer: Any, path: Path, args: Any) -> dict[str
         start = time.perf_counter()
         mx.eval(x * 1.5)
         times.append(time.perf_counter() - start)
-    seconds = statistics.median(times[1:])
-    out["copy_bandwidth_gbs"] = 2 * x.nbytes / seconds / 1e9
-    out["floor_ms_per_token"] = weight_bytes / (2 * x.nbytes / seconds) * 1e3
+    bandwidth = 2 * x.nbytes / statistics.median(times[1:])
     del x
-    if args.cuda_graphs:
-        out["cuda_graphs"] = {}
-        for flag in ("1", "0"):
-            env = os.environ | {"MLX_USE_CUDA_GRAPHS": flag}
-            cmd = [
-                sys.executable,
-                __file__,
-                "--raw-decode",
-                str(path),
-                "--tokens",
-                str(args.tokens),
-            ]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-            lines = done.stdout.strip().splitlines()
-            out["cuda_graphs"][flag] = json.loads(lines[-1]) if lines else done.stderr[-500:]
+    out |= {"weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth / 1e9}
+    out["floor_ms_per_token"] = weight_bytes / bandwidth * 1e3
+    save()
+    out["raw_decode_tps"] = {}
+    for name, env in RAW_ENVS.items():
+        cmd = [sys.executable, __file__, "--raw-decode", str(path), "--tokens", str(args.tokens)]
+        done = subprocess.run(
+            cmd, env=os.environ | env, capture_output=True, text=True, timeout=300
+        )
+        lines = done.stdout.strip().splitlines()
+        out["raw_decode_tps"][name] = json.loads(lines[-1]) if lines else done.stderr[-300:]
+        save()
+    for variant in ("eager_sync", "eager_chain", "compiled_sync", "compiled_chain"):
+        out[variant] = _step_times(model, tokenizer, variant, out["steps"])
+        save()
     return out
+
+
+def _step_times(model: Any, tokenizer: Any, variant: str, n: int) -> dict[str, float]:
+    """Per-token milliseconds of one way to run decode steps.
+
+    ``sync``: each step built (Python) then evaluated before the next, so ``build_ms``
+    is the Python graph building and ``eval_ms`` the launches and the GPU's work.
+    ``chain``: ``n`` steps built first (each fed the last's lazy token), evaluated once.
+    ``compiled`` runs the step as one compiled function (bench/_compiled_step.py).
+    """
+    import mlx.core as mx
+    from _compiled_step import CompiledDecoder
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_integrations.engine.speculative import prefill
+
+    ids = tokenizer.encode(words(32))
+    cache = make_prompt_cache(model)
+    prefill(model, cache, ids[:-1], 2048)
+    decoder = CompiledDecoder(model, cache) if variant.startswith("compiled") else None
+
+    def step(y: Any) -> Any:
+        if decoder is not None:
+            return mx.argmax(decoder.feed(y), axis=-1)
+        logits = model(y[None], cache=cache)[:, -1, :]
+        return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+
+    y = mx.array([ids[-1]], mx.uint32)
+    for _ in range(4):  # warm-up: kernels compiled, the compiled step traced
+        y = step(y)
+        mx.eval(y)
+    build = run = 0.0
+    if variant.endswith("sync"):
+        for _ in range(n):
+            t0 = time.perf_counter()
+            y = step(y)
+            t1 = time.perf_counter()
+            mx.eval(y)
+            t2 = time.perf_counter()
+            build, run = build + t1 - t0, run + t2 - t1
+    else:
+        t0 = time.perf_counter()
+        ys = []
+        for _ in range(n):
+            ys.append(y := step(y))
+        t1 = time.perf_counter()
+        mx.eval(ys)
+        build, run = t1 - t0, time.perf_counter() - t1
+    if decoder is not None:
+        decoder.close()
+    return {
+        "build_ms": build / n * 1e3,
+        "eval_ms": run / n * 1e3,
+        "total_ms": (build + run) / n * 1e3,
+    }
 
 
 def _leaves(model: Any) -> list[tuple[str, Any]]:
@@ -516,24 +521,47 @@ def raw_decode_only(path: Path, tokens: int) -> None:
     print(json.dumps({"tps": statistics.median(rates), "all": rates}))
 
 
+def run_part(args: Any) -> None:
+    """One part on one shape, in this process; its JSON to ``--part-out``."""
+    from mlx_lm import load
+
+    if args.shape == "smollm2":
+        from tests.support.smollm import ensure_smollm2
+
+        path = ensure_smollm2()
+    else:
+        path = build_model(args.models / args.shape, SHAPES[args.shape])
+    model, tokenizer = load(str(path))
+    parts: dict[str, Callable[[], Any]] = {
+        "single": functools.partial(bench_single, path, model, tokenizer, args),
+        "profile": functools.partial(bench_profile, model, tokenizer, path, args),
+        "batched": functools.partial(bench_batched, path, model, tokenizer, args),
+        "prefix": functools.partial(bench_prefix, path, model, tokenizer, args),
+        "lookup": functools.partial(bench_lookup, path, args, args.shape),
+    }
+    result = parts[args.run_part]()
+    result["parameters"] = sum(v.size for _, v in _leaves(model))
+    args.part_out.write_text(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--shapes", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
-    parser.add_argument(
-        "--parts", nargs="+", default=["single", "profile", "batched", "prefix", "lookup"]
-    )
+    parser.add_argument("--parts", nargs="+", default=["single", "batched", "profile", "prefix"])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batched-reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--prefix-tokens", type=int, default=1024)
     parser.add_argument("--models", type=Path, default=Path("/tmp/bench-gpu-models"))
-    parser.add_argument("--smollm", action="store_true", help="prompt lookup on SmolLM2 too")
-    parser.add_argument("--cuda-graphs", action="store_true", help="raw decode, graphs on/off")
+    parser.add_argument("--budget-s", type=float, default=86400.0, help="skip parts past this")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU check)")
     parser.add_argument("--plot", type=Path, help="redraw the PNG from this JSON and stop")
     parser.add_argument("--raw-decode", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--run-part", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_decode:
         return raw_decode_only(args.raw_decode, args.tokens)
@@ -542,12 +570,12 @@ def main() -> None:
     if args.quick:
         args.shapes, args.tokens, args.reps, args.batched_reps = ["tiny"], 24, 2, 1
         args.concurrency, args.prefix_tokens = [1, 4], 128
-
-    import mlx.core as mx
-    from mlx_lm import load
+    if args.run_part:
+        return run_part(args)
 
     from mlx_integrations.runtime import backend_info
 
+    began = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     info = backend_info()
     results: dict[str, Any] = {
@@ -562,46 +590,34 @@ def main() -> None:
     }
     json_path = args.out / "bench_gpu.json"
     print(f"{results['gpu']} ({info['backend']}), mlx {info['mlx_version']}", flush=True)
+    common = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--models", str(args.models)]
+    common += ["--batched-reps", str(args.batched_reps), "--prefix-tokens", str(args.prefix_tokens)]
+    common += ["--concurrency", *map(str, args.concurrency)]
     for shape in args.shapes:
-        start = time.perf_counter()
-        path = build_model(args.models / shape, SHAPES[shape])
-        model, tokenizer = load(str(path))
         r: dict[str, Any] = results["shapes"].setdefault(shape, {})
-        r["parameters"] = sum(v.size for _, v in _leaves(model))
-        print(
-            f"{shape}: {r['parameters'] / 1e9:.2f}B parameters, built and loaded in "
-            f"{time.perf_counter() - start:.0f} s",
-            flush=True,
-        )
-        parts: dict[str, Callable[[], Any]] = {
-            "single": functools.partial(bench_single, path, model, tokenizer, args),
-            "profile": functools.partial(bench_profile, model, tokenizer, path, args),
-            "batched": functools.partial(bench_batched, path, model, tokenizer, args),
-            "prefix": functools.partial(bench_prefix, path, model, tokenizer, args),
-            "lookup": functools.partial(bench_lookup, path, args, shape),
-        }
         for part in args.parts:
-            if part == "lookup" and shape != args.shapes[0]:
+            left = args.budget_s - (time.perf_counter() - began)
+            if left < 20:
+                r[part] = {"error": "skipped: out of time"}
                 continue
+            # A part per process: an MLX or CUDA failure ends only that part.
             start = time.perf_counter()
+            out = Path(f"/tmp/bench-gpu-{shape}-{part}.json")
+            out.unlink(missing_ok=True)
+            cmd = [sys.executable, __file__, "--run-part", part, "--shape", shape]
+            cmd += ["--part-out", str(out), *common]
             try:
-                r[part] = parts[part]()
-            except Exception:
-                r[part] = {"error": traceback.format_exc()[-2000:]}
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+                if out.exists():
+                    r[part] = json.loads(out.read_text())
+                else:
+                    r[part] = {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
+            except subprocess.TimeoutExpired:
+                r[part] = {"error": "timed out"}
+            r["parameters"] = r[part].pop("parameters", r.get("parameters"))
             r[f"{part}_s"] = round(time.perf_counter() - start, 1)
             json_path.write_text(json.dumps(results, indent=1))
-            print(f"  {part} ({r[f'{part}_s']} s): {brief(part, r[part])}", flush=True)
-        del model
-        mx.clear_cache()
-    if args.smollm and "lookup" in args.parts:
-        from tests.support.smollm import ensure_smollm2
-
-        try:
-            results["smollm_lookup"] = bench_lookup(ensure_smollm2(), args, "SmolLM2-135M-Instruct")
-        except Exception:
-            results["smollm_lookup"] = {"error": traceback.format_exc()[-2000:]}
-        print(f"smollm lookup: {brief('lookup', results['smollm_lookup'])}", flush=True)
-    json_path.write_text(json.dumps(results, indent=1))
+            print(f"  {shape} {part} ({r[f'{part}_s']} s): {brief(part, r[part])}", flush=True)
     try:
         plot(results, args.out / "bench_gpu.png")
     except Exception as exc:

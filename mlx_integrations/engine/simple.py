@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.engine import compiled_decode
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.kv_quantization import check_head_dims, maybe_quantize
@@ -22,7 +21,6 @@ from mlx_integrations.engine.speculative import (
     Step,
     check_draft_vocabulary,
     draft_model_steps,
-    prefill,
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
@@ -370,35 +368,10 @@ def plain_steps(
     kv_group_size: int,
     quantized_kv_start: int,
 ) -> Generator[Step, None, None]:
-    """The decode loop over the prompt's new ``tokens``, one step per token.
-
-    Without logits processors or a quantized KV cache, each step is one compiled
-    function (:mod:`~mlx_integrations.engine.compiled_decode`); otherwise, or for a
-    model whose step cannot be compiled, mlx-lm's ``generate_step``. Same tokens.
-    """
+    """mlx-lm's decode loop over the prompt's new ``tokens``, one step per token."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    if not processors and kv_bits is None:
-        prefill(model, cache, tokens[:-1], prefill_step_size)
-        tokens = tokens[-1:]
-        if compiled_decode.supports(model, cache):
-            compiled = compiled_decode.compiled_steps(
-                model, tokens[0], cache, max_tokens=max_tokens, sampler=sampler
-            )
-            try:
-                first = next(compiled, None)
-            except NotImplementedError:
-                pass  # nothing was fed: mlx-lm's loop starts from the same cache
-            else:
-                try:
-                    if first is not None:
-                        yield first, 0, False
-                        for later in compiled:
-                            yield later, 0, False
-                finally:
-                    compiled.close()
-                return
     steps = generate_step(
         mx.array(tokens),
         model,

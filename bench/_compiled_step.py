@@ -1,24 +1,16 @@
-"""Decoding one token at a time through one compiled MLX function per step.
+"""An experiment for the GPU profile: a decode step as one ``mx.compile``-d function.
 
 A decode step of mlx-lm's loop rebuilds the model's graph in Python (some 700 array
-operations for a 24-layer model) and MLX then launches a kernel for nearly each one.
-On a GPU that is host work, several milliseconds per token, while the GPU waits. Here
-the step (embedding, every layer, the head and the log-softmax) is one
-``mx.compile``-d function: Python calls it once per token, and MLX fuses its chains of
-element-wise operations into single kernels.
+operations for a 24-layer model) and MLX launches a kernel for nearly each one. Here
+the step (embedding, every layer, the head and the log-softmax) is one compiled
+function over mlx-lm's own KV buffers, written in place at the position
+(``mx.slice_update``) and attended over whole under a mask that hides the positions
+past it; the function is traced again only when a buffer grows.
 
-A compiled function needs fixed shapes, so the KV cache is read and written in place
-in mlx-lm's own buffers (``KVCache`` grows them 256 positions at a time): a step
-writes the new keys and values at the current position (``mx.slice_update``) and
-attends over the whole buffer under a mask that hides the positions past it. The
-function is traced again only when a buffer grows. The tokens are those of mlx-lm's
-loop (greedy replies equal, token for token); the cache that comes back is a plain
-``KVCache`` holding the same tokens, so the prefix cache keeps working as before.
-
-Models whose layers use the cache as mlx-lm's Llama and Qwen families do (``rope``
-at ``cache.offset``, ``update_and_fetch``, a mask from ``make_mask``) run this way;
-:func:`supports` says which caches qualify, and a model whose step cannot be traced
-is remembered and decoded by mlx-lm's loop instead.
+On an H200 (2026-12-03) it decoded no faster than mlx-lm's loop (the time is not in
+Python), and on CUDA its fused bf16 kernels round differently, so greedy replies can
+differ from mlx-lm's: the engines do not use it. bench_gpu.py's profile times it
+beside the eager step.
 """
 
 from __future__ import annotations

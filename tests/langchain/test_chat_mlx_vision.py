@@ -11,6 +11,7 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 
 from mlx_integrations.langchain import ChatMLX
+from tests.langchain.test_chat_mlx import ScriptedEngine
 from tests.support.file_server import FileServer
 from tests.support.tiny_vlm import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
@@ -225,3 +226,29 @@ def test_video_reply_is_mlx_vlms_own(vlm, reference, tmp_path):
     assert replies[0].usage_metadata["input_tokens"] == want.prompt_tokens
     other = vlm.invoke(ask({"type": "video", "url": str(green)}, "What happens?"))
     assert other.content != replies[0].content
+
+
+def test_any_text_engine_gets_the_adapters_refusal(test_images):
+    """An engine of another project with ``is_mllm`` False never sees the image."""
+    from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+
+    from mlx_integrations.llama_index import MLXLLM
+
+    class Counting(ScriptedEngine):
+        calls = 0
+
+        async def stream_chat(self, messages, **kw):
+            Counting.calls += 1
+            async for out in super().stream_chat(messages, **kw):
+                yield out
+
+    engine = Counting("It is a cat")
+    lc = ChatMLX(engine=engine)
+    with pytest.raises(ValueError, match=r"'scripted' does not take images"):
+        lc.invoke(ask({"type": "image", "url": str(test_images[0])}))
+    li = MLXLLM(engine=engine)
+    image = ChatMessage(role="user", blocks=[ImageBlock(path=test_images[0]), TextBlock(text="?")])
+    with pytest.raises(ValueError, match=r"'scripted' does not take images"):
+        li.chat([image])
+    assert Counting.calls == 0 and li.metadata.is_multimodal is False
+    assert lc.invoke("hi").content == "It is a cat"

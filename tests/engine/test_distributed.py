@@ -8,6 +8,7 @@ bounded by generous timeouts, never by speed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,47 @@ def test_pipeline_over_two_ranks_matches_one_process(tmp_path: Path) -> None:
     assert result["layers_on_rank0"] == 2  # of 4: rank 1 runs the other two
     assert len(set(result["single"]["tokens"])) > 1
     assert result["distributed"]["tokens"] == result["single"]["tokens"]
+
+
+@pytest.mark.timeout(300)
+def test_same_program_started_by_hand_on_every_rank(tiny_split: Path, tmp_path: Path) -> None:
+    """MLX's own variables, no launcher: rank 1's engine follows rank 0, then exits."""
+    from mlx_integrations.engine.launch import free_ports
+
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, RANK0, "match", str(tiny_split), "8"],
+            env={**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lines = [line for line in outs[0][0].splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1])
+    assert result["world_size"] == 2
+    assert result["distributed"]["tokens"] == result["single"]["tokens"]
+    assert outs[1][0] == ""  # rank 1 printed nothing: it followed, then exited
+
+
+def test_mlxi_launch_without_ranks_is_a_usage_error() -> None:
+    from mlx_integrations.cli.main import app
+    from typer.testing import CliRunner
+
+    done = CliRunner().invoke(app, ["launch", "chat.py"])
+    assert done.exit_code == 2
+    assert "pass the number of local ranks (-n N" in done.stderr
 
 
 @pytest.mark.smollm

@@ -252,3 +252,20 @@ def test_any_text_engine_gets_the_adapters_refusal(test_images):
         li.chat([image])
     assert Counting.calls == 0 and li.metadata.is_multimodal is False
     assert lc.invoke("hi").content == "It is a cat"
+
+
+def test_a_follow_up_about_the_image_reads_the_first_turn_from_cache(tiny_vlm, test_images):
+    llm = ChatMLX(model=str(tiny_vlm), temperature=0, max_tokens=MAX_TOKENS)  # caching engine
+    first = ask({"type": "image", "url": str(test_images[0])})
+    answer = llm.invoke(first)
+    follow_up = [*first, answer, HumanMessage("And the colors?")]
+    again = llm.invoke(follow_up)
+    cold = ChatMLX(
+        model=str(tiny_vlm),
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        engine_options={"cache_memory_mb": 0},
+    ).invoke(follow_up)
+    assert again.usage_metadata["input_token_details"]["cache_read"] > IMAGE_PROMPT_TOKENS
+    assert again.content == cold.content
+    assert again.usage_metadata["input_tokens"] == cold.usage_metadata["input_tokens"]

@@ -266,3 +266,19 @@ def test_remote_ranks_start_over_ssh_with_the_ring_hostfile() -> None:
     assert "-m mlx_integrations.engine.ranks" in second.argv[2]
     assert '[["10.0.0.1:5001"], ["10.0.0.2:5002"]]' in second.argv[2]
     assert second.env["MLX_RANK"] == "1" and second.env["MLXI_CONTROL"] == "10.0.0.1:5003"
+
+
+def test_adapters_make_a_distributed_engine_through_the_pool(tiny_split: Path) -> None:
+    from mlx_integrations.engine import DistributedEngine, pool
+    from mlx_integrations.langchain import ChatMLX
+
+    chat = ChatMLX(
+        model=str(tiny_split), engine_type="distributed", engine_options={"parallel": "pipeline"}
+    )
+    try:
+        assert isinstance(chat.engine, DistributedEngine)
+        assert chat.engine.parallel == "pipeline" and chat.engine.world_size == 1
+        assert chat.get_stats()["state"] == "idle"  # nothing loads before the first call
+    finally:
+        del chat
+        pool.unload_idle()

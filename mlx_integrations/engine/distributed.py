@@ -219,9 +219,11 @@ class DistributedEngine(MLXEngine):
                 await asyncio.wait_for(asyncio.wrap_future(order), self._rank_timeout + 5)
             except Exception as exc:
                 logger.warning("Could not tell the other ranks to exit: %s", exc)
-        if self._failure is not None:  # the owner may be stuck in a collective: no wait
+        if self._failure is not None and not self._stopped:
+            # A rank was lost: the owner may be stuck in a collective, so no waiting on it.
             with self._state_lock:
                 executor, self._executor = self._executor, None
+            self._release_lease()
             if executor is not None:
                 stop_owner_thread(executor)
                 if isinstance(executor, _DaemonOwner):

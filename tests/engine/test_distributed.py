@@ -88,7 +88,7 @@ def test_stats_and_cache_clear_cover_every_rank(served: dict[str, Any]) -> None:
     assert [r["rank"] for r in stats["ranks"]] == [0, 1]
     assert all(r["alive"] for r in stats["ranks"])
     assert [r["rank"] for r in served["clear"]] == [0, 1]
-    assert served["stopped_state"] == "stopped"
+    assert served["stopped_state"] == "stopped" and served["stopped_loaded"] is False
 
 
 @pytest.mark.timeout(300)

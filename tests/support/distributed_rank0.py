@@ -81,7 +81,8 @@ def serve(model: str, max_tokens: int) -> dict[str, object]:
     result["clear"] = engine.clear_runtime_caches()["ranks"]
     asyncio.run(reference.stop())
     asyncio.run(engine.stop())
-    result["stopped_state"] = engine.get_stats()["state"]
+    after = engine.get_stats()
+    result["stopped_state"], result["stopped_loaded"] = after["state"], after["loaded"]
     return result
 
 

@@ -60,7 +60,8 @@ class SimpleEngine(MLXEngine):
     A quantized KV cache (``kv_bits=4`` or ``8``; see
     :mod:`~mlx_integrations.engine.kv_quantization`) holds long contexts in a fraction
     of the memory; the prefix cache keeps and reuses quantized entries at their real
-    size. It works with prompt lookup, not with a draft model.
+    size. It works with prompt lookup, and with a draft model when quantized from the
+    first token (``quantized_kv_start=0``).
 
     Example:
         >>> import asyncio

@@ -47,6 +47,8 @@ class _Peer:
         self.host = str(hello.get("host", ""))
         self.last_seen = time.monotonic()
         self.stats: dict[str, Any] = {}
+        self.error = ""
+        """What the rank said went wrong (a failed load), if it did."""
         self.lock = threading.Lock()
         self.reader = reader
 
@@ -170,10 +172,10 @@ class ControlServer:
                 if isinstance(message.get("stats"), dict):
                     peer.stats = message["stats"]
                 if message.get("error"):
-                    peer.stats["error"] = str(message["error"])
+                    peer.error = str(message["error"])
         except (OSError, ValueError):
             pass
-        error = peer.stats.get("error")
+        error = peer.error
         self._fail(peer.rank, f"failed: {error}" if error else "exited (its connection closed)")
 
     def _watch(self) -> None:

@@ -253,7 +253,8 @@ class DistributedEngine(MLXEngine):
     def _load(self) -> None:
         env = self._env
         if env.rank != 0:
-            serve_follower(env)  # ends the process when rank 0 stops
+            # Ends the process when rank 0 stops.
+            serve_follower(env, rank_timeout=self._rank_timeout, start_timeout=self._start_timeout)
         group = join_as_leader(
             env,
             rank_timeout=self._rank_timeout,
@@ -305,7 +306,7 @@ class DistributedEngine(MLXEngine):
         deadline = time.monotonic() + 2  # the rank's own words come on the side channel
         reasons: list[str] = []
         while server is not None and time.monotonic() < deadline:
-            reasons = [str(server.peers[r].stats.get("error", "")) for r in ranks]
+            reasons = [server.peers[r].error for r in ranks]
             if all(reasons):
                 break
             time.sleep(0.05)

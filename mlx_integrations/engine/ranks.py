@@ -367,12 +367,17 @@ def follow(group: RankGroup) -> int:
             return 1
 
 
-def serve_follower(env: RankEnv) -> None:
-    """Join the group as a follower, follow rank 0, then end the process."""
+def serve_follower(
+    env: RankEnv, *, rank_timeout: float | None = None, start_timeout: float | None = None
+) -> None:
+    """Join the group as a follower, follow rank 0, then end the process.
+
+    The timeouts default to ``$MLXI_RANK_TIMEOUT`` and ``$MLXI_START_TIMEOUT``.
+    """
     group = join_as_follower(
         env,
-        rank_timeout=env_seconds(ENV_RANK_TIMEOUT, DEFAULT_RANK_TIMEOUT),
-        start_timeout=env_seconds(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT),
+        rank_timeout=rank_timeout or env_seconds(ENV_RANK_TIMEOUT, DEFAULT_RANK_TIMEOUT),
+        start_timeout=start_timeout or env_seconds(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT),
     )
     try:
         code = follow(group)

@@ -178,6 +178,26 @@ def test_same_program_started_by_hand_on_every_rank(tiny_split: Path, tmp_path: 
     assert outs[1][0] == ""  # rank 1 printed nothing: it followed, then exited
 
 
+@pytest.mark.timeout(300)
+def test_rank_that_cannot_join_within_start_timeout_fails_the_launch() -> None:
+    # Rank 0's program never makes a DistributedEngine: rank 1 gives up, the launch fails.
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    done = mlxi_launch("-n", "2", "--start-timeout", "3", "--rank-timeout", "2", "--", *sleeper)
+    assert done.returncode != 0
+    assert "rank 1: rank 0 did not open its control port" in done.stderr
+    assert "within 3s" in done.stderr
+    assert "Error: rank 1 (127.0.0.1) exited with status 1" in done.stderr
+
+
+def test_mpi_backend_needs_mpirun() -> None:
+    import shutil
+
+    if shutil.which("mpirun") is not None:
+        pytest.skip("mpirun is installed here")
+    with pytest.raises(ValueError, match="needs mpirun"):
+        launch(["chat.py"], num_ranks=2, backend="mpi")
+
+
 def test_mlxi_launch_without_ranks_is_a_usage_error() -> None:
     from mlx_integrations.cli.main import app
     from typer.testing import CliRunner

@@ -437,9 +437,9 @@ class BatchedEngine(MLXEngine):
         """Give the lone request its tokens; True when it ended."""
         assert self._solo is not None
         act = self._solo[0]
-        with self._state_lock:
-            self._solo_tokens += len(steps)
         for token, drafted, accepted in steps:
+            with self._state_lock:
+                self._solo_tokens += 1
             act.builder.drafted += drafted
             act.builder.accepted += accepted
             out = act.builder.add(token)
@@ -462,7 +462,13 @@ class BatchedEngine(MLXEngine):
         """Another request arrived: the lone one goes on inside the batch."""
         assert self._solo is not None
         act, solo = self._solo
-        steps, prompt, cached = solo.handoff()
+        try:
+            steps, prompt, cached = solo.handoff()
+        except Exception as exc:
+            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
+            self._solo = None
+            self._finish(act.job, exc)
+            return
         if self._hand_out(steps):
             return
         self._solo = None

@@ -162,6 +162,22 @@ def rank_commands(
     return out
 
 
+def share_cores(commands: Sequence[RankCommand]) -> None:
+    """Give the local ranks an equal share of this machine's cores for OpenBLAS.
+
+    Ranks on one machine each start a BLAS thread per core by default, and MLX's ring
+    spins while a rank waits for the others: oversubscribed, three ranks on two cores
+    decoded 0.55 tokens/s against 0.74 with one thread each. Set
+    ``OPENBLAS_NUM_THREADS`` to choose otherwise.
+    """
+    local = [c for c in commands if c.host.is_local]
+    if not local or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // len(local))
+    for command in local:
+        command.env["OPENBLAS_NUM_THREADS"] = str(threads)
+
+
 def mpi_command(
     command: Sequence[str],
     num_ranks: int,
@@ -180,6 +196,8 @@ def mpi_command(
         ENV_RANK_TIMEOUT: f"{rank_timeout:g}",
         ENV_START_TIMEOUT: f"{start_timeout:g}",
     }
+    if "OPENBLAS_NUM_THREADS" not in os.environ:  # see share_cores
+        env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_ranks))
     exports = [arg for name in env for arg in ("-x", name)]
     program = [python, *command] if command[0].endswith(".py") else list(command)
     argv = ["mpirun", "-np", "1", *exports, *program]
@@ -259,6 +277,7 @@ def launch(
             rank_timeout=rank_timeout,
             start_timeout=start_timeout,
         )
+        share_cores(commands)
         procs = [
             subprocess.Popen(
                 c.argv,

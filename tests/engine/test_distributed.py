@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from mlx_integrations.engine.launch import Host, launch, rank_commands, read_hostfile
+from mlx_integrations.engine.launch import (
+    Host,
+    launch,
+    rank_commands,
+    read_hostfile,
+    share_cores,
+)
 from mlx_integrations.engine.ranks import check_tensor_split
 from tests.support.tiny_models import build_tiny_model
 
@@ -302,3 +308,40 @@ def test_adapters_make_a_distributed_engine_through_the_pool(tiny_split: Path) -
     finally:
         del chat
         pool.unload_idle()
+
+
+def test_local_ranks_share_the_cores_for_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    hosts = [
+        Host("127.0.0.1", "127.0.0.1"),
+        Host("localhost", "127.0.0.1"),
+        Host("mac2", "10.0.0.2"),
+    ]
+    commands = rank_commands(
+        ["chat.py"],
+        hosts,
+        ring_ports=[1, 2, 3],
+        control_port=4,
+        hostfile_path="/tmp/h.json",
+        python="python",
+        cwd="/work",
+        rank_timeout=30,
+        start_timeout=120,
+    )
+    share_cores(commands)
+    assert [c.env.get("OPENBLAS_NUM_THREADS") for c in commands] == ["4", "4", None]
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # the user's choice stands
+    fresh = rank_commands(
+        ["chat.py"],
+        hosts[:2],
+        ring_ports=[1, 2],
+        control_port=4,
+        hostfile_path="/tmp/h.json",
+        python="python",
+        cwd="/work",
+        rank_timeout=30,
+        start_timeout=120,
+    )
+    share_cores(fresh)
+    assert all("OPENBLAS_NUM_THREADS" not in c.env for c in fresh)

@@ -39,12 +39,16 @@ class MediaLimits:
     Args:
         max_images: Most images (and videos) in one request.
         max_bytes: Largest encoded image or video (a file, a download, a data URL).
-        timeout_s: Seconds an ``http(s)`` download may take to answer and to read.
+        timeout_s: Seconds an ``http(s)`` download may take in all: connecting,
+            redirects, headers and body.
+        max_pixels: Most pixels (width x height) one decoded image may have; a small
+            file can hold a huge image, so the size is checked before decoding.
     """
 
     max_images: int = 8
     max_bytes: int = 20 * MiB
     timeout_s: float = 10.0
+    max_pixels: int = 50_000_000
 
 
 def describe(source: Any) -> str:
@@ -62,17 +66,37 @@ def load_image(source: Any, limits: MediaLimits = MediaLimits()) -> Image:
         TypeError: ``source`` is not a string (or bytes of an encoded image).
     """
     data, where = read_source(source, limits, kind="image")
-    return decode_image(data, where)
+    return decode_image(data, where, limits.max_pixels)
 
 
-def decode_image(data: bytes, where: str) -> Image:
-    """Decode encoded image bytes fully (so truncation fails here) to an RGB image."""
+def decode_image(data: bytes, where: str, max_pixels: int = MediaLimits.max_pixels) -> Image:
+    """Decode encoded image bytes fully (so truncation fails here) to an RGB image.
+
+    The width and height are read from the header and checked against ``max_pixels``
+    before any pixel is decoded.
+    """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     img: Any
     try:
         img = Image.open(io.BytesIO(data))
+        width, height = img.size
+        if width * height > max_pixels:
+            raise MediaError(
+                f"{where} is {width}x{height} pixels ({width * height / 1e6:.1f} million), "
+                f"more than the limit of {max_pixels / 1e6:.1f} million; scale it down or "
+                "raise the engine option max_image_pixels"
+            )
         img.load()  # decode every pixel now: a truncated file fails here
+    except MediaError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # Pillow's own cap (Image.MAX_IMAGE_PIXELS), met when max_image_pixels is above it.
+        raise MediaError(
+            f"{where} is too large for Pillow to decode safely ({exc}); scale it down (the "
+            f"engine takes up to max_image_pixels={max_pixels}, Pillow up to "
+            "PIL.Image.MAX_IMAGE_PIXELS)"
+        ) from None
     except UnidentifiedImageError:
         raise MediaError(
             f"{where} is not an image (PIL cannot identify {len(data)} bytes); pass a PNG, "

@@ -86,7 +86,11 @@ class EngineOptions:
     """Largest image or video one request may bring, as a file, a data URL or an
     ``http(s)`` download (which is cut off past it)."""
     media_timeout_s: float = 10
-    """Seconds an ``http(s)`` image download may take to answer and to read."""
+    """Seconds an ``http(s)`` image download may take in all (connecting, redirects,
+    headers and body)."""
+    max_image_pixels: int = 50_000_000
+    """Most pixels (width x height) one image may have; checked before it is decoded,
+    since a file of a few KiB can hold an image of gigabytes."""
 
     def __post_init__(self) -> None:
         if self.tool_format is not None:
@@ -117,6 +121,9 @@ class EngineOptions:
                 "any quantized_kv_start"
             )
         _check_media_limits(self.max_images, self.max_media_mb, self.media_timeout_s)
+        pixels = self.max_image_pixels
+        if isinstance(pixels, bool) or not isinstance(pixels, int) or pixels < 1:
+            raise ValueError(f"max_image_pixels must be an integer >= 1, got {pixels!r}")
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
 
@@ -124,7 +131,10 @@ class EngineOptions:
     def media_limits(self) -> MediaLimits:
         """What one request may bring in images and videos."""
         return MediaLimits(
-            self.max_images, int(self.max_media_mb * 1024 * 1024), float(self.media_timeout_s)
+            self.max_images,
+            int(self.max_media_mb * 1024 * 1024),
+            float(self.media_timeout_s),
+            self.max_image_pixels,
         )
 
     def vision_kv_options(self) -> dict[str, Any]:

@@ -312,3 +312,23 @@ def make_test_video(path: Path, kind: str = "red", size: int = 112, frames: int 
         writer.write(frame)
     writer.release()
     return Path(path)
+
+
+def huge_png(width: int, height: int) -> bytes:
+    """A valid 1-bit grey PNG of ``width`` x ``height`` pixels that takes a few KiB: its
+    rows are zeros, compressed here row by row so the raw image is never in memory."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    row = bytes(1 + (width + 7) // 8)  # filter byte 0, then the packed bits
+    packer = zlib.compressobj(9)
+    idat = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    )

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import SimpleEngine
+from mlx_integrations.engine.media import MediaError, decode_image
+from tests.support.tiny_vlm import huge_png
 
 QUESTION = "Describe the image."
 
@@ -56,7 +58,9 @@ def bad_files(tmp_path_factory, test_images) -> dict[str, Path]:
     text.write_text("these are not pixels\n" * 10)
     truncated = folder / "truncated.png"
     truncated.write_bytes(test_images[0].read_bytes()[:300])
-    return {"text": text, "truncated": truncated}
+    huge = folder / "huge.png"  # 8 KiB on disk, 64 million pixels (below Pillow's own cap)
+    huge.write_bytes(huge_png(8000, 8000))
+    return {"text": text, "truncated": truncated, "huge": huge}
 
 
 async def _serves(engine: SimpleEngine, image: Path) -> None:
@@ -70,6 +74,11 @@ def _cases(bad_files: dict[str, Path], server: str, image: Path) -> list[tuple[d
         (dict(messages=_user("file:///no/such/cat.png")), "there is no file '/no/such/cat.png'"),
         (dict(messages=_user(str(bad_files["text"]))), "is not an image"),
         (dict(messages=_user(str(bad_files["truncated"]))), "damaged or truncated image"),
+        (
+            dict(messages=_user(str(bad_files["huge"]))),
+            r"huge\.png' is 8000x8000 pixels \(64\.0 million\), more than the limit of "
+            r"50\.0 million; .* max_image_pixels",
+        ),
         (dict(messages=_user("ftp://example.com/cat.png")), "unsupported URL scheme 'ftp'"),
         (dict(messages=_user(f"{server}/big.png")), "more than the download limit"),
         (dict(messages=_user(f"{server}/missing.png")), "HTTP 404"),
@@ -144,7 +153,11 @@ def test_a_vision_model_refuses_batching_and_speculation(tiny_vlm: Path) -> None
 
 @pytest.mark.parametrize(
     ("option", "value", "match"),
-    [("max_images", 0, "max_images must be"), ("max_media_mb", -1, "max_media_mb must be")],
+    [
+        ("max_images", 0, "max_images must be"),
+        ("max_media_mb", -1, "max_media_mb must be"),
+        ("max_image_pixels", 0, "max_image_pixels must be"),
+    ],
 )
 def test_bad_media_options(tiny_vlm: Path, option: str, value: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -217,3 +230,17 @@ async def test_a_download_that_trickles_past_the_timeout(tiny_vlm, test_images) 
         await engine.stop()
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.parametrize("side", [10_000, 14_000])  # past Pillow's warning, past its error
+def test_pillows_own_pixel_cap_is_a_media_error(side: int) -> None:
+    with pytest.raises(
+        MediaError, match=r"image .x. is too large for Pillow .*PIL.Image.MAX_IMAGE_PIXELS"
+    ):
+        decode_image(huge_png(side, side), "image 'x'", max_pixels=10**9)
+
+
+def test_an_image_within_the_pixel_limit_decodes() -> None:
+    assert decode_image(huge_png(300, 200), "image 'x'", max_pixels=60_000).size == (300, 200)
+    with pytest.raises(MediaError, match=r"300x200 pixels \(0\.1 million\)"):
+        decode_image(huge_png(300, 200), "image 'x'", max_pixels=59_999)

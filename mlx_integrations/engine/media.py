@@ -187,7 +187,7 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
     scheme = _SCHEME.match(text)
     if scheme:
         raise MediaError(
-            f"{where} has the unsupported URL scheme {scheme.group(1)!r}; use a local path, "
+            f"{where} has the unsupported URL scheme {describe(scheme.group(1))}; use a local path, "
             "a file://, http://, https:// or data: URL, or base64 data"
         )
     if len(text) > 64 and _BASE64.match(text):
@@ -196,7 +196,8 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
         except (binascii.Error, ValueError):
             data = b""
         if data:
-            return _check_size(data, limits, where), f"the base64 {kind} data"
+            where = f"the base64 {kind} data ({len(text)} characters)"
+            return _check_size(data, limits, where), where
     raise MediaError(f"{where} is neither a file, a URL nor base64 data")
 
 
@@ -206,22 +207,34 @@ def _local_path(text: str) -> Path | None:
         parsed = urllib.parse.urlparse(text)
         if parsed.netloc not in ("", "localhost"):
             raise MediaError(
-                f"{describe(text)} names the host {parsed.netloc!r}; file:// URLs must be "
+                f"{describe(text)} names the host {describe(parsed.netloc)}; file:// URLs must be "
                 "local (file:///path/to/image.png)"
             )
         path = Path(urllib.parse.unquote(parsed.path))
-        if not path.exists():
-            raise MediaError(f"{describe(text)}: there is no file {str(path)!r}")
+        if not _exists(path):
+            raise MediaError(f"{describe(text)}: there is no file {describe(path)}")
         return path
     scheme = _SCHEME.match(text)
     if scheme and len(scheme.group(1)) > 1:  # a URL (a Windows drive letter is a path)
         return None
-    path = Path(text).expanduser()
-    if path.exists():
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # "~user" of no such user
+        path = Path(text)
+    if _exists(path):
         return path
     if len(text) > 64 and _BASE64.match(text):  # raw base64 ("." never appears in it)
         return None
-    raise MediaError(f"there is no file {text!r}; check the path")
+    raise MediaError(f"there is no file {describe(text)}; check the path")
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something; False for a name no file can have (a base64
+    payload longer than PATH_MAX, or with a part over 255 characters)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _check_file(path: Path, limits: MediaLimits, kind: str) -> None:
@@ -268,7 +281,9 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> urllib.request.Request | None:
         if not newurl.lower().startswith(("http://", "https://")):
-            raise MediaError(f"{req.full_url!r} redirects to {newurl!r}, which is not http(s)")
+            raise MediaError(
+                f"{describe(req.full_url)} redirects to {describe(newurl)}, which is not http(s)"
+            )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlx_integrations.chat.messages import media_sources
-from mlx_integrations.engine.media import MediaError, MediaLimits, load_image, resolve_video
+from mlx_integrations.engine.media import (
+    MediaError,
+    MediaLimits,
+    describe,
+    load_image,
+    resolve_video,
+)
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -233,7 +239,9 @@ def _sources(value: Any, name: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list of sources (paths, URLs, base64), got {value!r}")
+        raise TypeError(
+            f"{name} must be a list of sources (paths, URLs, base64), got {describe(value)}"
+        )
     return list(value)
 
 

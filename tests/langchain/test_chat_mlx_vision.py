@@ -11,9 +11,10 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 
 from mlx_integrations.langchain import ChatMLX
+from mlx_integrations.langchain.messages import to_neutral_messages
 from tests.langchain.test_chat_mlx import ScriptedEngine
 from tests.support.file_server import FileServer
-from tests.support.tiny_vlm import make_test_video
+from tests.support.tiny_vlm import make_test_video, noisy_png
 from tests.support.vlm_reference import MLXVLMReference, decode
 
 QUESTION = "Describe the image."
@@ -137,6 +138,24 @@ def test_every_block_form_is_the_same_image(vlm, test_images, served):
     assert served.hits[png.name] == 3  # fetched over HTTP each time it was given by URL
     other = vlm.invoke(ask({"type": "image", "url": served.url(test_images[1].name)})).content
     assert other != want
+
+
+async def test_raw_base64_of_a_real_size_image(vlm, tmp_path):
+    png = tmp_path / "noise.png"
+    png.write_bytes(noisy_png(300))
+    b64 = base64.b64encode(png.read_bytes()).decode()
+    want = (await vlm.ainvoke(ask({"type": "image", "url": str(png)}))).content
+    got = await vlm.ainvoke(ask({"type": "image_url", "image_url": {"url": b64}}))
+    assert got.content == want
+    # A base64 block without mime_type (which LangChain's own invoke refuses to trace)
+    # reaches the engine as raw base64.
+    by_path, raw = (
+        to_neutral_messages(ask(block))
+        for block in ({"type": "image", "url": str(png)}, {"type": "image", "base64": b64})
+    )
+    assert raw[0]["content"][0] == {"type": "image", "image": b64}
+    outs = [await vlm.engine.chat(m, max_tokens=MAX_TOKENS, temperature=0) for m in (by_path, raw)]
+    assert outs[0].tokens == outs[1].tokens
 
 
 def test_an_image_in_a_tool_result_reaches_the_model(vlm, test_images):

@@ -332,3 +332,18 @@ def huge_png(width: int, height: int) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
     )
+
+
+def noisy_png(size: int = 300, seed: int = 0) -> bytes:
+    """A ``size`` x ``size`` PNG of four-colour noise: about 23 KiB at 300 px, so its
+    base64 is far longer than any file name can be."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    levels = np.random.default_rng(seed).integers(0, 4, (size, size), dtype=np.uint8)
+    img = Image.fromarray(levels * 80).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.server
 import threading
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 
 from mlx_integrations.engine import SimpleEngine
 from mlx_integrations.engine.media import MediaError, decode_image
-from tests.support.tiny_vlm import huge_png
+from tests.support.tiny_vlm import huge_png, noisy_png
 
 QUESTION = "Describe the image."
 
@@ -244,3 +245,49 @@ def test_an_image_within_the_pixel_limit_decodes() -> None:
     assert decode_image(huge_png(300, 200), "image 'x'", max_pixels=60_000).size == (300, 200)
     with pytest.raises(MediaError, match=r"300x200 pixels \(0\.1 million\)"):
         decode_image(huge_png(300, 200), "image 'x'", max_pixels=59_999)
+
+
+async def test_raw_base64_of_a_real_size_image_in_every_form(engine, tmp_path) -> None:
+    png = tmp_path / "noise.png"
+    png.write_bytes(noisy_png(300))
+    b64 = base64.b64encode(png.read_bytes()).decode()
+    assert len(b64) > 4096  # longer than any path the OS takes
+    want = await engine.chat(_user(str(png)), max_tokens=4, temperature=0)
+    forms = [
+        dict(messages=_user(b64)),
+        dict(messages=[{"role": "user", "content": QUESTION}], images=[b64]),
+        dict(messages=_user(f"data:image/png;base64,{b64}")),
+        dict(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": b64}},
+                        {"type": "text", "text": QUESTION},
+                    ],
+                }
+            ]
+        ),
+    ]
+    for call in forms:
+        out = await engine.chat(**call, max_tokens=4, temperature=0)
+        assert out.tokens == want.tokens
+        assert out.prompt_tokens == want.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x" * 5000 + ".png",  # longer than PATH_MAX
+        "pictures/" + "x" * 300 + ".png",  # a part longer than a file name may be
+        "@" * 5000,
+        base64.b64encode(bytes(3000)).decode(),  # base64, but not of an image
+    ],
+)
+async def test_a_long_source_is_named_shortly(engine, test_images, source: str) -> None:
+    with pytest.raises(MediaError) as caught:
+        await engine.chat(_user(source), max_tokens=2)
+    message = str(caught.value)
+    assert f"({len(source)} characters)" in message and len(message) < 300
+    assert source[:40] in message or message.startswith("the base64 image data")
+    await _serves(engine, test_images[0])

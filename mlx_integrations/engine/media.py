@@ -13,6 +13,7 @@ import binascii
 import io
 import os
 import re
+import stat
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -182,8 +183,7 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
         return _download(text, limits, where), where
     path = _local_path(text)
     if path is not None:
-        _check_file(path, limits, kind)
-        return path.read_bytes(), f"{kind} file {str(path)!r}"
+        return read_file(path, limits, kind), f"{kind} file {str(path)!r}"
     scheme = _SCHEME.match(text)
     if scheme:
         raise MediaError(
@@ -237,15 +237,46 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def read_file(path: Path, limits: MediaLimits, kind: str) -> bytes:
+    """The bytes of a local regular file of at most ``limits.max_bytes``.
+
+    Raises:
+        MediaError: A folder, a FIFO, socket or device (whose size says nothing of
+            what reading it gives), a file that cannot be read or is too large.
+    """
+    _check_file(path, limits, kind)
+    try:  # non-blocking: a FIFO swapped in after the check is not waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise MediaError(f"{kind} file {describe(path)} cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise MediaError(_not_regular(path, kind))
+        data = f.read(limits.max_bytes + 1)
+    return _check_size(data, limits, f"{kind} file {describe(path)}")
+
+
 def _check_file(path: Path, limits: MediaLimits, kind: str) -> None:
-    if path.is_dir():
-        raise MediaError(f"{str(path)!r} is a folder, not an {kind} file")
-    size = path.stat().st_size
-    if size > limits.max_bytes:
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise MediaError(f"{kind} file {describe(path)} cannot be read: {exc.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise MediaError(f"{describe(path)} is a folder, not an {kind} file")
+    if not stat.S_ISREG(info.st_mode):
+        raise MediaError(_not_regular(path, kind))
+    if info.st_size > limits.max_bytes:
         raise MediaError(
-            f"{kind} file {str(path)!r} has {size / MiB:.1f} MiB, more than the limit of "
-            f"{limits.max_bytes / MiB:.1f} MiB; shrink it or raise max_media_mb"
+            f"{kind} file {describe(path)} has {info.st_size / MiB:.1f} MiB, more than the "
+            f"limit of {limits.max_bytes / MiB:.1f} MiB; shrink it or raise max_media_mb"
         )
+
+
+def _not_regular(path: Path, kind: str) -> str:
+    return (
+        f"{describe(path)} is not a regular file (a FIFO, socket or device, which could "
+        f"be read without end); save the {kind} to a file and pass its path"
+    )
 
 
 def _check_size(data: bytes, limits: MediaLimits, where: str) -> bytes:

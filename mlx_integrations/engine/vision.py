@@ -29,6 +29,7 @@ from mlx_integrations.engine.media import (
     MediaLimits,
     describe,
     load_image,
+    read_file,
     resolve_video,
 )
 
@@ -224,7 +225,7 @@ def gather_media(
             digest = hashlib.sha256(f"{image.size}{image.mode}".encode() + image.tobytes())
         else:
             inputs.videos.append(resolve_video(source, limits, temp_files))
-            digest = hashlib.sha256(Path(inputs.videos[-1]).read_bytes())
+            digest = hashlib.sha256(read_file(Path(inputs.videos[-1]), limits, "video"))
         inputs.keys.append(f"{kind}:{digest.hexdigest()}")
     return messages, inputs
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,4 +292,46 @@ async def test_a_long_source_is_named_shortly(engine, test_images, source: str) 
     message = str(caught.value)
     assert f"({len(source)} characters)" in message and len(message) < 300
     assert source[:40] in message or message.startswith("the base64 image data")
+    await _serves(engine, test_images[0])
+
+
+@contextlib.contextmanager
+def _fifo_fed(path: Path, size: int) -> Iterator[Path]:
+    """A FIFO at ``path`` whose reader, if one opens it, gets ``size`` zero bytes and an
+    end; the writer never blocks waiting for a reader, so nothing can hang."""
+    os.mkfifo(path)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # no reader yet
+                stop.wait(0.01)
+                continue
+            os.set_blocking(fd, True)
+            try:
+                for _ in range(size // 65536):
+                    os.write(fd, bytes(65536))
+            except OSError:  # the reader went away
+                pass
+            finally:
+                os.close(fd)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+async def test_a_fifo_or_device_is_refused_unread(engine, test_images, tmp_path, kind) -> None:
+    with _fifo_fed(tmp_path / "pipe.png", 1 << 20) as fifo:
+        for source in (str(fifo), fifo.as_uri(), "/dev/null"):
+            call = {f"{kind}s": [source], "messages": [{"role": "user", "content": QUESTION}]}
+            with pytest.raises(MediaError, match=r"is not a regular file \(a FIFO"):
+                await asyncio.wait_for(engine.chat(**call, max_tokens=2), timeout=60)
     await _serves(engine, test_images[0])

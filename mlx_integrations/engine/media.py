@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import http.client
 import io
 import os
 import re
+import socket
 import stat
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -318,15 +323,94 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-_opener = urllib.request.build_opener(_HttpOnlyRedirects)
+class _Deadline:
+    """One download's deadline: each connection takes the time left as its timeout, and
+    a timer shuts every socket the download opened (redirects open more) when the time
+    is up, so neither headers nor a body sent a byte at a time outlast it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.at = time.monotonic() + timeout_s
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self.expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        return max(self.at - time.monotonic(), 0.001)
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
 
 
-def _read_body(response: Any, limits: MediaLimits, where: str) -> bytes:
-    """Read at most ``max_bytes + 1`` bytes within ``timeout_s`` in all (a server that
-    trickles bytes would stay under a per-read timeout forever)."""
-    import time
+def _shut(sock: socket.socket) -> None:
+    # A read blocked in another thread returns at once; the socket's owner closes it.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
-    deadline = time.monotonic() + limits.timeout_s
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, deadline: _Deadline | None = None, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        if self._deadline is not None:
+            self.timeout = self._deadline.left()
+        super().connect()
+        if self._deadline is not None:
+            self._deadline.watch(self.sock)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, deadline: _Deadline | None = None, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        if self._deadline is not None:
+            self.timeout = self._deadline.left()
+        super().connect()
+        if self._deadline is not None:
+            self._deadline.watch(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_HTTPConnection, req, deadline=self._deadline)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(_HTTPSConnection, req, deadline=self._deadline)
+
+
+def _read_body(response: Any, limits: MediaLimits, deadline: _Deadline, where: str) -> bytes:
+    """Read at most ``max_bytes + 1`` bytes before the deadline."""
     chunks: list[bytes] = []
     size = 0
     read = getattr(response, "read1", response.read)  # what has arrived, not a full block
@@ -336,37 +420,57 @@ def _read_body(response: Any, limits: MediaLimits, where: str) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
-        if time.monotonic() > deadline:
-            raise MediaError(
-                f"{where} took longer than {limits.timeout_s:g} s to download; raise "
-                "media_timeout_s or use a faster or smaller source"
-            )
+        if time.monotonic() > deadline.at:
+            raise _timed_out(where, limits)
     return b"".join(chunks)
 
 
+def _timed_out(where: str, limits: MediaLimits) -> MediaError:
+    return MediaError(
+        f"{where} took longer than {limits.timeout_s:g} s to download; raise "
+        "media_timeout_s or use a faster or smaller source"
+    )
+
+
 def _download(url: str, limits: MediaLimits, where: str) -> bytes:
-    """GET ``url`` with a timeout, refusing a body larger than the limit."""
+    """GET ``url`` within ``timeout_s`` in all, refusing a body larger than the limit.
+
+    The time counts from before the connection opens (name lookup is left to the
+    system's resolver and its own timeout).
+    """
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-integrations"})
-    try:
-        with _opener.open(request, timeout=limits.timeout_s) as response:
-            declared = response.headers.get("Content-Length")
-            if declared and declared.isdigit() and int(declared) > limits.max_bytes:
-                raise MediaError(
-                    f"{where} is {int(declared) / MiB:.1f} MiB, more than the download "
-                    f"limit of {limits.max_bytes / MiB:.1f} MiB; raise max_media_mb or "
-                    "use a smaller file"
-                )
-            data = _read_body(response, limits, where)
-    except MediaError:
-        raise
-    except urllib.error.HTTPError as exc:
-        raise MediaError(f"{where} could not be fetched: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise MediaError(
-            f"{where} could not be fetched ({reason}); check the URL and the network, "
-            f"downloads time out after {limits.timeout_s:g} s"
-        ) from None
+    with _Deadline(limits.timeout_s) as deadline:
+        opener = urllib.request.build_opener(
+            _HttpOnlyRedirects, _HTTPHandler(deadline), _HTTPSHandler(deadline)
+        )
+        try:
+            with opener.open(request, timeout=limits.timeout_s) as response:
+                declared = response.headers.get("Content-Length")
+                if declared and declared.isdigit() and int(declared) > limits.max_bytes:
+                    raise MediaError(
+                        f"{where} is {int(declared) / MiB:.1f} MiB, more than the download "
+                        f"limit of {limits.max_bytes / MiB:.1f} MiB; raise max_media_mb or "
+                        "use a smaller file"
+                    )
+                data = _read_body(response, limits, deadline, where)
+        except MediaError:
+            raise
+        except urllib.error.HTTPError as exc:
+            if deadline.expired:
+                raise _timed_out(where, limits) from None
+            raise MediaError(
+                f"{where} could not be fetched: HTTP {exc.code} {exc.reason}"
+            ) from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            if deadline.expired:  # the timer shut the socket mid-read
+                raise _timed_out(where, limits) from None
+            reason = getattr(exc, "reason", exc)
+            raise MediaError(
+                f"{where} could not be fetched ({reason}); check the URL and the network, "
+                f"downloads time out after {limits.timeout_s:g} s"
+            ) from None
+        if deadline.expired:  # a body cut short by the timer reads as a short body
+            raise _timed_out(where, limits)
     if len(data) > limits.max_bytes:
         raise MediaError(
             f"{where} is larger than the download limit of {limits.max_bytes / MiB:.1f} MiB; "

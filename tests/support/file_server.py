@@ -8,6 +8,7 @@ answer chosen public URLs from that server, as a hosts file would.
 
 from __future__ import annotations
 
+import socket
 import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -60,6 +61,59 @@ class FileServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+class SlowHeadersServer:
+    """An HTTP server on 127.0.0.1 that sends its status line and headers one byte every
+    ``delay`` seconds (``headers`` padding headers in all), then ``body``.
+
+    Each read a client makes gets a byte well within any per-read timeout, so only a
+    limit on the whole download ends it early. It stops sending once the client hangs up.
+    """
+
+    def __init__(self, body: bytes = b"abcd", headers: int = 40, delay: float = 0.05) -> None:
+        pad = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 8) for i in range(headers))
+        self.head = b"HTTP/1.0 200 OK\r\n" + pad + b"Content-Length: %d\r\n\r\n" % len(body)
+        self.body = body
+        self.delay = delay
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.1)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}/{path.lstrip('/')}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                for byte in self.head:
+                    if self._stop.wait(self.delay):
+                        return
+                    conn.sendall(bytes([byte]))
+                conn.sendall(self.body)
+            except OSError:  # the client hung up
+                pass
+
+    def __enter__(self) -> SlowHeadersServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()
 
 
 @contextmanager

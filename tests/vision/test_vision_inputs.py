@@ -15,6 +15,7 @@ import pytest
 
 from mlx_integrations.engine import SimpleEngine
 from mlx_integrations.engine.media import MediaError, decode_image
+from tests.support.file_server import SlowHeadersServer
 from tests.support.tiny_vlm import huge_png, noisy_png
 
 QUESTION = "Describe the image."
@@ -233,6 +234,21 @@ async def test_a_download_that_trickles_past_the_timeout(tiny_vlm, test_images) 
         await engine.stop()
         httpd.shutdown()
         httpd.server_close()
+
+
+async def test_headers_that_trickle_past_the_timeout(tiny_vlm, test_images) -> None:
+    # 40 headers a byte each 0.05 s apart take about 40 s; the download gets 0.5 s in all.
+    engine = SimpleEngine(tiny_vlm, media_timeout_s=0.5)
+    try:
+        with SlowHeadersServer(headers=40, delay=0.05) as server:
+            url = server.url("slow.png")
+            for source in (url, f"{url}?again"):  # and the engine serves on
+                with pytest.raises(MediaError) as caught:
+                    await engine.chat(_user(source), max_tokens=2)
+                assert str(caught.value).startswith(f"image {source!r} took longer than 0.5 s")
+        await _serves(engine, test_images[0])
+    finally:
+        await engine.stop()
 
 
 @pytest.mark.parametrize("side", [10_000, 14_000])  # past Pillow's warning, past its error

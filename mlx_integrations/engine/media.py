@@ -139,16 +139,25 @@ def resolve_video(
     data, where = read_source(source, limits, kind="video")
     import tempfile
 
-    with tempfile.NamedTemporaryFile(prefix="mlxi-video-", suffix=".mp4", delete=False) as f:
-        f.write(data)
+    name = ""
     try:
-        _check_video(f.name, where)
-    except BaseException:
-        os.unlink(f.name)
+        fd, name = tempfile.mkstemp(prefix="mlxi-video-", suffix=".mp4")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        _check_video(name, where)
+    except BaseException as exc:
+        if name:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        if isinstance(exc, OSError):
+            raise MediaError(
+                f"{where} could not be saved for OpenCV to read ({exc.strerror or exc}); free "
+                f"space in {tempfile.gettempdir()!r} or point TMPDIR elsewhere"
+            ) from None
         raise
     if temp_files is not None:
-        temp_files.append(f.name)
-    return f.name
+        temp_files.append(name)
+    return name
 
 
 def _check_video(path: str, where: str) -> str:

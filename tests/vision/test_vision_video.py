@@ -88,3 +88,27 @@ async def test_a_downloaded_video_leaves_no_temp_file(engine, videos, tmp_path, 
     assert out.tokens == inline.tokens
     gc.collect()
     assert not list(tmp_path.glob("mlxi-video-*"))
+
+
+async def test_a_video_that_cannot_be_saved_leaves_no_temp_file(
+    engine, videos, tmp_path, monkeypatch
+):
+    import base64
+    import os
+    import tempfile
+
+    real_mkstemp = tempfile.mkstemp
+
+    def read_only_mkstemp(*args, **kwargs):  # every write to the temp file fails
+        fd, name = real_mkstemp(*args, **kwargs)
+        os.close(fd)
+        return os.open(name, os.O_RDONLY), name
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "mkstemp", read_only_mkstemp)
+    data = base64.b64encode(videos[0].read_bytes()).decode()
+    with pytest.raises(ValueError, match=r"could not be saved for OpenCV .* TMPDIR"):
+        await engine.chat(_user(f"data:video/mp4;base64,{data}"), max_tokens=2)
+    assert not list(tmp_path.glob("mlxi-video-*"))
+    monkeypatch.undo()
+    assert (await engine.chat(_user(videos[0]), max_tokens=2)).finished

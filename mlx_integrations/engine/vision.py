@@ -69,6 +69,8 @@ class VisionInputs:
     """A digest of each image's pixels and each video's bytes, in prompt order: image
     tokens are the same ids for any image, so a cached prefix is reused only where
     these match too."""
+    names: list[str] = field(default_factory=list)
+    """Each image's and video's source, shortened, in prompt order (for errors)."""
 
 
 class VisionTokenizer:
@@ -219,6 +221,7 @@ def gather_media(
     # Downloaded videos live until the request's inputs are gone.
     weakref.finalize(inputs, _remove_files, temp_files)
     for kind, source in found:
+        inputs.names.append(f"{kind} {describe(source)}")
         if kind == "image":
             image = load_image(source, limits)
             inputs.images.append(image)
@@ -268,8 +271,14 @@ def prepare_vision_prompt(
             image_token_index=getattr(model.config, "image_token_index", None),
             add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
         )
-    except (OSError, RuntimeError) as exc:  # OpenCV and the processors' own errors
-        raise MediaError(f"the processor could not read the request's media: {exc}") from None
+    except (OSError, RuntimeError, ValueError) as exc:  # OpenCV's and the processors' own
+        if not inputs.images and not inputs.videos:
+            raise
+        reason = str(exc).removeprefix("Failed to process inputs with error: ")
+        raise MediaError(
+            f"the model's processor cannot take {_culprit(processor, inputs)}: {reason}; pass "
+            "another image or video (an extreme aspect ratio wants cropping or padding)"
+        ) from None
     input_ids = out.pop("input_ids")
     kwargs = {
         "input_ids": input_ids,
@@ -278,6 +287,29 @@ def prepare_vision_prompt(
         **{k: v for k, v in out.items() if v is not None},
     }
     return [int(t) for t in input_ids.flatten().tolist()], kwargs
+
+
+def _culprit(processor: Any, inputs: VisionInputs) -> str:
+    """Which of a request's images or videos the processor refused, found by giving it
+    each image alone; all of them named when that does not tell."""
+    count = len(inputs.images) + len(inputs.videos)
+    names = inputs.names or [f"image {i + 1}" for i in range(len(inputs.images))]
+    if count == 1 and len(names) == 1:
+        return names[0] + _pixels(inputs.images)
+    image_names = [n for n in names if n.startswith("image ")]
+    probe = getattr(processor, "image_processor", None)
+    for i, image in enumerate(inputs.images if callable(probe) else []):
+        try:
+            probe(images=[image], return_tensors="np")
+        except Exception:  # the processor's own error types differ by family
+            name = image_names[i] if i < len(image_names) else f"image {i + 1}"
+            where = f"image {i + 1} of {len(inputs.images)}"
+            return f"{name} ({image.width}x{image.height} pixels, {where})"
+    return f"one of the request's {count} images and videos ({', '.join(names)})"
+
+
+def _pixels(images: list[Image]) -> str:
+    return f" ({images[0].width}x{images[0].height} pixels)" if images else ""
 
 
 @dataclass

@@ -351,3 +351,16 @@ async def test_a_fifo_or_device_is_refused_unread(engine, test_images, tmp_path,
             with pytest.raises(MediaError, match=r"is not a regular file \(a FIFO"):
                 await asyncio.wait_for(engine.chat(**call, max_tokens=2), timeout=60)
     await _serves(engine, test_images[0])
+
+
+async def test_an_image_the_processor_refuses_is_named(engine, test_images, tmp_path) -> None:
+    from PIL import Image
+
+    thin = tmp_path / "thin.png"
+    Image.new("RGB", (2, 600), (200, 10, 10)).save(thin)  # Qwen takes ratios up to 200
+    with pytest.raises(MediaError) as caught:
+        await engine.chat(_user(str(test_images[0]), str(thin)), max_tokens=2)
+    message = str(caught.value)
+    assert message.startswith(f"the model's processor cannot take image {str(thin)!r}")
+    assert "(2x600 pixels, image 2 of 2): absolute aspect ratio must be smaller" in message
+    await _serves(engine, test_images[0])

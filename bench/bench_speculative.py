@@ -2,7 +2,9 @@
 
 1. Prompt lookup on SmolLM2-135M-Instruct, with a copy-heavy RAG prompt (a passage
    and the instruction to quote it): decode tokens/s with ``prompt_lookup=N`` divided
-   by plain decoding, the acceptance rate, and whether the greedy replies are identical.
+   by plain decoding, the acceptance rate, and whether the greedy replies are identical;
+   then the same for ``BatchedEngine(prompt_lookup=N)``, which drafts for a request
+   that runs alone, against plain ``SimpleEngine``.
 2. Draft-model overhead on a tiny random model (hidden 256, own output head): the
    model as its own draft (every draft accepted) and a different-seed draft (few
    accepted), each divided by plain decoding; the replies must be identical.
@@ -27,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
-from mlx_integrations.engine import SimpleEngine
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.mlx_engine import MLXEngine
 
 PASSAGE = (
     "The Great Barrier Reef is the world's largest coral reef system, composed of over "
@@ -48,7 +51,7 @@ RAG_MESSAGES = [
 TINY_MESSAGES = [{"role": "user", "content": "Write about the weather in Paris and Rome."}]
 
 
-async def timed(engine: SimpleEngine, messages: list[dict], tokens: int) -> tuple[float, object]:
+async def timed(engine: MLXEngine, messages: list[dict], tokens: int) -> tuple[float, object]:
     """Decode tokens/s (first token to last, as bench_engine.py times it) and the reply."""
     first = None
     last = None
@@ -62,7 +65,7 @@ async def timed(engine: SimpleEngine, messages: list[dict], tokens: int) -> tupl
 
 
 def compare(
-    label: str, plain: SimpleEngine, fast: SimpleEngine, messages: list, rounds: int, tokens: int
+    label: str, plain: MLXEngine, fast: MLXEngine, messages: list, rounds: int, tokens: int
 ) -> float:
     asyncio.run(timed(plain, messages, 8))  # warm up both
     asyncio.run(timed(fast, messages, 8))
@@ -91,6 +94,8 @@ def compare(
 def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> None:
     plain = SimpleEngine(path, cache_memory_mb=0)
     fast = SimpleEngine(path, cache_memory_mb=0, prompt_lookup=lookup)
+    # BatchedEngine drafts for a request that runs alone.
+    batched = BatchedEngine(path, cache_memory_mb=0, prompt_lookup=lookup)
     try:
         compare(
             f"SmolLM2-135M, RAG quote, prompt_lookup={lookup}",
@@ -102,9 +107,17 @@ def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> No
         )
         reply = asyncio.run(fast.chat(RAG_MESSAGES, max_tokens=tokens, temperature=0))
         print(f"  reply begins: {reply.text[:100]!r}")
+        compare(
+            f"SmolLM2-135M, RAG quote, BatchedEngine prompt_lookup={lookup} / plain Simple",
+            plain,
+            batched,
+            RAG_MESSAGES,
+            rounds,
+            tokens,
+        )
     finally:
-        asyncio.run(plain.stop())
-        asyncio.run(fast.stop())
+        for engine in (plain, fast, batched):
+            asyncio.run(engine.stop())
 
 
 def bench_draft_model(rounds: int, tokens: int, num_draft: int) -> None:

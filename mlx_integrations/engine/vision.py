@@ -297,7 +297,7 @@ def _culprit(processor: Any, inputs: VisionInputs) -> str:
     if count == 1 and len(names) == 1:
         return names[0] + _pixels(inputs.images)
     image_names = [n for n in names if n.startswith("image ")]
-    probe = getattr(processor, "image_processor", None)
+    probe: Any = getattr(processor, "image_processor", None)
     for i, image in enumerate(inputs.images if callable(probe) else []):
         try:
             probe(images=[image], return_tensors="np")

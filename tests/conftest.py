@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,21 @@ import pytest
 import mlx_integrations  # noqa: F401  (preloads the CPU BLAS before mlx.core is imported)
 from tests.support.tiny_models import PLAIN_TEMPLATE, build_tiny_model
 from tests.support.tiny_vlm import build_tiny_vlm, make_test_image
+
+
+def _llama_index_tiktoken_cache() -> str | None:
+    spec = importlib.util.find_spec("llama_index.core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "_static" / "tiktoken_cache"
+    return str(folder) if folder.is_dir() else None
+
+
+# llama_index counts tokens with tiktoken's cl100k_base, whose file it ships; tiktoken
+# downloads it instead where TIKTOKEN_CACHE_DIR names another folder (as on some GPU
+# images). Tests (and the cookbook examples they start) read the shipped copy.
+if (_tiktoken_cache := _llama_index_tiktoken_cache()) is not None:
+    os.environ["TIKTOKEN_CACHE_DIR"] = _tiktoken_cache
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,7 @@ while [ $# -gt 0 ]; do
         ;;
     test)
         set +e
-        timeout "${TEST_TIMEOUT:-540}" $python -m pytest -p no:cacheprovider -p no:benchmark \
+        timeout "${TEST_TIMEOUT:-540}" $python -m pytest -p no:cacheprovider --benchmark-disable \
             -n "${TEST_WORKERS:-8}" -v --timeout 300 --durations=25 --ignore=tests/test_quality.py \
             --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" |
             grep -vE ' PASSED |^\[gw[0-9]+\] |^(created|bringing up|[0-9]+ workers)'

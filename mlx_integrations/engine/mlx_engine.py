@@ -155,6 +155,11 @@ class MLXEngine(BaseEngine):
         return self._name
 
     @property
+    def options(self) -> EngineOptions:
+        """The options this engine serves with."""
+        return self._options
+
+    @property
     def model_path(self) -> Path:
         """The resolved local folder of the model."""
         return self._path

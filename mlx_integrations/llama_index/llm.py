@@ -38,6 +38,8 @@ from mlx_integrations.chat.completion import (
 from mlx_integrations.chat.tools import read_tools
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.engine.chat_settings import ChatSettings
+from mlx_integrations.engine.media import MediaLimits
+from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.llama_index.messages import to_neutral_messages
@@ -134,7 +136,9 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         validate_template_kwargs(kwargs.get("chat_template_kwargs"))
         options = pop_engine_options(kwargs, self)
         stop = kwargs.pop("stop", self.stop)
-        neutral = to_neutral_messages(messages)
+        served = getattr(self._served_engine(), "options", None)
+        limits = served.media_limits if isinstance(served, EngineOptions) else MediaLimits()
+        neutral = to_neutral_messages(messages, limits.max_bytes)
         response_format = kwargs.pop("response_format", self.response_format)
         if callable(response_format):  # chosen per call from the conversation
             response_format = response_format(neutral)

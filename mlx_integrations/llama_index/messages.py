@@ -20,6 +20,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.utils import resolve_binary
 
 from mlx_integrations.chat.media_parts import MediaKind, data_url, media_part
+from mlx_integrations.engine.media import MediaLimits, MiB
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -33,7 +34,9 @@ _ROLES = {
 }
 
 
-def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _parts(
+    message: ChatMessage, where: str, max_bytes: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     for block in message.blocks:
@@ -53,10 +56,12 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
             continue  # earlier reasoning is not shown to the model again
         elif isinstance(block, ImageBlock):
             source = block.path or block.url
-            parts.append(_media(where, "image", block.image, source, block.image_mimetype))
+            image, mime = block.image, block.image_mimetype
+            parts.append(_media(where, "image", image, source, mime, max_bytes))
         elif isinstance(block, VideoBlock):
             source = block.path or block.url
-            parts.append(_media(where, "video", block.video, source, block.video_mimetype))
+            video, mime = block.video, block.video_mimetype
+            parts.append(_media(where, "video", video, source, mime, max_bytes))
         elif isinstance(block, (AudioBlock, DocumentBlock)):
             raise ValueError(
                 f"{where} holds a {type(block).__name__}, but MLXLLM sends models text, "
@@ -71,14 +76,22 @@ def _parts(message: ChatMessage, where: str) -> tuple[list[dict[str, Any]], list
 
 
 def _media(
-    where: str, kind: MediaKind, data: Any, source: Any, mime_type: str | None
+    where: str, kind: MediaKind, data: Any, source: Any, mime_type: str | None, max_bytes: int
 ) -> dict[str, str]:
     """The neutral part of an ``ImageBlock`` / ``VideoBlock``: its bytes as a ``data:``
-    URL, else its path or URL as given (the engine reads or fetches it)."""
+    URL, else its path or URL as given (the engine reads or fetches it). A stream is
+    read to at most ``max_bytes``."""
     where = f"{where} ({kind} block)"
     if isinstance(data, IOBase):
-        data.seek(0)
-        data = data.read()
+        if data.seekable():
+            data.seek(0)
+        data = data.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ValueError(
+                f"{where} holds a stream of more than {max_bytes / MiB:.3g} MiB, the "
+                f"engine's limit for one {kind}; shrink it or raise the engine option "
+                "max_media_mb"
+            )
     if data:
         # The block keeps bytes given to it as base64 (and any stream as it came).
         encoded = resolve_binary(raw_bytes=bytes(data), as_base64=True).read()
@@ -88,8 +101,15 @@ def _media(
     return media_part(kind, str(source), where)
 
 
-def to_neutral_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def to_neutral_messages(
+    messages: Sequence[ChatMessage], max_media_bytes: int = MediaLimits.max_bytes
+) -> list[dict[str, Any]]:
     """Convert LlamaIndex messages for ``engine.stream_chat``.
+
+    Args:
+        messages: The conversation.
+        max_media_bytes: Most bytes read from an image or video block's stream (the
+            engine's ``max_media_mb``).
 
     Raises:
         ValueError: an unknown role or an unsupported block, naming it.
@@ -103,7 +123,7 @@ def to_neutral_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]
                 f"{where} has role {message.role!r}, which MLXLLM does not know; use "
                 "system, user, assistant or tool"
             )
-        parts, calls = _parts(message, where)
+        parts, calls = _parts(message, where, max_media_bytes)
         extra = message.additional_kwargs or {}
         # OpenAI-style calls kept in kwargs, when the message has no ToolCallBlocks.
         for call in [] if calls else extra.get("tool_calls") or []:

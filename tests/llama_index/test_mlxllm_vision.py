@@ -186,3 +186,14 @@ def test_a_multimodal_rag_step_sends_retrieved_images(llm, test_images):
     _, text_tokens = answer(text)
     assert stripes != checker
     assert stripes_tokens >= text_tokens + 16  # the image's 16 tokens came too
+
+
+def test_an_endless_stream_is_cut_at_the_engines_limit(tiny_vlm, test_images):
+    from tests.llama_index.test_vision_blocks import Zeros
+
+    small = MLXLLM(model=str(tiny_vlm), max_tokens=2, engine_options={"max_media_mb": 0.05})
+    stream = Zeros()
+    with pytest.raises(ValueError, match=r"holds a stream of more than 0\.05 MiB"):
+        small.chat(ask(ImageBlock(image=stream)))
+    assert stream.served <= 0.05 * 1024 * 1024 + 1
+    assert small.chat(ask(ImageBlock(path=test_images[0]))).message.content is not None

@@ -83,3 +83,31 @@ def test_bad_blocks_are_refused_with_the_fix(block, match):
     with pytest.raises(ValueError, match=match) as info:
         to_neutral_messages([ChatMessage(role="user", blocks=[TextBlock(text="x"), block])])
     assert "messages[0]" in str(info.value)
+
+
+class Zeros(io.RawIOBase):
+    """An endless stream of zero bytes that counts what was read from it."""
+
+    def __init__(self, fail_after: int = 64 << 20) -> None:
+        self.served = 0
+        self.fail_after = fail_after
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.served > self.fail_after:
+            raise AssertionError(f"read {self.served} bytes of an endless stream")
+        buffer[:] = bytes(len(buffer))
+        self.served += len(buffer)
+        return len(buffer)
+
+
+def test_a_stream_is_read_to_the_limit_only() -> None:
+    stream = Zeros()
+    message = ChatMessage(role="user", blocks=[ImageBlock(image=stream)])
+    with pytest.raises(ValueError, match=r"stream of more than 0\.000954 MiB.*max_media_mb"):
+        to_neutral_messages([message], max_media_bytes=1000)
+    assert stream.served <= 1001
+    small = ImageBlock(image=io.BytesIO(b"GIF89a" + bytes(10)), image_mimetype="image/gif")
+    assert one_part(small)["image"].startswith("data:image/gif;base64,")

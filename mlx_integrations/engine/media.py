@@ -201,8 +201,8 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
     scheme = _SCHEME.match(text)
     if scheme:
         raise MediaError(
-            f"{where} has the unsupported URL scheme {describe(scheme.group(1))}; use a local path, "
-            "a file://, http://, https:// or data: URL, or base64 data"
+            f"{where} has the unsupported URL scheme {describe(scheme.group(1))}; use a "
+            "local path, a file://, http://, https:// or data: URL, or base64 data"
         )
     if len(text) > 64 and _BASE64.match(text):
         try:
@@ -221,8 +221,8 @@ def _local_path(text: str) -> Path | None:
         parsed = urllib.parse.urlparse(text)
         if parsed.netloc not in ("", "localhost"):
             raise MediaError(
-                f"{describe(text)} names the host {describe(parsed.netloc)}; file:// URLs must be "
-                "local (file:///path/to/image.png)"
+                f"{describe(text)} names the host {describe(parsed.netloc)}; file:// URLs "
+                "must be local (file:///path/to/image.png)"
             )
         path = Path(urllib.parse.unquote(parsed.path))
         if not _exists(path):

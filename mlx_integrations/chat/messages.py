@@ -60,7 +60,7 @@ def _content_of(content: Any, index: int, model_name: str, role: str, media: boo
                 continue
             if not isinstance(part, dict) or "type" not in part:
                 raise TypeError(
-                    f"messages[{index}].content has a part {part!r}; parts must be strings or "
+                    f"messages[{index}].content has a part {part!r:.100}; parts must be strings or "
                     'dicts like {"type": "text", "text": "..."}'
                 )
             kind = part["type"]
@@ -94,7 +94,7 @@ def _content_of(content: Any, index: int, model_name: str, role: str, media: boo
         return "".join(p["text"] for p in parts)
     raise TypeError(
         f"messages[{index}].content must be a string or a list of parts, "
-        f"got {type(content).__name__}: {content!r}"
+        f"got {type(content).__name__}: {content!r:.100}"
     )
 
 
@@ -116,7 +116,7 @@ def message_text(content: Any) -> str:
 
 def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
     if not isinstance(call, dict):
-        raise TypeError(f"messages[{index}].tool_calls holds {call!r}; expected a dict")
+        raise TypeError(f"messages[{index}].tool_calls holds {call!r:.100}; expected a dict")
     fn = call.get("function", call)
     if not isinstance(fn, dict):
         raise TypeError(
@@ -125,7 +125,7 @@ def _normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
         )
     name = fn.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"messages[{index}].tool_calls entry {call!r} has no function name")
+        raise ValueError(f"messages[{index}].tool_calls entry {call!r:.100} has no function name")
     args = fn.get("arguments", fn.get("args", {}))
     if isinstance(args, str):
         # Templates iterate arguments as a mapping, so decode JSON strings.
@@ -174,7 +174,9 @@ def normalize_messages(
     names_by_id: dict[str, str] = {}
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {msg!r}")
+            raise TypeError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {msg!r:.100}"
+            )
         role = msg.get("role")
         if role not in ROLES:
             raise ValueError(

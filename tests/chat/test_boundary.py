@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,21 @@ def test_adapters_refuse_a_lone_surrogate(tiny_llama):
         MLXLLM(model=str(tiny_llama), max_tokens=4).chat(
             [ChatMessage(role="user", content="a\udcffb")]
         )
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": [b"x" * 100_000]}],
+        [{"role": "user", "content": b"y" * 100_000}],
+        [b"z" * 100_000],
+        [{"role": "assistant", "content": "", "tool_calls": [b"w" * 100_000]}],
+    ],
+)
+def test_errors_about_large_values_stay_short(messages: Any):
+    """A bad message holding a large payload is named, not echoed whole."""
+    from mlx_integrations.chat.messages import normalize_messages
+
+    with pytest.raises((TypeError, ValueError)) as info:
+        normalize_messages(messages)
+    assert "messages[0]" in str(info.value) and len(str(info.value)) < 400

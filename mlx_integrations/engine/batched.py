@@ -34,6 +34,7 @@ from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
+from mlx_integrations.engine.prefix_cache import cache_offset
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.solo import SoloDecode
 from mlx_integrations.engine.speculative import Step
@@ -63,7 +64,8 @@ class BatchedEngineStats(EngineStats):
     generator_resets: int
     """Times a failed decode step ended the whole batch and the generator was rebuilt."""
     solo_requests: int
-    """Requests that began alone and decoded outside the batch until another joined."""
+    """Times a request went on alone, outside the batch until another joined: when it
+    found the engine idle, or when the batch ended but for it."""
     solo_tokens: int
     """Tokens decoded that way (with prompt lookup when the engine has it)."""
     speculation_off_requests: int
@@ -105,7 +107,8 @@ class BatchedEngine(MLXEngine):
     A request that finds the engine idle decodes alone on a plain KV cache, as
     :class:`SimpleEngine` does (a batch of one pays for padding and masks it does not
     need); when another arrives, it joins the batch with its cache, no token lost or
-    repeated. With ``prompt_lookup=N`` the lone request decodes speculatively (greedy
+    repeated. The last request of a batch goes on alone too (unless it is seeded or has
+    logits processors). With ``prompt_lookup=N`` the lone request drafts (greedy
     replies unchanged); in a shared batch, or with logits processors (constraints,
     penalties), requests decode plainly, which ``get_stats()`` counts in
     ``speculation_off_requests``. A draft model is refused with ``ValueError``
@@ -420,6 +423,41 @@ class BatchedEngine(MLXEngine):
             self._solo_requests += 1
         return True
 
+    def _go_solo(self, uid: int, act: _Active) -> None:
+        """The batch is down to one sequence and nothing waits: it goes on alone.
+
+        Its next token, sampled in the step just run, is sampled again from the same
+        cache; a seeded request stays, so its draws do not depend on the others.
+        """
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+        from mlx_lm.sample_utils import make_sampler
+
+        p = act.job.params
+        if act.processors is not None or p.seed is not None or not act.builder.tokens:
+            return
+        with self._state_lock:
+            if self._inbox or self._arrivals:
+                return
+        cache, _ = self._generator.remove([uid], return_prompt_caches=True)[uid]
+        del self._active[uid]
+        context = act.job.tokens + act.builder.tokens
+        keep = min(cache_offset(cache), len(context) - 1)
+        trim_prompt_cache(cache, cache_offset(cache) - keep)
+        sampler = act.sampler.sampler if act.sampler is not None else make_sampler(0.0)
+        solo = SoloDecode(
+            self._model,
+            context,
+            keep,
+            cache,
+            sampler=sampler,
+            max_tokens=p.max_tokens - len(act.builder.tokens),
+            prefill_step_size=self._prefill_step_size,
+            prompt_lookup=self._options.prompt_lookup if can_trim_prompt_cache(cache) else 0,
+        )
+        self._solo = (act, solo)
+        with self._state_lock:
+            self._solo_requests += 1
+
     def _solo_step(self) -> None:
         assert self._solo is not None
         act, solo = self._solo
@@ -464,18 +502,13 @@ class BatchedEngine(MLXEngine):
         act, solo = self._solo
         try:
             steps, prompt, cached = solo.handoff()
-        except Exception as exc:
-            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
+            if self._hand_out(steps):
+                return  # it ended there
             self._solo = None
-            self._finish(act.job, exc)
-            return
-        if self._hand_out(steps):
-            return
-        self._solo = None
-        try:
             self._insert_active(act, prompt, solo.cache, cached)
         except Exception as exc:
             logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
+            self._solo = None
             self._finish(act.job, exc)
             return
         if self._options.prompt_lookup:
@@ -563,6 +596,8 @@ class BatchedEngine(MLXEngine):
             self._finish(act.job, out)
         if retire:
             self._retire(retire)
+        if len(self._active) == 1:
+            self._go_solo(*next(iter(self._active.items())))
 
     def _retire(self, results: Mapping[int, MLXGenerationOutput | BaseException]) -> None:
         """Take sequences out of the batch; keep the KV of those that did not fail."""

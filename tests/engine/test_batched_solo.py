@@ -208,3 +208,25 @@ async def test_seeded_sampling_alone_is_reproducible(lookup, target):
 def test_a_draft_model_is_still_refused(target):
     with pytest.raises(ValueError, match="draft model"):
         BatchedEngine(target, draft_model=str(target))
+
+
+async def test_the_last_request_of_a_batch_goes_on_alone_and_drafts(target, plain):
+    eng = BatchedEngine(target, prompt_lookup=4, cache_memory_mb=0)
+    try:
+        ref = await plain.chat(PROMPTS[1], max_tokens=64, temperature=0)
+        assert ref.finish_reason == "length"  # no early end: it outlives the others
+        short_refs = [(await plain.chat(m, max_tokens=4, temperature=0)).tokens for m in PROMPTS]
+        stream = eng.stream_chat(PROMPTS[1], max_tokens=64, temperature=0)
+        first = await anext(stream)
+        shorts = await asyncio.gather(*[eng.chat(m, max_tokens=4, temperature=0) for m in PROMPTS])
+        chunks = [first] + [out async for out in stream]
+        assert chunks[-1].tokens == ref.tokens
+        assert [s.tokens for s in shorts] == short_refs
+        stats = eng.get_stats()
+        assert stats["peak_batch_size"] >= 2
+        # Alone at its start, then again once the short ones ended.
+        assert stats["solo_requests"] == 2
+        drafted_in_batch = [c.mtp_drafts for c in chunks if c.completion_tokens <= 8]
+        assert chunks[-1].mtp_drafts > max(drafted_in_batch)
+    finally:
+        await eng.stop()

@@ -438,8 +438,8 @@ class BatchedEngine(MLXEngine):
         with self._state_lock:
             if self._inbox or self._arrivals:
                 return
+        # Still in _active until it is alone: a failure here ends it through _reset.
         cache, _ = self._generator.remove([uid], return_prompt_caches=True)[uid]
-        del self._active[uid]
         context = act.job.tokens + act.builder.tokens
         keep = min(cache_offset(cache), len(context) - 1)
         trim_prompt_cache(cache, cache_offset(cache) - keep)
@@ -454,6 +454,7 @@ class BatchedEngine(MLXEngine):
             prefill_step_size=self._prefill_step_size,
             prompt_lookup=self._options.prompt_lookup if can_trim_prompt_cache(cache) else 0,
         )
+        del self._active[uid]
         self._solo = (act, solo)
         with self._state_lock:
             self._solo_requests += 1

@@ -37,8 +37,8 @@ from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.prefix_cache import cache_offset
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.solo import SoloDecode
-from mlx_integrations.engine.speculative import Step
-from mlx_integrations.engine.stats import EngineStats
+from mlx_integrations.engine.speculative import Step, find_draft_model, load_draft_model
+from mlx_integrations.engine.stats import BatchedEngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -46,32 +46,6 @@ T = TypeVar("T")
 
 # Distinct sampling settings kept as shared samplers; beyond this the table starts over.
 _MAX_SHARED_SAMPLERS = 32
-
-
-class BatchedEngineStats(EngineStats):
-    """What ``BatchedEngine.get_stats()`` returns: the common keys and the batch's."""
-
-    max_num_seqs: int
-    """Most sequences in the running batch; more requests wait."""
-    batch_size: int
-    """Sequences in the last decode step."""
-    peak_batch_size: int
-    """Most sequences seen in one decode step."""
-    mean_batch_size: float
-    """Tokens decoded per decode step, on average."""
-    steps_executed: int
-    """Decode steps run since the engine was made."""
-    generator_resets: int
-    """Times a failed decode step ended the whole batch and the generator was rebuilt."""
-    solo_requests: int
-    """Times a request went on alone, outside the batch until another joined: when it
-    found the engine idle, or when the batch ended but for it."""
-    solo_tokens: int
-    """Tokens decoded that way (with prompt lookup when the engine has it)."""
-    speculation_off_requests: int
-    """With ``prompt_lookup`` on: requests that decoded some tokens without it, because
-    they shared the batch (only a request alone verifies drafts) or have logits
-    processors."""
 
 
 @dataclass
@@ -108,12 +82,13 @@ class BatchedEngine(MLXEngine):
     :class:`SimpleEngine` does (a batch of one pays for padding and masks it does not
     need); when another arrives, it joins the batch with its cache, no token lost or
     repeated. The last request of a batch goes on alone too (unless it is seeded or has
-    logits processors). With ``prompt_lookup=N`` the lone request drafts (greedy
-    replies unchanged); in a shared batch, or with logits processors (constraints,
-    penalties), requests decode plainly, which ``get_stats()`` counts in
-    ``speculation_off_requests``. A draft model is refused with ``ValueError``
-    (:class:`SimpleEngine` has it), so is a quantized KV cache (``kv_bits``): mlx-lm's
-    batch generator has none, and so is a vision-language model.
+    logits processors). With ``prompt_lookup=N`` or ``draft_model=...`` (loaded with
+    the model, vocabulary checked as in :class:`SimpleEngine`) the lone request drafts
+    (greedy replies unchanged); when it joins a batch its draft cache is dropped. In a
+    shared batch, or with logits processors (constraints, penalties), requests decode
+    plainly, which ``get_stats()`` counts in ``speculation_off_requests``. A quantized
+    KV cache (``kv_bits``) is refused with ``ValueError``: mlx-lm's batch generator has
+    none, and so is a vision-language model.
 
     Example:
         >>> import asyncio
@@ -137,7 +112,12 @@ class BatchedEngine(MLXEngine):
         options: How the engine serves the model
             (:class:`~mlx_integrations.engine.options.EngineOptions`).
         **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
-            ``cache_memory_mb``, ``prefill_step_size``...); they override ``options``.
+            ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
+            ``prompt_lookup``...); they override ``options``.
+
+    Raises:
+        FileNotFoundError: The draft model is not found.
+        ValueError: A draft model whose vocabulary differs from the model's (at load).
     """
 
     engine_type = "batched"
@@ -162,12 +142,6 @@ class BatchedEngine(MLXEngine):
                 f"{self._name!r} is a vision-language model; BatchedEngine serves text "
                 "models only: use SimpleEngine (engine_type='simple') for it"
             )
-        if self._options.draft_model is not None:
-            raise ValueError(
-                f"BatchedEngine cannot decode with a draft model (draft_model="
-                f"{self._options.draft_model!r}); use SimpleEngine (engine_type='simple') "
-                "for it, or prompt_lookup, which BatchedEngine has"
-            )
         if self._options.kv_bits is not None:
             # mlx-lm's BatchGenerator batches only KVCache layers (QuantizedKVCache has
             # no merge) and takes no kv_bits.
@@ -191,6 +165,9 @@ class BatchedEngine(MLXEngine):
         self._active: dict[int, _Active] = {}
         self._samplers: dict[tuple[float, float, float, int], GuardedSampler] = {}
         self._solo: tuple[_Active, SoloDecode] | None = None
+        self._draft_path = find_draft_model(self._options.draft_model)
+        self._draft: Any = None  # loaded with the model; drafts for a request alone
+        self._draft_lease: Any = None
         # Under the state lock.
         self._solo_requests = 0
         self._solo_tokens = 0
@@ -274,9 +251,25 @@ class BatchedEngine(MLXEngine):
                 return future
         return executor.submit(fn)
 
+    def _load(self) -> None:
+        super()._load()
+        if self._draft_path is not None:
+            try:
+                name = str(self._options.draft_model)
+                self._draft, self._draft_lease = load_draft_model(
+                    self._draft_path, self._tokenizer, name
+                )
+            except BaseException:
+                self._unload()  # nothing half-loaded stays: the next request loads again
+                raise
+
     def _unload(self) -> None:
         self._close_generator()
         self._samplers.clear()
+        self._draft = None
+        lease, self._draft_lease = self._draft_lease, None
+        if lease is not None:
+            lease.release()
         super()._unload()
 
     # ------------------------------------------------------- the owner loop
@@ -370,7 +363,7 @@ class BatchedEngine(MLXEngine):
             if cache is not None:
                 self._prefix.put(job.tokens[:reused], cache)
             raise
-        if self._options.prompt_lookup:
+        if self._options.speculation != "off":
             with self._state_lock:
                 self._speculation_off += 1
 
@@ -393,8 +386,7 @@ class BatchedEngine(MLXEngine):
 
     def _start_solo(self, job: Job) -> bool:
         """Decode ``job`` outside the batch while it is alone; False when it cannot."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.models.cache import make_prompt_cache
 
         p = job.params
         if request_processors(p):
@@ -402,22 +394,11 @@ class BatchedEngine(MLXEngine):
         cache, reused = self._prefix.take(job.tokens)
         if cache is None:
             cache = make_prompt_cache(self._model)
-        lookup = self._options.prompt_lookup if can_trim_prompt_cache(cache) else 0
         if not all(hasattr(layer, "merge") for layer in cache):
             self._prefix.put(job.tokens[:reused], cache)
             return False  # it could not join a batch later
-        sampler = self._sampler(p)
-        solo = SoloDecode(
-            self._model,
-            job.tokens,
-            reused,
-            cache,
-            sampler=sampler.sampler if sampler is not None else make_sampler(0.0),
-            max_tokens=p.max_tokens,
-            prefill_step_size=self._prefill_step_size,
-            prompt_lookup=lookup,
-        )
-        act = _Active(job, self._output_builder(job, reused), None, sampler)
+        act = _Active(job, self._output_builder(job, reused), None, self._sampler(p))
+        solo = self._solo_decode(act, job.tokens, reused, cache)
         self._solo = (act, solo)
         with self._state_lock:
             self._solo_requests += 1
@@ -429,8 +410,7 @@ class BatchedEngine(MLXEngine):
         Its next token, sampled in the step just run, is sampled again from the same
         cache; a seeded request stays, so its draws do not depend on the others.
         """
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.models.cache import trim_prompt_cache
 
         p = act.job.params
         if act.processors is not None or p.seed is not None or not act.builder.tokens:
@@ -443,21 +423,32 @@ class BatchedEngine(MLXEngine):
         context = act.job.tokens + act.builder.tokens
         keep = min(cache_offset(cache), len(context) - 1)
         trim_prompt_cache(cache, cache_offset(cache) - keep)
-        sampler = act.sampler.sampler if act.sampler is not None else make_sampler(0.0)
-        solo = SoloDecode(
-            self._model,
-            context,
-            keep,
-            cache,
-            sampler=sampler,
-            max_tokens=p.max_tokens - len(act.builder.tokens),
-            prefill_step_size=self._prefill_step_size,
-            prompt_lookup=self._options.prompt_lookup if can_trim_prompt_cache(cache) else 0,
-        )
+        solo = self._solo_decode(act, context, keep, cache)
         del self._active[uid]
         self._solo = (act, solo)
         with self._state_lock:
             self._solo_requests += 1
+
+    def _solo_decode(
+        self, act: _Active, context: list[int], reused: int, cache: list[Any]
+    ) -> SoloDecode:
+        """The loop of a request going on alone; it drafts where its cache can be trimmed."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+        from mlx_lm.sample_utils import make_sampler
+
+        trim, opts = can_trim_prompt_cache(cache), self._options
+        return SoloDecode(
+            self._model,
+            context,
+            reused,
+            cache,
+            sampler=act.sampler.sampler if act.sampler is not None else make_sampler(0.0),
+            max_tokens=act.job.params.max_tokens - len(act.builder.tokens),
+            prefill_step_size=self._prefill_step_size,
+            prompt_lookup=opts.prompt_lookup if trim else 0,
+            draft_model=self._draft if trim else None,
+            num_draft_tokens=opts.num_draft_tokens,
+        )
 
     def _solo_step(self) -> None:
         assert self._solo is not None
@@ -494,6 +485,7 @@ class BatchedEngine(MLXEngine):
         assert self._solo is not None
         act, solo = self._solo
         self._solo = None
+        solo.close()  # a paused draft round drops its rejected drafts from the cache
         self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
         self._finish(act.job, out)
 
@@ -512,7 +504,7 @@ class BatchedEngine(MLXEngine):
             self._solo = None
             self._finish(act.job, exc)
             return
-        if self._options.prompt_lookup:
+        if self._options.speculation != "off":
             with self._state_lock:
                 self._speculation_off += 1
 

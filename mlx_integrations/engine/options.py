@@ -58,9 +58,10 @@ class EngineOptions:
     :mod:`mlx_integrations.chat.tool_formats`); None detects it once from the tokenizer
     and the chat template at load."""
     draft_model: str | None = None
-    """A small model that drafts tokens for the target to verify (speculative decoding,
-    ``SimpleEngine`` only): a folder, store name or pulled Hub id, resolved like the
-    model. It must share the target's tokenizer. Greedy replies are unchanged."""
+    """A small model that drafts tokens for the target to verify (speculative decoding;
+    ``BatchedEngine`` drafts for a request while it runs alone): a folder, store name or
+    pulled Hub id, resolved like the model. It must share the target's tokenizer.
+    Greedy replies are unchanged."""
     num_draft_tokens: int = 3
     """Tokens the draft model proposes per verification step."""
     prompt_lookup: int = 0

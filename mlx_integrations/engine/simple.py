@@ -12,15 +12,15 @@ from typing import Any
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.kv_quantization import check_head_dims, maybe_quantize
-from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.speculative import (
     DraftCache,
     Step,
-    check_draft_vocabulary,
     draft_model_steps,
+    find_draft_model,
+    load_draft_model,
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
@@ -95,10 +95,7 @@ class SimpleEngine(MLXEngine):
 
     def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
         super().__init__(model, options=options, **kwargs)
-        draft = self._options.draft_model
-        self._draft_path = resolve_model_path(draft) if draft is not None else None
-        if self._draft_path is not None:
-            check_model_dir(self._draft_path)
+        self._draft_path = find_draft_model(self._options.draft_model)
         # Owner thread only.
         self._draft: Any = None
         self._draft_lease: Any = None
@@ -125,17 +122,8 @@ class SimpleEngine(MLXEngine):
             raise
 
     def _load_draft(self, path: Path) -> None:
-        import mlx_lm
-
-        lease = lease_model(path)
-        try:
-            loaded = mlx_lm.load(str(path))
-            check_draft_vocabulary(self._tokenizer, loaded[1], str(self._options.draft_model))
-        except BaseException:
-            if lease is not None:
-                lease.release()
-            raise
-        self._draft, self._draft_lease = loaded[0], lease
+        name = str(self._options.draft_model)
+        self._draft, self._draft_lease = load_draft_model(path, self._tokenizer, name)
 
     def _reset_vision_turn(self) -> None:
         """Forget the last vision request's KV (a fresh state, or none when caching is off)."""

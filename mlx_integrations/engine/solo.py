@@ -3,10 +3,11 @@
 mlx-lm's batch generator pays, on every step, for what a batch needs (per-sequence
 offsets and masks, a batched cache, bookkeeping for many sequences); a batch of one
 pays it too. So while a request is the only one, ``BatchedEngine`` decodes it the way
-``SimpleEngine`` does, one prefill piece or one token per turn of its loop, with prompt
-lookup when the engine has it. When another request arrives, the lone one hands its
-KV cache and the token it is about to feed to the batch generator, which goes on from
-there: no token is dropped, recomputed or drawn twice.
+``SimpleEngine`` does, one prefill piece or one token per turn of its loop, drafting
+with prompt lookup or a draft model when the engine has one. When another request
+arrives, the lone one hands its KV cache and the token it is about to feed to the batch
+generator, which goes on from there: no token is dropped, recomputed or drawn twice.
+The draft model's cache is dropped then: only a request alone drafts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from mlx_integrations.engine.speculative import Step, prefill, prompt_lookup_steps
+from mlx_integrations.engine.speculative import (
+    Step,
+    draft_model_steps,
+    prefill,
+    prompt_lookup_steps,
+)
 
 # Decode steps between two returns of MLX's buffer pool (mlx-lm's generate_step: 256).
 _CLEAR_EVERY = 256
@@ -32,6 +38,8 @@ class SoloDecode:
         max_tokens: Tokens to generate.
         prefill_step_size: Prompt tokens per forward pass (and per turn).
         prompt_lookup: Most tokens drafted per round from the context; 0 decodes plainly.
+        draft_model: A model that drafts ``num_draft_tokens`` per round instead (its own
+            cache is prefilled beside the target's, a piece per turn); None for none.
     """
 
     def __init__(
@@ -45,7 +53,11 @@ class SoloDecode:
         max_tokens: int,
         prefill_step_size: int,
         prompt_lookup: int = 0,
+        draft_model: Any = None,
+        num_draft_tokens: int = 3,
     ):
+        from mlx_lm.models.cache import make_prompt_cache
+
         self.cache = cache
         self.context = list(prompt)
         """The prompt and every token handed out so far."""
@@ -57,11 +69,17 @@ class SoloDecode:
         self._fed = reused  # context tokens the cache holds, while prefilling
         self._produced = 0
         self._next: Any = None  # the sampled token not yet handed out (plain decoding)
-        self._rounds: Generator[Step, None, None] | None = None  # prompt lookup
+        self._rounds: Generator[Step, None, None] | None = None  # drafting
+        self._draft = draft_model
+        self._num_draft = num_draft_tokens
+        self._draft_cache = make_prompt_cache(draft_model) if draft_model is not None else None
+        self._draft_fed = 0  # context tokens the draft cache holds, while prefilling
 
     @property
     def prefilling(self) -> bool:
-        return self._fed < len(self.context) - 1 and self._produced == 0
+        last = len(self.context) - 1
+        draft_behind = self._draft_cache is not None and self._draft_fed < last
+        return self._produced == 0 and (self._fed < last or draft_behind)
 
     def step(self) -> list[Step]:
         """One turn: a prefill piece (no token), one token, or one verified draft round."""
@@ -69,12 +87,18 @@ class SoloDecode:
         from mlx_lm.generate import generation_stream
 
         if self.prefilling:
-            end = min(self._fed + self._step_size, len(self.context) - 1)
+            last = len(self.context) - 1
+            end = min(self._fed + self._step_size, last)
             prefill(self._model, self.cache, self.context[self._fed : end], self._step_size)
             self._fed = end
+            if self._draft_cache is not None:
+                end = min(self._draft_fed + self._step_size, last)
+                piece = self.context[self._draft_fed : end]
+                prefill(self._draft, self._draft_cache, piece, self._step_size)
+                self._draft_fed = end
             return []
-        if self._lookup:
-            return self._lookup_round()
+        if self._lookup or self._draft_cache is not None:
+            return self._draft_round()
         with mx.stream(generation_stream):
             if self._next is None:  # the first token, from the prompt's last one
                 self._next = self._sample(mx.array([self.context[-1]], mx.uint32))
@@ -99,15 +123,27 @@ class SoloDecode:
         """
         steps: list[Step] = []
         if self._rounds is not None:
-            self._rounds.close()  # between rounds: the cache holds all but the last token
-            self._rounds = None
+            self.close()
         elif self._next is not None:
             token = int(self._next.item())
             self._next = None
             self._advance(token)
             steps.append((token, 0, False))
-        fed = self._fed if self.prefilling else len(self.context) - 1
+        self._draft_cache = None  # the batch decodes plainly
+        fed = self._fed if self._produced == 0 else len(self.context) - 1
         return steps, self.context[fed:], self.context[:fed]
+
+    def close(self) -> None:
+        """End the draft rounds: ``cache`` then holds all but the last token handed out.
+
+        A round is paused after its last token, before the target's cache drops the
+        rejected drafts (a draft model's round does it on resume or close): call this
+        before storing ``cache``.
+        """
+        if self._rounds is not None:
+            self._rounds.close()
+            self._rounds = None
+        self._draft_cache = None
 
     def _sample(self, token: Any) -> Any:
         import mlx.core as mx
@@ -118,8 +154,21 @@ class SoloDecode:
         mx.async_eval(sampled)
         return sampled
 
-    def _lookup_round(self) -> list[Step]:
-        if self._rounds is None:
+    def _draft_round(self) -> list[Step]:
+        if self._rounds is None and self._draft_cache is not None:
+            # Both caches hold the context but for its last token.
+            self._rounds = draft_model_steps(
+                self._model,
+                self._draft,
+                self.context[-1:],
+                self.cache,
+                self._draft_cache,
+                num_draft_tokens=self._num_draft,
+                max_tokens=self._max_tokens - self._produced,
+                sampler=self._sampler,
+                prefill_step_size=self._step_size,
+            )
+        elif self._rounds is None:
             self._rounds = prompt_lookup_steps(
                 self._model,
                 self.context,

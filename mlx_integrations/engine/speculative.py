@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.prefix_cache import cache_offset, common_prefix_len
 
 Step = tuple[int, int, bool]
@@ -79,6 +80,38 @@ def check_draft_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, draft: s
             f"target model has {target_size}; use a draft model of the same family "
             "(same tokenizer), or prompt_lookup instead of a draft model"
         )
+
+
+def find_draft_model(draft_model: str | Path | None) -> Path | None:
+    """The draft model's folder, checked at construction (None without a draft model).
+
+    Raises:
+        FileNotFoundError: The folder, its config or its weights are missing.
+    """
+    if draft_model is None:
+        return None
+    path = resolve_model_path(draft_model)
+    check_model_dir(path)
+    return path
+
+
+def load_draft_model(path: Path, target_tokenizer: Any, name: str) -> tuple[Any, Any]:
+    """Load the draft model on the owner thread: ``(model, store lease or None)``.
+
+    Raises:
+        ValueError: Its vocabulary differs from the target's (the lease is released).
+    """
+    import mlx_lm
+
+    lease = lease_model(path)
+    try:
+        loaded = mlx_lm.load(str(path))
+        check_draft_vocabulary(target_tokenizer, loaded[1], name)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    return loaded[0], lease
 
 
 class NgramIndex:

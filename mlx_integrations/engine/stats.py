@@ -99,6 +99,32 @@ class EngineStats(TypedDict):
     memory: MemoryStats
 
 
+class BatchedEngineStats(EngineStats):
+    """What ``BatchedEngine.get_stats()`` returns: the common keys and the batch's."""
+
+    max_num_seqs: int
+    """Most sequences in the running batch; more requests wait."""
+    batch_size: int
+    """Sequences in the last decode step."""
+    peak_batch_size: int
+    """Most sequences seen in one decode step."""
+    mean_batch_size: float
+    """Tokens decoded per decode step, on average."""
+    steps_executed: int
+    """Decode steps run since the engine was made."""
+    generator_resets: int
+    """Times a failed decode step ended the whole batch and the generator was rebuilt."""
+    solo_requests: int
+    """Times a request went on alone, outside the batch until another joined: when it
+    found the engine idle, or when the batch ended but for it."""
+    solo_tokens: int
+    """Tokens decoded that way (drafting when the engine has a draft source)."""
+    speculation_off_requests: int
+    """With ``prompt_lookup`` or ``draft_model`` on: requests that decoded some tokens
+    without drafts, because they shared the batch (only a request alone drafts) or have
+    logits processors."""
+
+
 class ClearStats(TypedDict):
     """What ``clear_runtime_caches()`` freed."""
 

@@ -1,4 +1,4 @@
-"""BatchedEngine's lone request: decoded outside the batch, with prompt lookup, until others join.
+"""BatchedEngine's lone request: decoded outside the batch, drafting, until others join.
 
 Greedy replies must be token for token those of SimpleEngine decoding plainly, whether a
 request ran alone, joined the batch when another arrived (at any point of its prefill
@@ -205,9 +205,97 @@ async def test_seeded_sampling_alone_is_reproducible(lookup, target):
         await batched.stop()
 
 
-def test_a_draft_model_is_still_refused(target):
-    with pytest.raises(ValueError, match="draft model"):
-        BatchedEngine(target, draft_model=str(target))
+async def test_a_draft_model_drafts_alone_and_hands_over_to_the_batch(target, plain):
+    # The model as its own draft: every draft is accepted, so rounds span many tokens.
+    eng = BatchedEngine(target, draft_model=str(target), num_draft_tokens=3, cache_memory_mb=0)
+    try:
+        refs = [(await plain.chat(m, max_tokens=24, temperature=0)).tokens for m in PROMPTS]
+        alone = await eng.chat(PROMPTS[1], max_tokens=24, temperature=0)
+        assert alone.tokens == refs[1]
+        assert alone.mtp_drafts > 0 and alone.mtp_accepted == alone.mtp_drafts
+        spec = eng.get_stats()["speculative"]
+        assert spec["mode"] == "draft_model" and spec["draft_model"] == str(target)
+        assert spec["max_draft_tokens"] == 3 and spec["acceptance_rate"] == 1.0
+        # Another request arrives while the first is drafting: both are exact.
+        stream = eng.stream_chat(PROMPTS[1], max_tokens=24, temperature=0)
+        first = await anext(stream)
+        assert first.mtp_drafts > 0  # in the middle of its draft rounds
+        joined = asyncio.ensure_future(eng.chat(PROMPTS[0], max_tokens=24, temperature=0))
+        rest = [out async for out in stream]
+        assert (rest or [first])[-1].tokens == refs[1]
+        assert (await joined).tokens == refs[0]
+        stats = eng.get_stats()
+        assert stats["peak_batch_size"] >= 2 and stats["speculation_off_requests"] >= 1
+    finally:
+        await eng.stop()
+
+
+def test_a_draft_model_solo_handoff_at_any_turn_is_token_for_token(target):
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = mlx_lm.load(str(target))
+    draft, _ = mlx_lm.load(str(target))
+    prompt = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True)
+    greedy, n = make_sampler(0.0), 16
+
+    def solo() -> SoloDecode:
+        return SoloDecode(
+            model,
+            prompt,
+            0,
+            make_prompt_cache(model),
+            sampler=greedy,
+            max_tokens=n,
+            prefill_step_size=8,
+            draft_model=draft,
+            num_draft_tokens=3,
+        )
+
+    alone, reference, drafted = solo(), [], 0
+    while len(reference) < n:
+        steps = alone.step()
+        reference += [token for token, _, _ in steps]
+        drafted += sum(d for _, d, _ in steps)
+    assert drafted > 0
+    for stop_after in range(len(prompt) // 8 + 1, len(prompt) // 8 + 5):
+        run, tokens = solo(), []
+        for _ in range(stop_after):
+            tokens += [token for token, _, _ in run.step()]
+        steps, rest, cached = run.handoff()
+        tokens += [token for token, _, _ in steps]
+        assert cached + rest == prompt + tokens
+        generator = BatchGenerator(model, prefill_step_size=8)
+        generator.insert([rest], max_tokens=[n - len(tokens)], caches=[run.cache])
+        with mx.stream(generator.stream):
+            while len(tokens) < n:
+                tokens += [r.token for r in generator.next()[1]]
+        generator.close()
+        assert tokens == reference, stop_after
+
+
+async def test_a_draft_model_cancelled_mid_draft_then_exact(target, plain):
+    eng = BatchedEngine(target, draft_model=str(target))  # with its prefix cache
+    try:
+        stream = eng.stream_chat(PROMPTS[1], max_tokens=200, temperature=0)
+        async for out in stream:
+            if out.mtp_drafts > 0:
+                break
+        await stream.aclose()
+        for _ in range(200):
+            if eng.get_stats()["num_running"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
+        ref = await plain.chat(PROMPTS[1], max_tokens=24, temperature=0)
+        again = await eng.chat(PROMPTS[1], max_tokens=24, temperature=0)
+        assert again.tokens == ref.tokens and again.cached_tokens > 0
+        assert again.mtp_drafts > 0
+    finally:
+        await eng.stop()
 
 
 async def test_the_last_request_of_a_batch_goes_on_alone_and_drafts(target, plain):

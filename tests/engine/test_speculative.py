@@ -233,9 +233,10 @@ def test_bad_options_are_refused_at_construction(target, options, exc, match):
         SimpleEngine(target, **options)
 
 
-def test_batched_engine_refuses_a_draft_model(target):
-    with pytest.raises(ValueError, match="use SimpleEngine"):
-        BatchedEngine(target, draft_model="x")
+def test_batched_engine_checks_its_draft_model_at_construction(target):
+    with pytest.raises(FileNotFoundError, match="no/such/model"):
+        BatchedEngine(target, draft_model="./no/such/model")
+    BatchedEngine(target, draft_model=str(target))  # tests/engine/test_batched_solo.py
     BatchedEngine(target, num_draft_tokens=4)  # without a draft source there is nothing to do
     BatchedEngine(target, prompt_lookup=3)  # tests/engine/test_batched_solo.py
 

@@ -374,30 +374,31 @@ def _shut(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-class _HTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, deadline: _Deadline | None = None, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
-        self._deadline = deadline
+class _DeadlineConnect:
+    """Connects with the time the download has left, and puts the socket under watch."""
+
+    _deadline: _Deadline | None = None
+    timeout: Any
+    sock: Any
 
     def connect(self) -> None:
         if self._deadline is not None:
             self.timeout = self._deadline.left()
-        super().connect()
+        super().connect()  # type: ignore[misc]
         if self._deadline is not None:
             self._deadline.watch(self.sock)
 
 
-class _HTTPSConnection(http.client.HTTPSConnection):
+class _HTTPConnection(_DeadlineConnect, http.client.HTTPConnection):
     def __init__(self, host: str, deadline: _Deadline | None = None, **kwargs: Any) -> None:
         super().__init__(host, **kwargs)
         self._deadline = deadline
 
-    def connect(self) -> None:
-        if self._deadline is not None:
-            self.timeout = self._deadline.left()
-        super().connect()
-        if self._deadline is not None:
-            self._deadline.watch(self.sock)
+
+class _HTTPSConnection(_DeadlineConnect, http.client.HTTPSConnection):
+    def __init__(self, host: str, deadline: _Deadline | None = None, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._deadline = deadline
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):

@@ -7,7 +7,7 @@ tests of structure, streaming, batching, caches and cancellation need no downloa
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # A ChatML template that takes tools, assistant tool_calls and role="tool" messages,
@@ -209,6 +209,14 @@ def cached_tiny_model(name: str = "tiny-llama", **kwargs: object) -> Path:
     the builder builds it again. Used where a path is needed outside fixtures (the
     langchain-tests suites read their model parameters from class properties).
     """
+    return cached_build(name, build_tiny_model, [Path(__file__)], **kwargs)
+
+
+def cached_build(
+    name: str, build: Callable[..., object], sources: list[Path], **kwargs: object
+) -> Path:
+    """``build(folder, **kwargs)`` once per machine, in a folder named by a hash of the
+    builder's ``sources`` and the arguments; concurrent test processes build it once."""
     import fcntl
     import hashlib
     import os
@@ -219,7 +227,7 @@ def cached_tiny_model(name: str = "tiny-llama", **kwargs: object) -> Path:
     root = root.expanduser()
     root.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(
-        Path(__file__).read_bytes() + repr(sorted(kwargs.items())).encode()
+        b"".join(source.read_bytes() for source in sources) + repr(sorted(kwargs.items())).encode()
     ).hexdigest()[:12]
     target = root / f"{name}-{digest}"
     if (target / "config.json").exists():
@@ -229,7 +237,7 @@ def cached_tiny_model(name: str = "tiny-llama", **kwargs: object) -> Path:
         if not (target / "config.json").exists():
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
             try:
-                build_tiny_model(tmp, **kwargs)  # type: ignore[arg-type]
+                build(tmp, **kwargs)
                 os.rename(tmp, target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

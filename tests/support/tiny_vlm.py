@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.tiny_models import SPECIAL_TOKENS, train_tokenizer
+from tests.support.tiny_models import SPECIAL_TOKENS, cached_build, train_tokenizer
 
 VISION_TOKENS = [
     "<|vision_start|>",
@@ -269,33 +269,8 @@ def cached_tiny_vlm(name: str = "tiny-qwen2.5-vl", **kwargs: object) -> Path:
     The folder name carries a hash of this module and the arguments, so a change to
     the builder builds it again. Used where a path is needed outside fixtures.
     """
-    import fcntl
-    import hashlib
-    import os
-    import shutil
-    import tempfile
-
-    root = Path(os.environ.get("MLXI_TEST_CACHE") or "~/.cache/mlx-integrations-tests")
-    root = root.expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(
-        Path(__file__).read_bytes()
-        + (Path(__file__).parent / "tiny_models.py").read_bytes()
-        + repr(sorted(kwargs.items())).encode()
-    ).hexdigest()[:12]
-    target = root / f"{name}-{digest}"
-    if (target / "config.json").exists():
-        return target
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").exists():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-            try:
-                build_tiny_vlm(tmp, **kwargs)  # type: ignore[arg-type]
-                os.rename(tmp, target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    here = Path(__file__)
+    return cached_build(name, build_tiny_vlm, [here, here.parent / "tiny_models.py"], **kwargs)
 
 
 def make_test_video(path: Path, kind: str = "red", size: int = 112, frames: int = 4) -> Path:

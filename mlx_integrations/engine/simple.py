@@ -29,6 +29,7 @@ from mlx_integrations.engine.vision import (
     VisionRun,
     prepare_vision_prompt,
     vision_steps,
+    with_prompt,
 )
 
 logger = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class SimpleEngine(MLXEngine):
                 self._loaded_vision,  # type: ignore[arg-type]
                 job.prompt,
                 inputs,
-                processors=processors,
+                processors=with_prompt(processors, job.tokens),
                 max_tokens=p.max_tokens,
                 sampler=sampler,
                 prefill_step_size=self._prefill_step_size,

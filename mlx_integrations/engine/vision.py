@@ -322,6 +322,41 @@ class VisionRun:
     """The KV cache the request used (owner thread only)."""
 
 
+class _WithPrompt:
+    """A logits processor seeing the whole prompt before the reply, as on the text path.
+
+    mlx-vlm hands processors the tokens of its last prefill step and the reply; penalties
+    (repetition, presence, frequency) and the caller's processors read the prompt too.
+    """
+
+    def __init__(self, processor: Callable[..., Any], prompt: Any):
+        self._processor = processor
+        self._prompt = prompt
+        self._tail: int | None = None
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        if self._tail is None:  # the first call: mlx-vlm's tokens end the prompt
+            self._tail = tokens.size
+        reply = tokens[self._tail :]
+        return self._processor(
+            mx.concatenate([self._prompt, reply.astype(self._prompt.dtype)]), logits
+        )
+
+
+def with_prompt(
+    processors: list[Callable[..., Any]], prompt: list[int]
+) -> list[Callable[..., Any]]:
+    """``processors``, each called with ``prompt`` and the reply so far (owner thread)."""
+    if not processors:
+        return []
+    import mlx.core as mx
+
+    tokens = mx.array(prompt, dtype=mx.uint32)
+    return [_WithPrompt(processor, tokens) for processor in processors]
+
+
 def vision_steps(
     loaded: LoadedVision,
     prompt: str,

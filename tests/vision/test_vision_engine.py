@@ -275,3 +275,24 @@ async def test_mlx_work_runs_on_the_owner_thread(engine, test_images, monkeypatc
         monkeypatch.setattr(mlx_vlm, name, spy)
     await engine.chat(_user(test_images[0]), max_tokens=2, temperature=0)
     assert len(seen) == 2 and all(n.startswith("mlxi-owner-") for n in seen)
+
+
+async def test_logits_processors_see_the_whole_prompt_then_the_reply(engine, test_images) -> None:
+    """As on the text path: penalties and the caller's processors read the prompt too."""
+    seen: list[list[int]] = []
+
+    def record(tokens, logits):
+        seen.append(tokens.tolist())
+        return logits
+
+    plain = await engine.chat(_user(test_images[0]), max_tokens=6, temperature=0)
+    out = await engine.chat(
+        _user(test_images[0]), max_tokens=6, temperature=0, logits_processors=[record]
+    )
+    assert out.tokens == plain.tokens  # a processor that changes nothing changes nothing
+    n = out.prompt_tokens  # the expanded image tokens included
+    assert [len(s) for s in seen] == [n + k for k in range(len(seen))]
+    assert len(seen) >= len(out.tokens) - 1
+    prompt = seen[0]
+    for k, tokens in enumerate(seen):
+        assert tokens == prompt + out.tokens[:k]

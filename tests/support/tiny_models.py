@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 # A ChatML template that takes tools, assistant tool_calls and role="tool" messages,
 # in the Hermes/Qwen2.5 style (<tool_call>{json}</tool_call>).
@@ -127,7 +128,6 @@ def build_tiny_model(
             head gives varied greedy replies.
     """
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_lm.models import llama, ministral3, qwen2
 
     out_dir = Path(out_dir)
@@ -168,10 +168,7 @@ def build_tiny_model(
     args = module.ModelArgs.from_dict(config)
     mx.random.seed(seed)
     model = module.Model(args)
-    weights = dict(tree_flatten(model.parameters()))
-    weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(out_dir, model, config, dtype)
     tok.save(str(out_dir / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -181,17 +178,9 @@ def build_tiny_model(
         "unk_token": None,
         "model_max_length": max_position_embeddings,
         "clean_up_tokenization_spaces": False,
-        "added_tokens_decoder": {
-            str(tok.token_to_id(t)): {
-                "content": t,
-                "special": True,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "single_word": False,
-            }
-            for t in (*SPECIAL_TOKENS, *special_tokens)
-        },
+        "added_tokens_decoder": added_tokens_decoder(
+            {t: tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *special_tokens)}
+        ),
     }
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
@@ -200,6 +189,22 @@ def build_tiny_model(
         json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
     )
     return out_dir
+
+
+def save_model(out_dir: Path, model: Any, config: dict[str, Any], dtype: str) -> None:
+    """The model's weights in ``dtype`` as model.safetensors, and its config.json."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """tokenizer_config.json's entries for special tokens, ``{token: id}``."""
+    flags = {"special": True, "lstrip": False, "rstrip": False, "normalized": False}
+    return {str(i): {"content": t, **flags, "single_word": False} for t, i in ids.items()}
 
 
 def cached_tiny_model(name: str = "tiny-llama", **kwargs: object) -> Path:

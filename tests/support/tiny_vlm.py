@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.tiny_models import SPECIAL_TOKENS, cached_build, train_tokenizer
+from tests.support.tiny_models import (
+    SPECIAL_TOKENS,
+    added_tokens_decoder,
+    cached_build,
+    save_model,
+    train_tokenizer,
+)
 
 VISION_TOKENS = [
     "<|vision_start|>",
@@ -107,7 +113,6 @@ def build_tiny_vlm(
         max_position_embeddings: Context length written to config.json.
     """
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.models import qwen2_5_vl, qwen2_vl
     from tokenizers import AddedToken
 
@@ -189,9 +194,7 @@ def build_tiny_vlm(
     model_config.vision_config = module.VisionConfig.from_dict(raw["vision_config"])
     mx.random.seed(seed)
     model = module.Model(model_config)
-    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(out_dir, model, config, "float32")
 
     tok.save(str(out_dir / "tokenizer.json"))
     tokenizer_config = {
@@ -204,17 +207,7 @@ def build_tiny_vlm(
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
         "chat_template": QWEN_VL_TEMPLATE,
-        "added_tokens_decoder": {
-            str(i): {
-                "content": t,
-                "special": True,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "single_word": False,
-            }
-            for t, i in ids.items()
-        },
+        "added_tokens_decoder": added_tokens_decoder(ids),
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     (out_dir / "special_tokens_map.json").write_text(

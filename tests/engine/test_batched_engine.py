@@ -10,6 +10,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, EngineBusy, SimpleEngine
 from tests.engine.test_simple_engine import BAD_CALLS, MESSAGES, forcing
+from tests.support.event_loop import loop_ticks_while
 
 QUESTIONS = [
     "What is the weather in Paris?",
@@ -414,26 +415,17 @@ async def test_fail_fast_admission_when_the_batch_is_full(tiny_llama):
 
 async def test_generation_runs_on_one_owner_thread_and_loop_stays_free(engine):
     threads = set()
-    ticks = 0
-    running = True
 
     def spy(history, logits):
         threads.add(threading.current_thread().name)
         return logits
 
-    async def ticker():
-        nonlocal ticks
-        while running:
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    await asyncio.gather(
-        engine.chat(MESSAGES, max_tokens=40, logits_processors=[spy]),
-        engine.generate("Hello", max_tokens=40, logits_processors=[spy]),
+    _, ticks = await loop_ticks_while(
+        asyncio.gather(
+            engine.chat(MESSAGES, max_tokens=40, logits_processors=[spy]),
+            engine.generate("Hello", max_tokens=40, logits_processors=[spy]),
+        )
     )
-    running = False
-    await task
     assert len(threads) == 1 and next(iter(threads)).startswith("mlxi-owner")
     assert ticks >= 5
 

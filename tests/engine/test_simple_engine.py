@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import EngineBusy, SimpleEngine
+from tests.support.event_loop import loop_ticks_while
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -175,19 +176,9 @@ async def test_generation_runs_on_one_owner_thread(engine):
 
 
 async def test_event_loop_is_not_blocked(engine):
-    ticks = 0
-    running = True
-
-    async def ticker():
-        nonlocal ticks
-        while running:
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    out = await engine.chat(MESSAGES, max_tokens=64, temperature=0, logit_bias={7: 100.0})
-    running = False
-    await task
+    out, ticks = await loop_ticks_while(
+        engine.chat(MESSAGES, max_tokens=64, temperature=0, logit_bias={7: 100.0})
+    )
     assert out.completion_tokens == 64
     assert ticks >= 5
 

@@ -20,7 +20,6 @@ Knobs (class attributes): ``max_tokens`` for generation calls, ``is_function_cal
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -36,6 +35,8 @@ from llama_index.core.instrumentation.events.llm import (
 )
 from llama_index.core.prompts import PromptTemplate
 from pydantic import BaseModel, Field
+
+from tests.support.event_loop import loop_ticks_while
 
 USER = [ChatMessage(role=MessageRole.USER, content="Say hello.")]
 
@@ -118,19 +119,7 @@ class LLMConformanceTests:
         assert "".join(r.delta or "" for r in responses) == responses[-1].message.content
 
     async def test_async_leaves_event_loop_free(self, llm):
-        ticks = 0
-        done = False
-
-        async def ticker():
-            nonlocal ticks
-            while not done:
-                ticks += 1
-                await asyncio.sleep(0.001)
-
-        task = asyncio.create_task(ticker())
-        await llm.achat(USER, max_tokens=self.max_tokens)
-        done = True
-        await task
+        _, ticks = await loop_ticks_while(llm.achat(USER, max_tokens=self.max_tokens))
         assert ticks >= 3
 
     # -------------------------------------------------------------- complete

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock, VideoBlock
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -14,6 +12,7 @@ from llama_index.core.tools import FunctionTool
 from mlx_integrations.llama_index import MLXLLM
 from tests.llama_index.conformance import LLMConformanceTests
 from tests.llama_index.test_mlxllm_conformance import lucky_number
+from tests.support.event_loop import loop_ticks_while
 from tests.support.file_server import FileServer
 from tests.support.tiny_vlm import make_test_video
 from tests.support.vlm_reference import MLXVLMReference, decode
@@ -99,19 +98,7 @@ def test_path_url_and_bytes_are_the_same_image(llm, test_images):
 
 
 async def test_image_requests_leave_the_event_loop_free(llm, test_images):
-    ticks = 0
-    done = False
-
-    async def ticker():
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    await llm.achat(ask(ImageBlock(path=test_images[0])))
-    done = True
-    await task
+    _, ticks = await loop_ticks_while(llm.achat(ask(ImageBlock(path=test_images[0]))))
     assert ticks >= 3
 
 

@@ -73,6 +73,13 @@ def data_url(kind: MediaKind, data: Any, mime_type: Any, where: str) -> str:
     return f"data:{mime_type};base64,{data}"
 
 
+VISION_MODELS = (
+    "a vision-language model such as Qwen2.5-VL (mlx-community/Qwen2.5-VL-3B-Instruct-4bit), "
+    "Gemma 3 or SmolVLM (install mlx-integrations[vision])"
+)
+"""Which models take images and video, for the errors of text-only models."""
+
+
 def media_kind_of(part: Any) -> str | None:
     """``"image"`` or ``"video"`` for a media part (in any of the forms the engines'
     templates recognise), else None."""
@@ -107,6 +114,5 @@ def reject_media_for_text_model(
             raise ValueError(
                 f"{model_name!r} does not take {noun}: it is a text-only model, and "
                 f"messages[{i}] holds {'an image' if kind == 'image' else 'a video'}. "
-                "Remove it, or use a vision-language model (for example "
-                "mlx-community/Qwen2.5-VL-3B-Instruct-4bit; install mlx-integrations[vision])"
+                f"Remove it, or use {VISION_MODELS}"
             )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mlx_integrations.chat.media_parts import VISION_MODELS
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MEDIA_PART_TYPES = {
     "image",
@@ -25,11 +27,7 @@ MEDIA_PART_TYPES = {
 
 def text_only_error(model_name: str, kind: str = "images") -> str:
     """The message for media sent to a text-only model, naming models that take them."""
-    return (
-        f"{model_name!r} is a text-only model and does not take {kind}; use a "
-        "vision-language model such as Qwen2.5-VL (mlx-community/Qwen2.5-VL-3B-Instruct-4bit), "
-        "Gemma 3 or SmolVLM (install mlx-integrations[vision])"
-    )
+    return f"{model_name!r} is a text-only model and does not take {kind}; use {VISION_MODELS}"
 
 
 def _media_part(part: dict[str, Any], kind: str, index: int) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlx_integrations.chat.media_parts import VISION_MODELS
+
 # Keyword arguments the engines understand beyond the contract's named ones.
 KNOWN_KWARGS = frozenset(
     {
@@ -221,9 +223,7 @@ def reject_media(images: Any, videos: Any, model_name: str) -> None:
         if value:
             raise ValueError(
                 f"{model_name!r} is a text-only model and cannot take {kind} "
-                f"({len(value)} given); remove them or use a vision-language model such "
-                "as Qwen2.5-VL (mlx-community/Qwen2.5-VL-3B-Instruct-4bit), Gemma 3 or "
-                "SmolVLM (install mlx-integrations[vision])"
+                f"({len(value)} given); remove them or use {VISION_MODELS}"
             )
 
 

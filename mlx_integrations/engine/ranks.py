@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlx_integrations.engine.control import ControlClient, ControlServer, listen
+from mlx_integrations.engine.speculative import prefill as feed
 from mlx_integrations.engine.stats import memory_stats
 
 Parallel = Literal["tensor", "pipeline"]
@@ -307,13 +308,8 @@ def prefill(model: Any, tokens: list[int], cache: list[Any], step: int) -> Any:
     """
     import mlx.core as mx
 
-    prompt = mx.array(tokens)
-    while prompt.size > 1:
-        n = min(step, prompt.size - 1)
-        model(prompt[None, :n], cache=cache)
-        mx.eval([c.state for c in cache])
-        prompt = prompt[n:]
-    return prompt
+    feed(model, cache, tokens[:-1], step)
+    return mx.array(tokens[-1:])
 
 
 def next_logits(model: Any, y: Any, cache: list[Any]) -> Any:

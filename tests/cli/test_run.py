@@ -170,8 +170,10 @@ def test_ctrl_c_that_a_blocked_main_thread_misses_is_handled():
         "r, w = os.pipe()\n"
         "with SessionSignals():\n"
         "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
-        "    print('waiting', flush=True)\n"
         "    try:\n"
+        # The signal may be handled as soon as the parent has read this line: inside
+        # the try, like the read, so a handler run before the read starts is caught too.
+        "        print('waiting', flush=True)\n"
         "        os.read(r, 1)\n"
         "    except KeyboardInterrupt:\n"
         "        print('interrupted', flush=True)\n"

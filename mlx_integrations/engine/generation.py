@@ -47,7 +47,9 @@ class OutputBuilder:
         stop: list[str],
         max_tokens: int,
         arrival: float,
+        stream: bool = True,
     ):
+        self._stream = stream  # False: only the last chunk is wanted
         self._detok = tokenizer.detokenizer
         self._eos = set(tokenizer.eos_token_ids)
         self._stop = StopMatcher(stop)
@@ -69,7 +71,7 @@ class OutputBuilder:
         return self.finish_reason is not None
 
     def add(self, token: int) -> MLXGenerationOutput | None:
-        """Take one sampled token; return a chunk when there is new text or an end."""
+        """Take one sampled token; return a chunk when there is new text (streaming) or an end."""
         now = time.perf_counter()
         if self._first_token_at is None:
             self._first_token_at = now
@@ -82,9 +84,9 @@ class OutputBuilder:
             return self.finish("stop", new_text)
         if len(self.tokens) >= self.max_tokens:
             return self.finish("length", new_text)
-        if not new_text:
-            return None
         self.text += new_text
+        if not new_text or not self._stream:
+            return None
         return self._chunk(new_text)
 
     def finish(self, reason: str, pending: str = "") -> MLXGenerationOutput:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +29,105 @@ class Job:
     media: Any = None
     """A vision request's decoded images and videos (``VisionInputs``); the owner
     thread turns them into model inputs and ``tokens`` into the expanded prompt."""
+    stream: bool = True
+    """False when the caller wants only the last chunk (``generate``, ``chat``)."""
+
+
+class Mailbox:
+    """Hands chunks from owner threads to the queues of one event loop.
+
+    Waking a loop from another thread writes to its self-pipe, which costs about as
+    much host time as a small model's decode step. A batch of 64 requests makes 64
+    chunks a step; the mailbox wakes the loop once for all that arrive before it
+    runs, and the loop then fills each request's queue in the order they came.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
+        self._scheduled = False
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.is_closed()
+
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        """Put ``item`` into ``queue`` on the loop; any thread. RuntimeError: loop closed."""
+        with self._lock:
+            if self._loop.is_closed():
+                raise RuntimeError("the event loop is closed")
+            self._pending.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self._lock:
+                self._scheduled = False
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._scheduled = False
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
+    weakref.WeakKeyDictionary()
+)
+_mailboxes_lock = threading.Lock()
+
+
+class Channel:
+    """One request's way back from the owner thread to the caller's event loop.
+
+    Made on the caller's loop. ``emit`` (any thread) hands a chunk, or the exception
+    that ended the request; ``receive`` yields them there. With ``final_only`` (a
+    caller that wants the whole output, not a stream) only the last chunk travels.
+    A consumer that stops iterating (cancelled, closed, garbage collected), or whose
+    loop is gone, sets ``abort``.
+    """
+
+    def __init__(self, final_only: bool = False):
+        loop = asyncio.get_running_loop()
+        with _mailboxes_lock:
+            mailbox = _mailboxes.get(loop)
+            if mailbox is None:
+                mailbox = _mailboxes[loop] = Mailbox(loop)
+        self._mailbox = mailbox
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._final_only = final_only
+        self.abort = threading.Event()
+
+    def emit(self, item: Any) -> None:
+        if self._final_only and not getattr(item, "finished", True):
+            if self._mailbox.closed:  # nobody will read the last chunk: stop generating
+                self.abort.set()
+            return
+        try:
+            self._mailbox.post(self._queue, item)
+        except RuntimeError:  # the consumer's loop is gone: stop generating
+            self.abort.set()
+
+    async def receive(self) -> AsyncIterator[Any]:
+        finished = False
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort.set()
 
 
 def default_prefill_step_size() -> int:

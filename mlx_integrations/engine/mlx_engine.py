@@ -35,7 +35,7 @@ from mlx_integrations.engine.base import (
     run_blocking_startup_work,
 )
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
-from mlx_integrations.engine.jobs import Admission, Job, default_prefill_step_size
+from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
 from mlx_integrations.engine.loading import (
     check_model_dir,
     context_length,
@@ -57,7 +57,7 @@ from mlx_integrations.engine.stats import (
     ClearStats,
     EngineStats,
     PrefixCacheStats,
-    RequestStats,
+    RequestTally,
     memory_stats,
 )
 from mlx_integrations.engine.vision import (
@@ -133,16 +133,8 @@ class MLXEngine(BaseEngine):
         self._jobs: dict[str, Job] = {}
         self._running: set[str] = set()
         self._started_at = time.monotonic()
-        self._processed = 0
-        self._aborted = 0
-        self._failed = 0
         self._busy_rejections = 0
-        self._total_prompt = 0
-        self._total_completion = 0
-        self._total_cached = 0
-        self._total_drafted = 0  # speculative decoding: drafted and accepted tokens
-        self._total_accepted = 0
-        self._last_request: RequestStats | None = None
+        self._tally = RequestTally()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MLXEngine:
         # An engine is a resource (weights, owner thread): copies of adapters share it.
@@ -263,9 +255,8 @@ class MLXEngine(BaseEngine):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        return await last_chunk(
-            self.stream_generate(prompt, max_tokens, temperature, top_p, stop, **kwargs)
-        )
+        args = (max_tokens, temperature, top_p, stop, kwargs)
+        return await last_chunk(self._stream_text(prompt, *args, final_only=True))
 
     async def stream_generate(  # type: ignore[override]  # async generator, see base
         self,
@@ -276,6 +267,19 @@ class MLXEngine(BaseEngine):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationOutput]:
+        async for out in self._stream_text(prompt, max_tokens, temperature, top_p, stop, kwargs):
+            yield out
+
+    async def _stream_text(
+        self,
+        prompt: str,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        final_only: bool = False,
+    ) -> AsyncIterator[MLXGenerationOutput]:
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         if not prompt:
@@ -286,7 +290,7 @@ class MLXEngine(BaseEngine):
         bos = getattr(self._tokenizer, "bos_token", None)
         add_special = bos is None or not prompt.startswith(bos)
         tokens = self._tokenizer.encode(prompt, add_special_tokens=add_special)
-        async for out in self._submit(params, prompt, tokens):
+        async for out in self._submit(params, prompt, tokens, final_only=final_only):
             yield out
 
     async def chat(
@@ -300,10 +304,8 @@ class MLXEngine(BaseEngine):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        stream = self.stream_chat(
-            messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
-        )
-        return await last_chunk(stream)
+        args = (max_tokens, temperature, top_p, tools, images, videos, kwargs)
+        return await last_chunk(self._stream_chat(messages, *args, final_only=True))
 
     async def stream_chat(  # type: ignore[override]  # async generator, see base
         self,
@@ -316,6 +318,22 @@ class MLXEngine(BaseEngine):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationOutput]:
+        args = (max_tokens, temperature, top_p, tools, images, videos, kwargs)
+        async for out in self._stream_chat(messages, *args):
+            yield out
+
+    async def _stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        tools: list[dict] | None,
+        images: list[str] | None,
+        videos: list[str] | None,
+        kwargs: dict[str, Any],
+        final_only: bool = False,
+    ) -> AsyncIterator[MLXGenerationOutput]:
         if not self._vision:
             reject_media(images, videos, self._name)
         normalized = normalize_messages(messages, self._name, media=self._vision)
@@ -353,7 +371,7 @@ class MLXEngine(BaseEngine):
                 kwargs.get("response_format"),
                 self._tokenizer.think_end if in_reasoning else None,
             )
-        async for out in self._submit(params, prompt, tokens, media):
+        async for out in self._submit(params, prompt, tokens, media, final_only):
             out.starts_in_reasoning = in_reasoning
             yield out
 
@@ -395,7 +413,7 @@ class MLXEngine(BaseEngine):
 
     def get_stats(self) -> EngineStats:  # type: ignore[override]
         with self._state_lock:
-            running = len(self._running)
+            running, tally = len(self._running), self._tally
             return EngineStats(
                 engine_type=self.engine_type,
                 model_name=self._name,
@@ -404,17 +422,17 @@ class MLXEngine(BaseEngine):
                 running=bool(running),
                 num_running=running,
                 num_waiting=len(self._jobs) - running,
-                num_requests_processed=self._processed,
-                num_requests_aborted=self._aborted,
-                num_requests_failed=self._failed,
-                total_prompt_tokens=self._total_prompt,
-                total_completion_tokens=self._total_completion,
-                total_cached_tokens=self._total_cached,
+                num_requests_processed=tally.processed,
+                num_requests_aborted=tally.aborted,
+                num_requests_failed=tally.failed,
+                total_prompt_tokens=tally.prompt_tokens,
+                total_completion_tokens=tally.completion_tokens,
+                total_cached_tokens=tally.cached_tokens,
                 admission=self._admission,
                 busy_rejections=self._busy_rejections,
-                last_request=self._last_request,
+                last_request=tally.last,
                 speculative=self._options.speculative_stats(
-                    self._total_drafted, self._total_accepted
+                    tally.drafted_tokens, tally.accepted_tokens
                 ),
                 prefix_cache=self._prefix.stats(),
                 memory=memory_stats(),
@@ -537,12 +555,17 @@ class MLXEngine(BaseEngine):
         )
 
     async def _submit(
-        self, params: SamplingParams, prompt: str, tokens: list[int], media: Any = None
+        self,
+        params: SamplingParams,
+        prompt: str,
+        tokens: list[int],
+        media: Any = None,
+        final_only: bool = False,
     ) -> AsyncIterator[MLXGenerationOutput]:
         """Register a request, hand it to the owner thread and stream what it emits.
 
         A consumer that stops iterating (cancelled, closed, garbage collected) aborts
-        its request.
+        its request; ``final_only`` (generate, chat) sends only the last chunk.
         """
         if self._context_length and len(tokens) >= self._context_length:
             raise ValueError(
@@ -552,16 +575,11 @@ class MLXEngine(BaseEngine):
         if self._context_length:
             # Prompt and reply share the window: stop there with finish_reason="length".
             params.max_tokens = min(params.max_tokens, self._context_length - len(tokens))
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        def emit(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the consumer's loop is gone: stop generating
-                job.abort.set()
-
-        job = Job(params, prompt, tokens, time.perf_counter(), emit, media=media)
+        channel = Channel(final_only)
+        arrival = time.perf_counter()
+        job = Job(
+            params, prompt, tokens, arrival, channel.emit, channel.abort, media, not final_only
+        )
         with self._state_lock:
             if params.request_id in self._jobs:
                 raise ValueError(f"request_id {params.request_id!r} is already in use")
@@ -573,20 +591,8 @@ class MLXEngine(BaseEngine):
                 raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
             self._dispatch(executor, job)
             self._jobs[params.request_id] = job
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                job.abort.set()
+        async for item in channel.receive():
+            yield item
 
     def _output_builder(self, job: Job, cached_tokens: int) -> OutputBuilder:
         p = job.params
@@ -598,6 +604,7 @@ class MLXEngine(BaseEngine):
             stop=p.stop,
             max_tokens=p.max_tokens,
             arrival=job.arrival,
+            stream=job.stream,
         )
 
     def _mark_running(self, job: Job) -> None:
@@ -615,29 +622,7 @@ class MLXEngine(BaseEngine):
             self._jobs.pop(rid, None)
             started = rid in self._running
             self._running.discard(rid)
-            if isinstance(result, BaseException):
-                self._failed += 1
-            elif result.finish_reason == "abort":
-                self._aborted += 1
-            else:
-                self._processed += 1
-            if started and not isinstance(result, BaseException):
-                self._total_prompt += len(job.tokens)
-                self._total_completion += result.completion_tokens
-                self._total_cached += result.cached_tokens
-                self._total_drafted += result.mtp_drafts
-                self._total_accepted += result.mtp_accepted
-                self._last_request = RequestStats(
-                    request_id=rid,
-                    prompt_tokens=len(job.tokens),
-                    cached_tokens=result.cached_tokens,
-                    completion_tokens=result.completion_tokens,
-                    ttft_s=result.ttft_s,
-                    generation_tps=result.generation_tps,
-                    finish_reason=result.finish_reason,
-                    mtp_drafts=result.mtp_drafts,
-                    mtp_accepted=result.mtp_accepted,
-                )
+            self._tally.record(rid, len(job.tokens), result, started)
         job.emit(result)
 
 

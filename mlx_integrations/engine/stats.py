@@ -6,7 +6,8 @@ tells them apart.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 _MiB = 1024 * 1024
 
@@ -149,3 +150,46 @@ def memory_stats() -> MemoryStats:
         peak_mb=mx.get_peak_memory() / _MiB,
         cache_mb=mx.get_cache_memory() / _MiB,
     )
+
+
+@dataclass
+class RequestTally:
+    """What the requests an engine ended add up to; the engine's lock guards it."""
+
+    processed: int = 0
+    aborted: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    last: RequestStats | None = None
+
+    def record(self, request_id: str, prompt_tokens: int, result: Any, started: bool) -> None:
+        """Count one ended request: ``result`` is its last output or its exception."""
+        if isinstance(result, BaseException):
+            self.failed += 1
+            return
+        if result.finish_reason == "abort":
+            self.aborted += 1
+        else:
+            self.processed += 1
+        if not started:
+            return
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.cached_tokens += result.cached_tokens
+        self.drafted_tokens += result.mtp_drafts
+        self.accepted_tokens += result.mtp_accepted
+        self.last = RequestStats(
+            request_id=request_id,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            completion_tokens=result.completion_tokens,
+            ttft_s=result.ttft_s,
+            generation_tps=result.generation_tps,
+            finish_reason=result.finish_reason,
+            mtp_drafts=result.mtp_drafts,
+            mtp_accepted=result.mtp_accepted,
+        )

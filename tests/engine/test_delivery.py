@@ -1,0 +1,153 @@
+"""How outputs travel from the owner thread to the caller's event loop (engine/jobs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.generation import MLXGenerationOutput
+from mlx_integrations.engine.jobs import Channel, Mailbox
+
+
+def chunk(text: str, finished: bool = False) -> MLXGenerationOutput:
+    return MLXGenerationOutput(text=text, new_text=text, finished=finished)
+
+
+async def test_a_burst_from_another_thread_wakes_the_loop_once_and_keeps_order():
+    loop = asyncio.get_running_loop()
+    wakeups = 0
+    real = loop.call_soon_threadsafe
+
+    def counting(*args, **kwargs):
+        nonlocal wakeups
+        wakeups += 1
+        return real(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        channels = [Channel() for _ in range(64)]
+        posted = threading.Event()
+
+        def owner() -> None:  # 64 requests, three chunks each, while the loop is busy
+            for step in range(3):
+                for i, c in enumerate(channels):
+                    c.emit(chunk(f"{i}:{step}", finished=step == 2))
+            posted.set()
+
+        thread = threading.Thread(target=owner)
+        thread.start()
+        posted.wait(30)  # blocks the loop: nothing is drained while the owner posts
+        thread.join()
+        got = [[out.text async for out in c.receive()] for c in channels]
+    finally:
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+    assert got == [[f"{i}:{s}" for s in range(3)] for i in range(64)]
+    assert wakeups == 1
+
+
+async def test_later_bursts_wake_the_loop_again():
+    channel = Channel()
+    for n in range(5):
+        await asyncio.to_thread(channel.emit, chunk(str(n), finished=n == 4))
+        await asyncio.sleep(0)
+    assert [out.text async for out in channel.receive()] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_closed_loop_aborts_the_request_instead_of_queueing_forever():
+    loop = asyncio.new_event_loop()
+
+    async def make(final_only: bool) -> Channel:
+        return Channel(final_only)
+
+    streaming, final_only = (
+        loop.run_until_complete(make(False)),
+        loop.run_until_complete(make(True)),
+    )
+    loop.close()
+    for channel in (streaming, final_only):
+        assert not channel.abort.is_set()
+        channel.emit(chunk("x"))  # an intermediate chunk: dropped by final_only, refused here
+        assert channel.abort.is_set()
+    with pytest.raises(RuntimeError, match="closed"):
+        Mailbox(loop).post(asyncio.Queue(), chunk("x"))
+
+
+async def test_final_only_sends_the_last_chunk_alone():
+    channel = Channel(final_only=True)
+    for n in range(3):
+        channel.emit(chunk(str(n), finished=n == 2))
+    await asyncio.sleep(0)
+    assert [out.text async for out in channel.receive()] == ["2"]
+
+
+async def test_an_exception_ends_the_stream_and_a_consumer_that_leaves_aborts():
+    failed = Channel()
+    failed.emit(chunk("a"))
+    failed.emit(ValueError("bad step"))
+    got = []
+    with pytest.raises(ValueError, match="bad step"):
+        async for out in failed.receive():
+            got.append(out.text)
+    assert got == ["a"]
+
+    left = Channel()
+    left.emit(chunk("a"))
+    stream = left.receive()
+    assert (await anext(stream)).text == "a"
+    await stream.aclose()
+    assert left.abort.is_set()
+
+
+@pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])
+async def test_generate_and_chat_return_the_streams_last_chunk(tiny_llama: Path, kind):
+    """generate() and chat() take only the last chunk; it equals a stream's last one."""
+    engine = kind(tiny_llama, cache_memory_mb=0)
+    try:
+        calls = [
+            {"prompt": "The capital of France is", "max_tokens": 24},
+            {"prompt": "Hello there, how are", "max_tokens": 17, "stop": ["e"]},
+        ]
+        for call in calls:
+            whole = await engine.generate(**call, temperature=0.0)
+            chunks = [c async for c in engine.stream_generate(**call, temperature=0.0)]
+            last = chunks[-1]
+            assert (whole.text, whole.tokens, whole.finish_reason) == (
+                last.text,
+                last.tokens,
+                last.finish_reason,
+            )
+            assert whole.completion_tokens == last.completion_tokens > 0
+            assert "".join(c.new_text for c in chunks) == whole.text
+        messages = [{"role": "user", "content": "Name a colour."}]
+        whole = await engine.chat(messages, max_tokens=20, temperature=0.0)
+        chunks = [c async for c in engine.stream_chat(messages, max_tokens=20, temperature=0.0)]
+        assert (whole.text, whole.tokens) == (chunks[-1].text, chunks[-1].tokens)
+        assert len(chunks) > 1  # a stream still streams
+    finally:
+        await engine.stop()
+
+
+async def test_sixty_four_streams_at_once_get_every_chunk_in_order(tiny_llama: Path):
+    engine = BatchedEngine(tiny_llama, max_num_seqs=64, cache_memory_mb=0)
+    try:
+        prompts = [f"Count to {i}:" for i in range(64)]
+
+        async def stream(p: str) -> list[MLXGenerationOutput]:
+            return [c async for c in engine.stream_generate(p, max_tokens=12, temperature=0.0)]
+
+        streams = await asyncio.gather(*(stream(p) for p in prompts))
+        wholes = await asyncio.gather(
+            *(engine.generate(p, max_tokens=12, temperature=0.0) for p in prompts)
+        )
+        for chunks, whole in zip(streams, wholes, strict=True):
+            assert [c.finished for c in chunks] == [False] * (len(chunks) - 1) + [True]
+            assert "".join(c.new_text for c in chunks) == chunks[-1].text == whole.text
+            assert chunks[-1].tokens == whole.tokens
+            counts = [c.completion_tokens for c in chunks]
+            assert counts == sorted(counts)
+    finally:
+        await engine.stop()

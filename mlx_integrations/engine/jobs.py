@@ -43,26 +43,28 @@ class Mailbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # the table below holds mailboxes by weak loop keys
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
         self._scheduled = False
 
     @property
     def closed(self) -> bool:
-        return self._loop.is_closed()
+        loop = self._loop()
+        return loop is None or loop.is_closed()
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` into ``queue`` on the loop; any thread. RuntimeError: loop closed."""
         with self._lock:
-            if self._loop.is_closed():
+            loop = self._loop()
+            if loop is None or loop.is_closed():
                 raise RuntimeError("the event loop is closed")
             self._pending.append((queue, item))
             if self._scheduled:
                 return
             self._scheduled = True
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
             with self._lock:
                 self._scheduled = False

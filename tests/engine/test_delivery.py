@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,19 @@ def test_a_closed_loop_aborts_the_request_instead_of_queueing_forever():
         assert channel.abort.is_set()
     with pytest.raises(RuntimeError, match="closed"):
         Mailbox(loop).post(asyncio.Queue(), chunk("x"))
+
+
+def test_a_finished_loop_and_its_mailbox_are_freed():
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def make() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        Channel()
+
+    for _ in range(5):
+        asyncio.run(make())
+    gc.collect()
+    assert [ref() for ref in loops] == [None] * 5
 
 
 async def test_final_only_sends_the_last_chunk_alone():

@@ -1,4 +1,5 @@
-"""How bench_gpu.py reports: one-line summaries and the tokens/s plot, from its JSON."""
+"""How bench_gpu.py reports: one-line summaries, the README's table and the tokens/s plot,
+all from its JSON; and joining runs that measured different shapes or parts."""
 
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ def brief(part: str, r: dict[str, Any]) -> str:
         return "; ".join(f"c={c} {v['ratio']:.3f}" for c, v in r.items() if isinstance(v, dict))
     if part == "prefix":
         return f"{summary(r)} cached {r['cached_tokens']}"
+    if part == "graph":
+        rows = []
+        for setting, v in r.get("summary", {}).items():
+            if not isinstance(v, dict):
+                continue
+            vs = v.get("raw_vs_default", {}).get("median")
+            rows.append(
+                f"{setting}: raw {v['raw_median']:.0f} ours {v['ours_median']:.0f} tok/s, "
+                f"ours/raw {v['ratio']:.3f}" + (f", raw vs default {vs:.3f}" if vs else "")
+            )
+        same = r.get("summary", {}).get("same_tokens_across_settings")
+        return "; ".join(rows) + f"; same tokens {same}"
     if part == "lookup":
         c1 = r.get("c1", {})
         return (
@@ -66,3 +79,79 @@ def brief(part: str, r: dict[str, Any]) -> str:
             f"c8 {summary(r.get('c8', {}))}"
         )
     return json.dumps(r)
+
+
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs: the first's header, every run's shapes and parts."""
+    joined = dict(runs[0]) | {"shapes": {}, "runs": [r.get("date") for r in runs]}
+    joined["date"] = "; ".join(str(r.get("date")) for r in runs)
+    for run in runs:
+        for shape, parts in run["shapes"].items():
+            joined["shapes"].setdefault(shape, {}).update(parts)
+    return joined
+
+
+def _cell(s: dict[str, Any] | None, unit: str = "tok/s", digits: int = 0) -> str:
+    """``ratio (low to high; ours / raw unit)`` for one measurement, or 'not run'."""
+    if not s or s.get("ratio") is None:
+        return "not run"
+    sides = f"{s['ours_median']:,.{digits}f} / {s['raw_median']:,.{digits}f} {unit}"
+    return f"{s['ratio']:.2f} ({s['ratio_low']:.2f} to {s['ratio_high']:.2f}; {sides})"
+
+
+def table(results: dict[str, Any]) -> str:
+    """The README's Markdown table: one column per shape, ours / raw in every cell."""
+    shapes = [s for s in results["shapes"] if s != "smollm2"]
+    got = [results["shapes"][s] for s in shapes]
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def ms(s: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not s or s.get("ratio") is None:
+            return s
+        return s | {"ours_median": s["ours_median"] * 1e3, "raw_median": s["raw_median"] * 1e3}
+
+    lines = [row("what", [s.removeprefix("qwen2.5-") + " shape" for s in shapes])]
+    lines.append("| --- " * (len(shapes) + 1) + "|")
+    single = [g.get("single", {}) for g in got]
+    lines.append(
+        row(
+            "decode tok/s, `SimpleEngine` / `mlx_lm.stream_generate`",
+            [_cell(x.get("decode")) for x in single],
+        )
+    )
+    lines.append(row("cold TTFT, same", [_cell(ms(x.get("ttft")), "ms", 1) for x in single]))
+    for c in results.get("concurrency", []):
+        label = (
+            "total tok/s, `BatchedEngine(max_num_seqs=c)` / `batch_generate` (batch sizes c), c = 1"
+            if c == 1
+            else f"c = {c}"
+        )
+        lines.append(row(label, [_cell((g.get("batched") or {}).get(str(c))) for g in got]))
+    lines.append(
+        row(
+            "TTFT after a cached 1,024-token prefix, prefix cache / raw KV reuse",
+            [_cell(ms(g.get("prefix")), "ms", 0) for g in got],
+        )
+    )
+    graphs = [(g.get("graph") or {}).get("summary", {}) for g in got]
+    for setting in (results["shapes"][shapes[0]].get("graph") or {}).get("settings", []):
+        name = "unset" if setting == "default" else setting
+        cells = []
+        for summary_ in graphs:
+            v = summary_.get(setting)
+            if not v:
+                cells.append("not run")
+                continue
+            cell = f"raw {v['raw_median']:.0f}, ours {v['ours_median']:.0f} tok/s; ours/raw " + (
+                f"{v['ratio']:.2f} ({v['ratio_low']:.2f} to {v['ratio_high']:.2f})"
+            )
+            for side in ("raw", "ours"):
+                if vs := v.get(f"{side}_vs_default"):
+                    cell += (
+                        f"; {side} / unset {vs['median']:.2f} ({vs['low']:.2f} to {vs['high']:.2f})"
+                    )
+            cells.append(cell)
+        lines.append(row(f"single stream, `MLX_MAX_OPS_PER_BUFFER` {name}", cells))
+    return "\n".join(lines)

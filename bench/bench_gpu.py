@@ -7,26 +7,35 @@ per-repetition ratios.
 
 1. **Single stream**: greedy decode tokens/s (first token to last) of
    ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the cold
-   time to first token.
+   time to first token: ``--warmup`` untimed runs a side, then ``--reps`` (9) timed
+   runs a side, alternating.
 2. **Batched**: ``BatchedEngine(max_num_seqs=c)`` serving ``c`` requests at once
    against ``mlx_lm.batch_generate`` with the same batch sizes (completion and prefill
-   batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included.
-3. **Prefix hit**: time to first token of a question after a cached 1,024-token
+   batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included;
+   one warm-up a side at each ``c``.
+3. **Graph size**: the single stream again, raw and ours, under each
+   ``MLX_MAX_OPS_PER_BUFFER`` of ``--graph-ops`` (how many operations MLX's CUDA
+   backend records into one CUDA graph), each setting in its own processes, rotated.
+4. **Prefix hit**: time to first token of a question after a cached 1,024-token
    prefix: SimpleEngine's prefix cache against raw mlx-lm reusing the prefix's KV cache.
-4. **Prompt lookup**: SimpleEngine (``prompt_lookup=4``) against itself without, on
+5. **Prompt lookup**: SimpleEngine (``prompt_lookup=4``) against itself without, on
    a copy-heavy prompt, and BatchedEngine at c = 8; ``--shapes smollm2`` runs it on
    SmolLM2-135M-Instruct (a real model copies; a random one only repeats itself).
-5. **Profile**: where a decode step's time goes (graph building in Python, kernel
+6. **Profile**: where a decode step's time goes (graph building in Python, kernel
    launches, the GPU), the memory bandwidth, and the bandwidth floor per token.
 
 The models are random bf16 weights of the real shapes (151,936-token head) over a small
 tokenizer: the embedding (tied head) rows are zero but those of tokens that read as
 printable ASCII alone, so greedy decoding never picks a special token (never ends
-early: every side makes exactly the same tokens, checked) and every token streams text. Results go to ``--out`` as ``bench_gpu.json`` (written after
-each part) and ``bench_gpu.png`` (tokens/s against concurrency).
+early: every side makes exactly the same tokens, checked) and every token streams text.
+Results go to ``--out`` as ``bench_gpu.json`` (written after each part) and
+``bench_gpu.png`` (tokens/s against concurrency). ``--budget-s`` skips the parts that
+would start past it, so a run fits one command of a time-limited machine.
 
 Run (on the GPU machine, see bench/gpu/device.sh): ``python3 bench/bench_gpu.py --out DIR``;
-``--quick`` runs tiny shapes, for a check on a CPU. ``--plot JSON`` redraws the PNG.
+``--quick`` runs tiny shapes, for a check on a CPU. ``--plot JSON`` redraws the PNG;
+``--merge A.json B.json --out DIR`` joins runs that measured different shapes or parts;
+``--table JSON`` prints the README's table rows.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hashlib
 import json
 import os
 import statistics
@@ -46,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _gpu_report import brief, plot, summary
+from _gpu_report import brief, merge, plot, summary, table
 
 import mlx_integrations  # noqa: F401  (BLAS preload and float32 precision before mlx.core)
 
@@ -151,6 +161,7 @@ def raw_stream(model: Any, tokenizer: Any, prompt: list[int], tokens: int) -> di
     """mlx-lm's stream_generate: TTFT from the call, decode rate from first token to last."""
     from mlx_lm import stream_generate
 
+    at = time.time()
     start = time.perf_counter()
     first = None
     out = []
@@ -160,10 +171,11 @@ def raw_stream(model: Any, tokenizer: Any, prompt: list[int], tokens: int) -> di
             first = time.perf_counter()
     assert first is not None
     end = time.perf_counter()
-    return {"tokens": out, "ttft": first - start, "tps": (len(out) - 1) / (end - first)}
+    return {"tokens": out, "ttft": first - start, "tps": (len(out) - 1) / (end - first), "at": at}
 
 
 async def engine_stream(engine: Any, prompt: str, tokens: int) -> dict[str, Any]:
+    at = time.time()
     start = time.perf_counter()
     first = None
     last: Any = None
@@ -181,10 +193,18 @@ async def engine_stream(engine: Any, prompt: str, tokens: int) -> dict[str, Any]
         "drafted": last.mtp_drafts,
         "accepted": last.mtp_accepted,
         "cached": int(getattr(last, "cached_tokens", 0)),
+        "at": at,
     }
 
 
-def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+def decode_sides(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    """Single-stream greedy decode, ``SimpleEngine`` against raw ``stream_generate``.
+
+    Both sides warm up first, ``--warmup`` runs each in turn on the same prompt and
+    length, then ``--reps`` timed runs alternate which side goes first. Every run's
+    tokens are checked against raw's first (warm-up) run. The cold time to first token
+    is that of each timed run (no prefix cache: ``cache_memory_mb=0``).
+    """
     from mlx_integrations.engine import SimpleEngine
 
     prompt = words(32)
@@ -193,8 +213,6 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(engine.start())
-        ref = raw_stream(model, tokenizer, ids, args.tokens)  # warm-up, and the reference
-        checks: list[bool] = []
         runs: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": []}
 
         def raw() -> float:
@@ -204,24 +222,32 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
         def ours() -> float:
             r = loop.run_until_complete(engine_stream(engine, prompt, args.tokens))
             runs["ours"].append(r)
-            checks.append(r["tokens"] == ref["tokens"])
             return float(r["tps"])
 
-        ours()  # warm-up
-        checks.clear()
-        runs["ours"].clear()
+        warm = alternate(max(1, args.warmup), {"raw": raw, "ours": ours})
+        ref = runs["raw"][0]["tokens"]
+        same = all(r["tokens"] == ref for side in runs.values() for r in side)
+        runs = {"raw": [], "ours": []}
+        began = time.time()
         tps = alternate(args.reps, {"raw": raw, "ours": ours})
-        ttft = {k: [r["ttft"] for r in v] for k, v in runs.items()}
         return {
-            "tokens": len(ref["tokens"]),
-            "same_tokens": all(checks),
+            "tokens": len(ref),
+            "token_digest": hashlib.sha256(json.dumps(ref).encode()).hexdigest()[:16],
+            "same_tokens": same and all(r["tokens"] == ref for r in runs["ours"]),
+            "raw_same_tokens": all(r["tokens"] == ref for r in runs["raw"]),
+            "warmup": warm,
+            "started": began,
+            "at": {k: [round(r["at"] - began, 2) for r in v] for k, v in runs.items()},
             "decode": spread(tps["ours"], tps["raw"]),
-            "raw_same_tokens": all(r["tokens"] == ref["tokens"] for r in runs["raw"]),
-            "ttft": spread(ttft["ours"], ttft["raw"]),
+            "ttft": spread(*([r["ttft"] for r in runs[k]] for k in ("ours", "raw"))),
         }
     finally:
         loop.run_until_complete(engine.stop())
         loop.close()
+
+
+def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    return decode_sides(path, model, tokenizer, args)
 
 
 def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
@@ -398,6 +424,95 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
     return result
 
 
+GRAPH_VARIABLE = "MLX_MAX_OPS_PER_BUFFER"
+"""Most operations MLX's CUDA backend puts in one CUDA graph before it launches it.
+
+Read once, when a process first uses the GPU (``get_graph_limits`` in MLX's
+mlx/backend/cuda/device.cpp); unset, it depends on the compute capability: 100 on
+sm_90 (H100, H200), 20 on sm_80. ``MLX_MAX_MB_PER_BUFFER`` (1,000 MB on sm_90) caps the
+bytes a graph reads the same way.
+"""
+
+
+def bench_graph(path: Path, args: Any) -> dict[str, Any]:
+    """Single-stream decode, raw and ours, under each ``--graph-ops`` setting of
+    ``MLX_MAX_OPS_PER_BUFFER`` ("default": unset), one process per setting and
+    repetition (MLX reads it once per process), the settings rotating.
+
+    Each process warms both sides up and then alternates them ``--graph-inner`` times
+    (``decode_sides``). Per setting: both sides' tokens/s over all its runs, ours/raw
+    per run, and each side's rate against the unset default's from the same round.
+    """
+    settings = list(args.graph_ops)
+    rounds: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"variable": GRAPH_VARIABLE, "settings": settings, "rounds": rounds}
+    for rep in range(args.graph_reps):
+        row: dict[str, Any] = {}
+        for setting in settings[rep % len(settings) :] + settings[: rep % len(settings)]:
+            left = args.deadline - time.time()
+            if left < 30:
+                row[setting] = {"error": "skipped: out of time"}
+                continue
+            env = {k: v for k, v in os.environ.items() if k != GRAPH_VARIABLE}
+            if setting != "default":
+                env[GRAPH_VARIABLE] = setting
+            cmd = [sys.executable, __file__, "--graph-decode", str(path)]
+            cmd += ["--tokens", str(args.tokens), "--reps", str(args.graph_inner)]
+            cmd += ["--warmup", str(args.warmup)]
+            try:
+                done = subprocess.run(
+                    cmd, env=env, capture_output=True, text=True, timeout=min(left, 240)
+                )
+                lines = done.stdout.strip().splitlines()
+                row[setting] = json.loads(lines[-1]) if lines else {"error": done.stderr[-800:]}
+            except subprocess.TimeoutExpired:
+                row[setting] = {"error": "timed out"}
+        rounds.append(row)
+        args.part_out.write_text(json.dumps(out | {"partial": True}))
+    out["summary"] = graph_summary(rounds, settings)
+    return out
+
+
+def graph_summary(rounds: list[dict[str, Any]], settings: list[str]) -> dict[str, Any]:
+    """Per setting: each side's rates, ours/raw per run, and setting/default per round."""
+    summary: dict[str, Any] = {}
+    done = [r for r in rounds if all("decode" in r.get(s, {}) for s in settings)]
+    digests = {r[s]["token_digest"] for r in done for s in settings}
+    for setting in settings:
+        runs = [r[setting] for r in rounds if "decode" in r.get(setting, {})]
+        if not runs:
+            continue
+        raw = [x for r in runs for x in r["decode"]["raw"]]
+        ours = [x for r in runs for x in r["decode"]["ours"]]
+        entry = spread(ours, raw) | {"processes": len(runs)}
+        entry["same_tokens"] = all(r["same_tokens"] and r["raw_same_tokens"] for r in runs)
+        if setting != "default" and "default" in settings and done:
+            for side in ("raw", "ours"):
+                ratios = [
+                    r[setting]["decode"][f"{side}_median"]
+                    / r["default"]["decode"][f"{side}_median"]
+                    for r in done
+                ]
+                entry[f"{side}_vs_default"] = {
+                    "median": statistics.median(ratios),
+                    "low": min(ratios),
+                    "high": max(ratios),
+                }
+        summary[setting] = entry
+    summary["same_tokens_across_settings"] = len(digests) == 1
+    return summary
+
+
+def graph_decode_only(path: Path, args: Any) -> None:
+    """One process of ``bench_graph``: ``decode_sides`` as one JSON line."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    result = decode_sides(path, model, tokenizer, args)
+    result["variable"] = os.environ.get(GRAPH_VARIABLE)
+    print(json.dumps(result))
+
+
 RAW_ENVS: dict[str, dict[str, str]] = {
     "default": {},
     "cuda_graphs_off": {"MLX_USE_CUDA_GRAPHS": "0"},
@@ -531,6 +646,9 @@ def run_part(args: Any) -> None:
         path = ensure_smollm2()
     else:
         path = build_model(args.models / args.shape, SHAPES[args.shape])
+    if args.run_part == "graph":
+        args.part_out.write_text(json.dumps(bench_graph(path, args)))
+        return
     model, tokenizer = load(str(path))
     parts: dict[str, Callable[[], Any]] = {
         "single": functools.partial(bench_single, path, model, tokenizer, args),
@@ -549,29 +667,54 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--shapes", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
     parser.add_argument(
-        "--parts", nargs="+", default=["single", "batched", "profile", "prefix", "lookup"]
+        "--parts",
+        nargs="+",
+        default=["single", "batched", "graph", "prefix", "profile", "lookup"],
     )
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=9, help="timed single-stream runs a side")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs a side first")
     parser.add_argument("--batched-reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--prefix-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--graph-ops",
+        nargs="+",
+        default=["default", "50", "200"],
+        help=f"{GRAPH_VARIABLE} values for the graph part ('default': unset)",
+    )
+    parser.add_argument("--graph-reps", type=int, default=3, help="processes per setting")
+    parser.add_argument("--graph-inner", type=int, default=3, help="timed runs a side each")
     parser.add_argument("--models", type=Path, default=Path("/tmp/bench-gpu-models"))
     parser.add_argument("--budget-s", type=float, default=86400.0, help="skip parts past this")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU check)")
     parser.add_argument("--plot", type=Path, help="redraw the PNG from this JSON and stop")
+    parser.add_argument("--merge", type=Path, nargs="+", help="join these runs' JSON into --out")
+    parser.add_argument("--table", type=Path, help="print the README's table rows from this JSON")
     parser.add_argument("--raw-decode", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--graph-decode", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS)
     parser.add_argument("--run-part", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_decode:
         return raw_decode_only(args.raw_decode, args.tokens)
+    if args.graph_decode:
+        return graph_decode_only(args.graph_decode, args)
     if args.plot:
         return plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+    if args.table:
+        return print(table(json.loads(args.table.read_text())))
+    if args.merge:
+        args.out.mkdir(parents=True, exist_ok=True)
+        joined = merge([json.loads(p.read_text()) for p in args.merge])
+        (args.out / "bench_gpu.json").write_text(json.dumps(joined, indent=1))
+        return plot(joined, args.out / "bench_gpu.png")
     if args.quick:
         args.shapes, args.tokens, args.reps, args.batched_reps = ["tiny"], 24, 2, 1
         args.concurrency, args.prefix_tokens = [1, 4], 128
+        args.warmup, args.graph_reps, args.graph_inner = 1, 2, 2
     if args.run_part:
         return run_part(args)
 
@@ -594,7 +737,9 @@ def main() -> None:
     print(f"{results['gpu']} ({info['backend']}), mlx {info['mlx_version']}", flush=True)
     common = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--models", str(args.models)]
     common += ["--batched-reps", str(args.batched_reps), "--prefix-tokens", str(args.prefix_tokens)]
-    common += ["--concurrency", *map(str, args.concurrency)]
+    common += ["--concurrency", *map(str, args.concurrency), "--warmup", str(args.warmup)]
+    common += ["--graph-ops", *args.graph_ops, "--graph-reps", str(args.graph_reps)]
+    common += ["--graph-inner", str(args.graph_inner)]
     for shape in args.shapes:
         r: dict[str, Any] = results["shapes"].setdefault(shape, {})
         for part in args.parts:
@@ -609,7 +754,7 @@ def main() -> None:
             out = Path(f"/tmp/bench-gpu-{shape}-{part}.json")
             out.unlink(missing_ok=True)
             cmd = [sys.executable, __file__, "--run-part", part, "--shape", shape]
-            cmd += ["--part-out", str(out), *common]
+            cmd += ["--part-out", str(out), "--deadline", str(time.time() + left), *common]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
                 if out.exists():
@@ -620,6 +765,9 @@ def main() -> None:
                 r[part] = {"error": "timed out"}
             r["parameters"] = r[part].pop("parameters", r.get("parameters"))
             r[f"{part}_s"] = round(time.perf_counter() - start, 1)
+            r[f"{part}_at"] = time.strftime(
+                "%H:%M:%S UTC", time.gmtime(time.time() - r[f"{part}_s"])
+            )
             json_path.write_text(json.dumps(results, indent=1))
             print(f"  {shape} {part} ({r[f'{part}_s']} s): {brief(part, r[part])}", flush=True)
     try:

@@ -13,7 +13,10 @@
 #   doctor     mlxi doctor --json into $OUT/doctor.json
 #   test       the suite (test_quality's lint and type checks left out: they are the
 #              same on every machine), log and JUnit XML into $OUT
-#   bench      bench/bench_gpu.py, JSON, PNG and log into $OUT
+#   bench      bench/bench_gpu.py, JSON, PNG and log into $OUT, with the GPU's clocks,
+#              load and power sampled every 250 ms into $OUT/gpu-clocks.csv
+#   probe      bench/gpu/kv_probe.py (which quantized KV caches the backend attends
+#              over) into $OUT/kv_probe.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -85,12 +88,21 @@ while [ $# -gt 0 ]; do
         ;;
     bench)
         set +e
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw \
+            --format=csv -lms 250 >"$OUT/gpu-clocks.csv" 2>/dev/null &
+        sampler=$!
         timeout "${BENCH_TIMEOUT:-540}" $python bench/bench_gpu.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
         echo "bench exit ${PIPESTATUS[0]}"
+        kill "$sampler" 2>/dev/null
+        set -e
+        ;;
+    probe)
+        set +e
+        timeout "${PROBE_TIMEOUT:-120}" $python bench/gpu/kv_probe.py | tee "$OUT/kv_probe.jsonl"
         set -e
         ;;
     *)
-        echo "Error: unknown step '$step' (stash DIR, install, models, doctor, test, bench)" >&2
+        echo "Error: unknown step '$step' (stash DIR, install, models, doctor, test, bench, probe)" >&2
         exit 2
         ;;
     esac

@@ -495,6 +495,8 @@ def test_smollm2_tokenizer_matches_transformers_gguf_reader(smollm2, smollm2_ggu
     # transformers rebuilds GGUF tokenizers on its own; it does not know the 'smollm'
     # digit split, so give it that one piece and compare everything else.
     mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    if not hasattr(mapping, "GGUF_TOKENIZER_MAPPING"):  # transformers 5.17 has none
+        pytest.skip("this transformers has no GGUF tokenizer table to compare with")
     from tokenizers import pre_tokenizers
 
     metadata = gguf_metadata(smollm2_gguf)

@@ -468,7 +468,8 @@ def bench_graph(path: Path, args: Any) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 row[setting] = {"error": "timed out"}
         rounds.append(row)
-        args.part_out.write_text(json.dumps(out | {"partial": True}))
+        partial = out | {"partial": True, "summary": graph_summary(rounds, settings)}
+        args.part_out.write_text(json.dumps(partial))
     out["summary"] = graph_summary(rounds, settings)
     return out
 
@@ -762,7 +763,10 @@ def main() -> None:
                 else:
                     r[part] = {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
             except subprocess.TimeoutExpired:
-                r[part] = {"error": "timed out"}
+                # What the part saved before it ran out of time (the graph part saves
+                # after each round), else the error alone.
+                saved = json.loads(out.read_text()) if out.exists() else {}
+                r[part] = saved | {"error": "timed out"}
             r["parameters"] = r[part].pop("parameters", r.get("parameters"))
             r[f"{part}_s"] = round(time.perf_counter() - start, 1)
             r[f"{part}_at"] = time.strftime(

@@ -14,8 +14,17 @@ Runs alternate (None, 8, 4, None, ...) in one process and the medians are compar
 so load from other programs hits every side alike. The prefix cache is cleared after
 each run, so every run prefills the whole prompt.
 
+``--batched`` measures ``BatchedEngine`` at concurrency 4 instead, kv_bits 4 against
+None, side by side (alternating) in one run: four chats of numbered facts of different
+lengths (about ``--context`` tokens each, so the batch is left-padded) sent at once, EOS
+banned so each generates ``--tokens``; reported are the KV bytes of the four contexts
+(the prefix cache's entries after the batch, quantized ones at their real size) and
+the decode tokens/s of the batch (tokens generated after the last request's first
+token, over the time from then to the end), each as a ratio to the unquantized side.
+
 Run: python bench/bench_kv_cache.py [--rounds 3] [--context 4096] [--tokens 64]
 (on a 2-core CPU a round takes about six minutes; the README figures are of one round)
+or: python bench/bench_kv_cache.py --batched [--rounds 3] [--context 1024] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
-from mlx_integrations.engine import SimpleEngine
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
 
 BITS = (None, 8, 4)
 QUESTION = "List every item above in order, with its city and weight, one per line."
@@ -48,9 +57,11 @@ def fact(rng: random.Random, i: int) -> str:
     )
 
 
-def messages_for(engine: SimpleEngine, prompt_tokens: int) -> tuple[list[dict], int]:
+def messages_for(
+    engine: SimpleEngine | BatchedEngine, prompt_tokens: int, seed: int = 0
+) -> tuple[list[dict], int]:
     """A chat of numbered facts and a question, about ``prompt_tokens`` tokens long."""
-    rng = random.Random(0)
+    rng = random.Random(seed)
     lines: list[str] = []
 
     def build() -> list[dict]:
@@ -107,16 +118,112 @@ def agreement(a: list[int], b: list[int]) -> tuple[int, int, int]:
     return prefix, sum(x == y for x, y in zip(a[:n], b[:n], strict=True)), n
 
 
+@dataclass
+class BatchSide:
+    bits: int | None
+    engine: BatchedEngine
+    decode: list[float] = field(default_factory=list)
+    nbytes: float = 0.0
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+async def batched_run(side: BatchSide, chats: list[list[dict]], tokens: int) -> None:
+    """The chats at once; decode tok/s from the last first token to the end."""
+    eos = next(iter(side.engine.tokenizer.eos_token_ids))
+    firsts: list[float] = []
+    # (time, tokens so far) of every chunk of every request.
+    marks: list[list[tuple[float, int]]] = [[] for _ in chats]
+
+    async def one(i: int, messages: list[dict]) -> list[int]:
+        last = None
+        stream = side.engine.stream_chat(
+            messages, max_tokens=tokens, temperature=0, logit_bias={eos: -1e9}
+        )
+        async for out in stream:
+            if last is None:
+                firsts.append(time.perf_counter())
+            marks[i].append((time.perf_counter(), out.completion_tokens))
+            last = out
+        assert last is not None and last.completion_tokens == tokens
+        return list(last.tokens)
+
+    side.tokens = list(await asyncio.gather(*[one(i, m) for i, m in enumerate(chats)]))
+    end = time.perf_counter()
+    start = max(firsts)
+    before = [max((n for t, n in m if t <= start), default=0) for m in marks]
+    side.decode.append((len(chats) * tokens - sum(before)) / (end - start))
+    side.nbytes = side.engine.get_cache_stats()["current_memory_mb"]
+    assert side.engine.get_stats()["batch_size"] == len(chats)
+    side.engine.clear_runtime_caches()
+    print(
+        f"  BatchedEngine kv_bits={side.bits}: decode {side.decode[-1]:.1f} tok/s, "
+        f"{side.nbytes:.1f} MB",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def main_batched(path: Path, args: argparse.Namespace) -> None:
+    sides = [
+        BatchSide(bits, BatchedEngine(path, kv_bits=bits, max_num_seqs=4, cache_memory_mb=4096))
+        for bits in (None, 4)
+    ]
+    try:
+        asyncio.run(sides[0].engine.start())
+        # Contexts of different lengths (about 7/8 to 8/8 of --context): left padding.
+        made = [
+            messages_for(sides[0].engine, args.context * (7 + i / 3) // 8 - args.tokens, i)
+            for i in range(4)
+        ]
+        chats = [m for m, _ in made]
+        warm = [{"role": "user", "content": "Hello!"}]
+        for side in sides:
+            asyncio.run(side.engine.chat(warm, max_tokens=4, temperature=0))
+            side.engine.clear_runtime_caches()
+        for r in range(args.rounds):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                asyncio.run(batched_run(side, chats, args.tokens))
+        base, quantized = sides
+        decode = [statistics.median(s.decode) for s in sides]
+        ratios = [q / b for q, b in zip(quantized.decode, base.decode, strict=True)]
+        agree = [agreement(a, b)[0] for a, b in zip(base.tokens, quantized.tokens, strict=True)]
+        print(
+            f"SmolLM2-135M, BatchedEngine at concurrency 4, prompts of "
+            f"{', '.join(str(n) for _, n in made)} tokens + {args.tokens} generated, "
+            f"{args.rounds} rounds (medians)"
+        )
+        print(
+            f"KV of the four contexts: kv_bits=4 {quantized.nbytes:.1f} MB / unquantized "
+            f"{base.nbytes:.1f} MB = {quantized.nbytes / base.nbytes:.2f}x"
+        )
+        print(
+            f"decode tok/s: kv_bits=4 {decode[1]:.1f} / unquantized {decode[0]:.1f} = "
+            f"{decode[1] / decode[0]:.2f}x (per round {min(ratios):.2f} to {max(ratios):.2f})"
+        )
+        print(f"greedy agreement with unquantized, tokens before the first difference: {agree}")
+    finally:
+        for side in sides:
+            asyncio.run(side.engine.stop())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--context", type=int, default=4096, help="prompt + generated tokens")
+    parser.add_argument("--context", type=int, help="prompt + generated tokens (4096; 1024)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
+    parser.add_argument(
+        "--batched", action="store_true", help="BatchedEngine at concurrency 4, kv_bits=4"
+    )
     args = parser.parse_args()
 
     from tests.support.smollm import ensure_smollm2
 
     path = ensure_smollm2()
+    if args.batched:
+        args.context = args.context or 1024
+        main_batched(path, args)
+        return
+    args.context = args.context or 4096
     sides = [Side(bits, SimpleEngine(path, kv_bits=bits, cache_memory_mb=4096)) for bits in BITS]
     try:
         asyncio.run(sides[0].engine.start())

@@ -31,6 +31,7 @@ from mlx_integrations.engine.generation import (
     request_processors,
 )
 from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.kv_quantization import check_batched_kv_options, check_head_dims
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
@@ -87,8 +88,14 @@ class BatchedEngine(MLXEngine):
     (greedy replies unchanged); when it joins a batch its draft cache is dropped. In a
     shared batch, or with logits processors (constraints, penalties), requests decode
     plainly, which ``get_stats()`` counts in ``speculation_off_requests``. A quantized
-    KV cache (``kv_bits``) is refused with ``ValueError``: mlx-lm's batch generator has
-    none, and so is a vision-language model.
+    KV cache (``kv_bits``, ``kv_group_size``) is quantized from a request's first token:
+    alone it is mlx-lm's ``QuantizedKVCache``, in a shared batch a left-padded
+    :class:`~mlx_integrations.engine.batch_kv.BatchQuantizedKVCache` (attention on the
+    packed values), and it passes between the two with the request. Greedy replies are
+    those of ``SimpleEngine`` with the same ``kv_bits``; prefix-cache entries stay
+    quantized, counted at their real bytes. ``quantized_kv_start`` above 0 is refused
+    with ``ValueError`` (one attention call serves every row, so no row can stay
+    unquantized beside quantized ones), and so is a vision-language model.
 
     Example:
         >>> import asyncio
@@ -142,15 +149,7 @@ class BatchedEngine(MLXEngine):
                 f"{self._name!r} is a vision-language model; BatchedEngine serves text "
                 "models only: use SimpleEngine (engine_type='simple') for it"
             )
-        if self._options.kv_bits is not None:
-            # mlx-lm's BatchGenerator batches only KVCache layers (QuantizedKVCache has
-            # no merge) and takes no kv_bits.
-            raise ValueError(
-                f"BatchedEngine cannot quantize its KV cache (kv_bits="
-                f"{self._options.kv_bits}): mlx-lm's batch generator has no quantized "
-                "batch cache; use SimpleEngine (engine_type='simple') for kv_bits, or "
-                "drop the option"
-            )
+        check_batched_kv_options(self._options.kv_bits, self._options.quantized_kv_start)
         self._max_num_seqs = max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner
         # thread is running the loop (it runs while there is work, then returns).
@@ -253,15 +252,17 @@ class BatchedEngine(MLXEngine):
 
     def _load(self) -> None:
         super()._load()
-        if self._draft_path is not None:
-            try:
-                name = str(self._options.draft_model)
+        opts = self._options
+        try:
+            check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            if self._draft_path is not None:
+                name = str(opts.draft_model)
                 self._draft, self._draft_lease = load_draft_model(
                     self._draft_path, self._tokenizer, name
                 )
-            except BaseException:
-                self._unload()  # nothing half-loaded stays: the next request loads again
-                raise
+        except BaseException:
+            self._unload()  # nothing half-loaded stays: the next request loads again
+            raise
 
     def _unload(self) -> None:
         self._close_generator()
@@ -371,6 +372,8 @@ class BatchedEngine(MLXEngine):
         self, act: _Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
     ) -> None:
         """Put a sequence into the generator: ``prompt`` follows the ``cached`` tokens."""
+        if self._options.kv_bits is not None:
+            cache = self._own_cache(cache)  # each row quantized: a quantized batch cache
         (uid,) = self._batch_generator().insert(
             [prompt],
             max_tokens=[act.job.params.max_tokens - len(act.builder.tokens)],
@@ -386,14 +389,11 @@ class BatchedEngine(MLXEngine):
 
     def _start_solo(self, job: Job) -> bool:
         """Decode ``job`` outside the batch while it is alone; False when it cannot."""
-        from mlx_lm.models.cache import make_prompt_cache
-
         p = job.params
         if request_processors(p):
             return False  # the batch runs processors with their token context
         cache, reused = self._prefix.take(job.tokens)
-        if cache is None:
-            cache = make_prompt_cache(self._model)
+        cache = self._own_cache(cache)
         if not all(hasattr(layer, "merge") for layer in cache):
             self._prefix.put(job.tokens[:reused], cache)
             return False  # it could not join a batch later
@@ -428,6 +428,18 @@ class BatchedEngine(MLXEngine):
         self._solo = (act, solo)
         with self._state_lock:
             self._solo_requests += 1
+
+    def _own_cache(self, cache: list[Any] | None) -> list[Any]:
+        """A request's KV cache (fresh for None), quantized from its first token with kv_bits."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        opts = self._options
+        if opts.kv_bits is None:
+            return cache if cache is not None else make_prompt_cache(self._model)
+        from mlx_integrations.engine.batch_kv import quantized_prompt_cache
+
+        bits, group = opts.kv_bits, opts.kv_group_size
+        return quantized_prompt_cache(self._model, cache, bits=bits, group_size=group)
 
     def _solo_decode(
         self, act: _Active, context: list[int], reused: int, cache: list[Any]

@@ -107,3 +107,21 @@ def layer_nbytes(layer: Any) -> int:
         parts = (*layer.keys, *layer.values)
         return int(sum(x.nbytes for x in parts if x is not None))
     return int(getattr(layer, "nbytes", 0))
+
+
+def check_batched_kv_options(kv_bits: int | None, quantized_kv_start: int) -> None:
+    """Refuse what a shared batch cannot match: a cache kept unquantized for a while.
+
+    Raises:
+        ValueError: ``kv_bits`` with ``quantized_kv_start`` above 0.
+    """
+    if kv_bits is not None and quantized_kv_start:
+        # One attention call serves every row, quantized or not: a row below its start
+        # would be quantized early in a batch, and its reply would depend on the others.
+        raise ValueError(
+            f"BatchedEngine quantizes a request's KV cache from its first token, as every "
+            f"row of a shared batch is quantized: with kv_bits={kv_bits}, "
+            f"quantized_kv_start must be 0, got {quantized_kv_start}; use "
+            "quantized_kv_start=0, or SimpleEngine (engine_type='simple') to keep the "
+            "first tokens unquantized"
+        )

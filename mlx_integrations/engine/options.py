@@ -69,9 +69,9 @@ class EngineOptions:
     reply so far) of the context's last few tokens; no second model needed.
     ``BatchedEngine`` drafts for a request while it runs alone. 0 turns it off."""
     kv_bits: int | None = None
-    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` only;
-    with ``draft_model``, the target's cache from its first token); None keeps the cache
-    in the model's dtype. 8 bits halves
+    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` and
+    ``BatchedEngine``; with ``draft_model``, the target's cache from its first token);
+    None keeps the cache in the model's dtype. 8 bits halves
     a float16 cache with little drift in replies, 4 bits takes about 0.28x."""
     kv_group_size: int = 64
     """Values sharing one scale and bias in the quantized KV cache (32, 64 or 128; it
@@ -79,7 +79,8 @@ class EngineOptions:
     quantized_kv_start: int = 0
     """Tokens a request's KV cache holds unquantized before it is quantized (mlx-lm's
     ``quantized_kv_start``). 0 quantizes it from the start, so a reply is the same
-    whether its prompt came from the prefix cache or was prefilled afresh."""
+    whether its prompt came from the prefix cache or was prefilled afresh.
+    ``BatchedEngine`` takes only 0: every row of a shared batch is quantized."""
 
     max_images: int = 8
     """Most images and videos one request may hold (vision-language models)."""

@@ -1,5 +1,7 @@
 """A quantized KV cache (``kv_bits``) in SimpleEngine: replies, prefix reuse, bytes, options.
 
+BatchedEngine's are in ``test_batched_kv_bits.py``.
+
 The models have attention heads of 64 values (hidden 128, two heads), which every
 supported ``kv_group_size`` divides, and their own output head
 (``tie_word_embeddings=False``) so that greedy replies vary.
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine import SimpleEngine
 from mlx_integrations.engine.options import EngineOptions
 from tests.support.pool_keys import assert_pool_keys_by
 from tests.support.tiny_models import build_tiny_model
@@ -211,13 +213,6 @@ def test_bad_kv_options_are_refused_at_construction(model64, options, error, mes
         EngineOptions(**options)
     with pytest.raises(error, match=message):
         SimpleEngine(model64, **options)
-
-
-def test_batched_engine_refuses_kv_bits(model64):
-    with pytest.raises(
-        ValueError, match=r"BatchedEngine cannot quantize .*kv_bits=4.*SimpleEngine"
-    ):
-        BatchedEngine(model64, kv_bits=4)
 
 
 async def test_a_group_size_that_does_not_divide_the_heads_fails_at_load(model64, tmp_path):

@@ -10,8 +10,9 @@ reasoning and tool calls, and ends with the usage and finish reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -199,10 +200,21 @@ def with_format_instructions(
     return [{"role": "system", "content": note}, *messages]
 
 
+async def _whole(call: Awaitable[GenerationOutput]) -> AsyncIterator[GenerationOutput]:
+    """A whole output as a stream of one chunk whose new text is all of it."""
+    out = await call
+    yield dataclasses.replace(out, new_text=out.text)
+
+
 async def stream_chat_events(
-    engine: BaseEngine, request: ChatRequest
+    engine: BaseEngine, request: ChatRequest, stream: bool = True
 ) -> AsyncIterator[Event | Finished]:
-    """Run one chat turn and yield its events, ending with :class:`Finished`."""
+    """Run one chat turn and yield its events, ending with :class:`Finished`.
+
+    With ``stream=False`` (a caller that collects the whole reply) the engine's
+    ``chat`` answers in one piece, which the parser reads at once: the same events,
+    without a chunk per token on the way.
+    """
     tools = request.tool_request
     options = dict(request.options)
     override = options.pop("tool_format", None)
@@ -235,21 +247,22 @@ async def stream_chat_events(
     saw_call = False
     # The contract declares stream_chat `async def` returning an iterator; engines
     # implement it as an async generator, which is what is iterated here.
-    stream = cast(
-        AsyncIterator[GenerationOutput],
-        engine.stream_chat(
-            messages,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            # With tool_choice "none" the model is not shown the tools: small models call
-            # whatever they are shown.
-            tools=openai_tools,
-            stop=request.stop,
-            **options,
-        ),
+    call = {
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        # With tool_choice "none" the model is not shown the tools: small models call
+        # whatever they are shown.
+        "tools": openai_tools,
+        "stop": request.stop,
+        **options,
+    }
+    outputs = (
+        cast(AsyncIterator[GenerationOutput], engine.stream_chat(messages, **call))
+        if stream
+        else _whole(engine.chat(messages, **call))
     )
-    async for out in stream:
+    async for out in outputs:
         if parser is None:
             first_at = time.perf_counter()
             # The engine rendered the prompt and says whether it opened a thinking block.

@@ -199,12 +199,16 @@ class ChatMLX(ChatSettings, BaseChatModel):
         return request
 
     async def _aevents(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        stream: bool = True,
     ) -> AsyncIterator[Any]:
         override = kwargs.get("model")
         request = self._request(messages, stop, kwargs)
         if not override or override == self.model:
-            async for event in stream_chat_events(self._served_engine(), request):
+            async for event in stream_chat_events(self._served_engine(), request, stream):
                 yield event
             return
         # A per-call model: its engine comes from the same pool (loaded once, shared).
@@ -212,7 +216,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
 
         engine = pool.acquire(override, engine_type=self.engine_type, **self.engine_options)
         try:
-            async for event in stream_chat_events(engine, request):
+            async for event in stream_chat_events(engine, request, stream):
                 yield event
         finally:
             pool.release(engine)
@@ -288,7 +292,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
     ) -> ChatResult:
         if self.streaming:
             return _result_from_chunks(list(self._stream(messages, stop, run_manager, **kwargs)))
-        events = list(iterate_sync(self._aevents(messages, stop, kwargs)))
+        events = list(iterate_sync(self._aevents(messages, stop, kwargs, stream=False)))
         return _result_from_events(events)
 
     async def _agenerate(
@@ -301,7 +305,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         if self.streaming:
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
             return _result_from_chunks(chunks)
-        events = [e async for e in self._aevents(messages, stop, kwargs)]
+        events = [e async for e in self._aevents(messages, stop, kwargs, stream=False)]
         return _result_from_events(events)
 
     # ----------------------------------------------------------------- tools

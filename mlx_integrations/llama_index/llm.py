@@ -161,11 +161,11 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         return request
 
     async def _astream_responses(
-        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool = True
     ) -> AsyncIterator[ChatResponse]:
         request = self._request(messages, kwargs)
         state = _ResponseState()
-        async for event in stream_chat_events(self._served_engine(), request):
+        async for event in stream_chat_events(self._served_engine(), request, stream):
             yield state.add(event)
 
     # ---------------------------------------------------------------- chat
@@ -173,7 +173,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         last = None
-        for last in iterate_sync(self._astream_responses(messages, kwargs)):  # noqa: B007
+        for last in iterate_sync(self._astream_responses(messages, kwargs, False)):  # noqa: B007
             pass
         assert last is not None
         return _final(last)
@@ -188,7 +188,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         last = None
-        async for last in self._astream_responses(messages, kwargs):  # noqa: B007
+        async for last in self._astream_responses(messages, kwargs, False):  # noqa: B007
             pass
         assert last is not None
         return _final(last)

@@ -25,6 +25,7 @@ from mlx_integrations.engine.batch_sampling import (
     GuardedSampler,
     SeededSampler,
 )
+from mlx_integrations.engine.batch_spec import BatchSpeculation, add_token
 from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
     OutputBuilder,
@@ -85,9 +86,9 @@ class BatchedEngine(MLXEngine):
     repeated. The last request of a batch goes on alone too (unless it is seeded or has
     logits processors). With ``prompt_lookup=N`` or ``draft_model=...`` (loaded with
     the model, vocabulary checked as in :class:`SimpleEngine`) the lone request drafts
-    (greedy replies unchanged); when it joins a batch its draft cache is dropped. In a
-    shared batch, or with logits processors (constraints, penalties), requests decode
-    plainly, which ``get_stats()`` counts in ``speculation_off_requests``. A quantized
+    (greedy replies unchanged). In a shared batch rows draft by prompt lookup only
+    (:mod:`.batch_spec`; a draft model's cache is dropped there); rows with logits
+    processors or a seeded sampler decode plainly (``speculation_off_requests``). A quantized
     KV cache (``kv_bits``, ``kv_group_size``) is quantized from a request's first token:
     alone it is mlx-lm's ``QuantizedKVCache``, in a shared batch a left-padded
     :class:`~mlx_integrations.engine.batch_kv.BatchQuantizedKVCache` (attention on the
@@ -167,10 +168,10 @@ class BatchedEngine(MLXEngine):
         self._draft_path = find_draft_model(self._options.draft_model)
         self._draft: Any = None  # loaded with the model; drafts for a request alone
         self._draft_lease: Any = None
+        self._spec = BatchSpeculation(self._options)  # prompt lookup in the batch
         # Under the state lock.
         self._solo_requests = 0
         self._solo_tokens = 0
-        self._speculation_off = 0
         self._steps = 0
         self._decoded = 0
         self._last_batch = 0
@@ -195,7 +196,7 @@ class BatchedEngine(MLXEngine):
                 generator_resets=self._resets,
                 solo_requests=self._solo_requests,
                 solo_tokens=self._solo_tokens,
-                speculation_off_requests=self._speculation_off,
+                speculation_off_requests=self._spec.plain_requests,
             )
 
     # ------------------------------------------------------- engine hooks
@@ -364,9 +365,7 @@ class BatchedEngine(MLXEngine):
             if cache is not None:
                 self._prefix.put(job.tokens[:reused], cache)
             raise
-        if self._options.speculation != "off":
-            with self._state_lock:
-                self._speculation_off += 1
+        self._spec.admitted(self._model, p, processors is not None)
 
     def _insert_active(
         self, act: _Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
@@ -516,9 +515,7 @@ class BatchedEngine(MLXEngine):
             self._solo = None
             self._finish(act.job, exc)
             return
-        if self._options.speculation != "off":
-            with self._state_lock:
-                self._speculation_off += 1
+        self._spec.admitted(self._model, act.job.params, False)
 
     def _sampler(self, p: SamplingParams) -> GuardedSampler | None:
         """None (the generator's shared greedy sampler) for temperature 0.
@@ -557,26 +554,27 @@ class BatchedEngine(MLXEngine):
 
     def _step(self) -> None:
         """One generator step: prefill pieces of newcomers and one token for the rest."""
-        _, responses = self._generator.next()  # a failure here resets the batch (see _serve)
-        if responses:
+        # A failure here resets the batch (see _serve); a row may get several tokens.
+        _, responses = self._spec.next(self._generator)
+        if rows := len({r.uid for r in responses}):
             with self._state_lock:
                 self._steps += 1
-                self._decoded += len(responses)
-                self._last_batch = len(responses)
-                self._peak_batch = max(self._peak_batch, len(responses))
+                self._decoded += rows
+                self._last_batch = rows
+                self._peak_batch = max(self._peak_batch, rows)
         # Sequences the generator already took out (EOS, max_tokens): (final, cache, tokens).
         done: dict[int, tuple[MLXGenerationOutput, Any, Any]] = {}
         # Sequences we take out: stop strings and failures.
         retire: dict[int, MLXGenerationOutput | BaseException] = {}
         for r in responses:
             act = self._active.get(r.uid)
-            if act is None:
+            if act is None or r.uid in retire or r.uid in done:  # ended earlier in the step
                 continue
             error = act.error()
             if error is not None:
                 retire[r.uid] = error
                 continue
-            out = act.builder.add(int(r.token))
+            out = add_token(act.builder, r)
             if r.finish_reason is not None:
                 if not act.builder.finished:
                     out = act.builder.finish(r.finish_reason)

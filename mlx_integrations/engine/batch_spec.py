@@ -1,0 +1,295 @@
+"""Prompt-lookup speculation for the requests that share ``BatchedEngine``'s batch.
+
+mlx-lm's ``GenerationBatch`` keeps, for every row, the token it sampled last and has
+not fed yet (the *pending* token), and a ``BatchKVCache`` whose rows are aligned on
+the right (each with its own left padding). A speculative step feeds each row
+``[pending, drafts...]``, right-padded to one width, where the drafts are the tokens
+that followed the latest earlier occurrence of the row's last n-gram
+(:class:`~mlx_integrations.engine.speculative.NgramIndex`, as for a request alone).
+Each row's sampler picks a token at every position; the row keeps its drafts up to
+the first one that differs from the pick, and the pick there is its new pending
+token. The row's rejected drafts and padding are then dropped from the cache:
+mlx-lm's own ``trim`` for what every row drops, then ``prepare(right_padding=...)``
+and ``finalize()``, which roll each row right by what it drops beyond that and grow
+its left padding, as after a right-padded prefill.
+
+So with greedy decoding a row's tokens are those of a plain step, whatever its
+drafts; with sampling a draft is kept only where it equals the row's own sample, so
+the reply follows the model's distribution. A row with logits processors (tool or
+JSON constraints, penalties, ``logit_bias``) or a seeded sampler never drafts: its
+processors see only its own tokens, and a seeded row's draws must not depend on what
+runs beside it. It is fed its pending token alone in a speculative step, its
+processors run on that position exactly as in mlx-lm's step.
+
+A step speculates only when at least half the rows can draft; otherwise (and always
+for models whose batch cache is not a plain ``BatchKVCache``: sliding windows,
+state-space layers) the batch runs mlx-lm's own step, untouched. Owner thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mlx_integrations.engine.batch_sampling import SeededSampler
+from mlx_integrations.engine.options import EngineOptions
+from mlx_integrations.engine.params import SamplingParams
+from mlx_integrations.engine.speculative import NgramIndex
+
+MIN_DRAFTING_SHARE = 0.5
+"""A step speculates when at least this share of the batch's rows has drafts."""
+
+
+class BatchSpeculation:
+    """Prompt-lookup drafting for the rows of a ``BatchGenerator``'s decode batch.
+
+    Args:
+        options: The engine's options: ``prompt_lookup`` tokens are drafted per row and
+            step (none with a draft model, which drafts only for a request alone, nor
+            with ``kv_bits``: a quantized batch cache cannot drop positions per row).
+    """
+
+    def __init__(self, options: EngineOptions):
+        self.max_draft = options.prompt_lookup if options.kv_bits is None else 0
+        self._speculation = options.speculation
+        self.plain_requests = 0
+        """Requests in the batch without drafts though the options ask for speculation
+        (``speculation_off_requests``); written on the owner thread only."""
+        self._indices: dict[int, NgramIndex] = {}  # uid -> the row's context
+        self._fits: tuple[Any, bool] | None = None  # (model, its cache can roll back)
+
+    # ------------------------------------------------------- the engine's side
+
+    def next(self, generator: Any) -> tuple[list[Any], list[Any]]:
+        """``generator.next()``, its decode steps drafting where it pays."""
+        self.attach(generator)
+        return generator.next()
+
+    def admitted(self, model: Any, p: SamplingParams, constrained: bool) -> None:
+        """A request joined the batch: count it if it decodes there without drafts."""
+        if self.decodes_plainly(model, p, constrained):
+            self.plain_requests += 1
+
+    def attach(self, generator: Any) -> None:
+        """Route the decode steps of ``generator`` through :meth:`_next` (idempotent)."""
+        batch = generator._generation_batch
+        if not self.max_draft or "next" in vars(batch):
+            return
+        if not self.fits(generator.model):
+            return
+        plain = batch.next
+        batch.next = lambda: self._next(batch, plain)
+
+    def fits(self, model: Any) -> bool:
+        """Whether ``model``'s batch cache is one that speculation can roll back."""
+        if self._fits is None or self._fits[0] is not model:
+            from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+            plain = all(type(c) is KVCache for c in make_prompt_cache(model))
+            self._fits = (model, plain)
+        return self._fits[1]
+
+    def decodes_plainly(self, model: Any, p: SamplingParams, constrained: bool) -> bool:
+        """Whether a request joining the batch decodes there without the drafts that the
+        engine's options ask for (``speculation_off_requests`` counts them)."""
+        if self._speculation == "off":
+            return False
+        seeded = p.seed is not None and p.temperature > 0
+        return not self.max_draft or constrained or seeded or not self.fits(model)
+
+    # ------------------------------------------------------- a step
+
+    def _next(self, batch: Any, plain: Callable[[], list[Any]]) -> list[Any]:
+        if not self._worth_it(batch):
+            return plain()
+        pending: list[int] = batch._next_tokens.tolist()
+        drafts = self._drafts(batch, pending)
+        if not any(drafts):
+            return plain()  # the pending tokens are computed; the step goes on as usual
+        return self._verify(batch, pending, drafts)
+
+    def _index(self, batch: Any, row: int) -> NgramIndex:
+        """The row's n-gram index, brought up to the tokens its cache holds."""
+        uid, tokens = batch.uids[row], batch.tokens[row]
+        index = self._indices.get(uid)
+        if index is None:
+            index = self._indices[uid] = NgramIndex(tokens)
+        for token in tokens[len(index.tokens) :]:
+            index.append(token)
+        return index
+
+    def _can_draft(self, batch: Any, row: int) -> bool:
+        sampler = batch.samplers[row] if batch.samplers else None
+        seeded = isinstance(getattr(sampler, "sampler", None), SeededSampler)
+        left = batch.max_tokens[row] - batch._num_tokens[row]
+        return not batch.logits_processors[row] and not seeded and left > 1
+
+    def _worth_it(self, batch: Any) -> bool:
+        """Whether enough rows have an n-gram match to draft from (no sync needed)."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        if not all(type(layer) is BatchKVCache for layer in batch.prompt_cache):
+            return False
+        if len(self._indices) > len(batch.uids):
+            live = set(batch.uids)
+            self._indices = {u: i for u, i in self._indices.items() if u in live}
+        rows = len(batch.uids)
+        hits = sum(
+            1
+            for row in range(rows)
+            if self._can_draft(batch, row) and self._index(batch, row).propose(1)
+        )
+        return hits > 0 and hits >= MIN_DRAFTING_SHARE * rows
+
+    def _drafts(self, batch: Any, pending: Sequence[int]) -> list[list[int]]:
+        drafts: list[list[int]] = []
+        for row, token in enumerate(pending):
+            if not self._can_draft(batch, row):
+                drafts.append([])
+                continue
+            index = self._index(batch, row)
+            if len(index.tokens) == len(batch.tokens[row]):
+                index.append(token)  # the pending token is the row's next, whatever comes
+            # Leave room for the model's own token after the drafts.
+            left = batch.max_tokens[row] - batch._num_tokens[row] - 1
+            drafts.append(index.propose(min(self.max_draft, left)))
+        return drafts
+
+    def _verify(self, batch: Any, pending: list[int], drafts: list[list[int]]) -> list[Any]:
+        """Feed every row its pending token and drafts; keep what each row's sampler agrees with."""
+        import mlx.core as mx
+        from mlx_lm.generate import GenerationBatch
+
+        Response = GenerationBatch.Response
+        width = 1 + max(len(d) for d in drafts)
+        inputs = mx.array(
+            [[t, *d] + [0] * (width - 1 - len(d)) for t, d in zip(pending, drafts, strict=True)],
+            mx.uint32,
+        )
+        logits = batch.model(inputs, cache=batch.prompt_cache)
+        if any(batch.logits_processors):
+            logits = _process(batch, inputs, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        picks = _sample(batch, logprobs, [1 + len(d) for d in drafts])
+
+        responses: list[Any] = []
+        drop: list[int] = []
+        keep: list[int] = []
+        finished: list[tuple[int, int, list[int], str]] = []
+        next_tokens: list[int] = []
+        next_logprobs: list[Any] = []
+        for row, (token, draft, pick) in enumerate(zip(pending, drafts, picks, strict=True)):
+            accepted = 0
+            while accepted < len(draft) and pick[accepted] == draft[accepted]:
+                accepted += 1
+            emitted, reason = _ends(batch, row, [token, *draft[:accepted]])
+            batch.tokens[row].extend(emitted)
+            drop.append(width - len(emitted))
+            for i, t in enumerate(emitted):
+                response = Response(
+                    uid=batch.uids[row],
+                    token=t,
+                    logprobs=batch._next_logprobs[row] if i == 0 else logprobs[row, i - 1],
+                    finish_reason=None,
+                    prompt_cache=None,
+                    all_tokens=None,
+                )
+                # Read by add_token: the round's drafts on its first token.
+                response.drafted, response.accepted = (len(draft) if i == 0 else 0), i > 0
+                responses.append(response)
+            if reason is None:
+                keep.append(row)
+            else:
+                finished.append((row, len(responses) - 1, emitted, reason))
+            next_tokens.append(pick[accepted])
+            next_logprobs.append(logprobs[row, accepted])
+        _roll_back(batch.prompt_cache, drop)
+        for row, at, _, reason in finished:
+            last = responses[at]
+            last.finish_reason = reason
+            last.prompt_cache = batch.extract_cache(row)
+            last.all_tokens = batch.tokens[row]
+        batch._current_tokens = inputs[:, 0]
+        batch._next_tokens = mx.array(next_tokens, mx.uint32)
+        batch._next_logprobs = next_logprobs
+        if len(keep) < len(batch.uids):
+            batch.filter(keep)
+        return responses
+
+
+def add_token(builder: Any, response: Any) -> Any:
+    """``builder.add`` of a response's token, counting the drafts of its round (on the
+    round's first token) and whether it is an accepted draft."""
+    builder.drafted += getattr(response, "drafted", 0)
+    builder.accepted += getattr(response, "accepted", False)
+    return builder.add(int(response.token))
+
+
+def _ends(batch: Any, row: int, tokens: list[int]) -> tuple[list[int], str | None]:
+    """The tokens the row keeps and why it ends, checked one by one as mlx-lm does."""
+    for i, token in enumerate(tokens):
+        reason = None
+        batch._num_tokens[row] += 1
+        if batch._num_tokens[row] >= batch.max_tokens[row]:
+            reason = "length"
+        if batch._matchers[row].advance(token):
+            reason = "stop"
+        if reason is not None:
+            return tokens[: i + 1], reason
+    return tokens, None
+
+
+def _process(batch: Any, inputs: Any, logits: Any) -> Any:
+    """Run each constrained row's processors on its one position, as mlx-lm's step does."""
+    import mlx.core as mx
+
+    rows = []
+    for row, processors in enumerate(batch.logits_processors):
+        row_logits = logits[row]
+        if processors:
+            context = batch._token_context[row].update_and_fetch(inputs[row, :1])
+            first = row_logits[:1]
+            for processor in processors:
+                first = processor(context, first)
+            row_logits = mx.concatenate([first, row_logits[1:]])
+        rows.append(row_logits)
+    return mx.stack(rows)
+
+
+def _sample(batch: Any, logprobs: Any, counts: list[int]) -> list[list[int]]:
+    """Each row's sampler on its first ``counts[row]`` positions; rows sharing a
+    sampler are sampled in one call, as mlx-lm does."""
+    import mlx.core as mx
+
+    samplers = [
+        batch.fallback_sampler if s is None else s for s in (batch.samplers or [None] * len(counts))
+    ]
+    groups: dict[int, list[int]] = {}
+    for row, sampler in enumerate(samplers):
+        groups.setdefault(id(sampler), []).append(row)
+    picked: dict[int, Any] = {}
+    for rows in groups.values():
+        sampler = samplers[rows[0]]
+        flat = mx.concatenate([logprobs[row, : counts[row]] for row in rows])
+        picked[rows[0]] = sampler(flat)
+    mx.eval(list(picked.values()))
+    picks: list[list[int]] = [[] for _ in counts]
+    for rows in groups.values():
+        values = picked[rows[0]].tolist()
+        start = 0
+        for row in rows:
+            picks[row] = values[start : start + counts[row]]
+            start += counts[row]
+    return picks
+
+
+def _roll_back(cache: list[Any], drop: list[int]) -> None:
+    """Drop the last ``drop[row]`` positions of each row of a batch KV cache."""
+    common = min(drop)
+    rest = [n - common for n in drop]
+    for layer in cache:
+        if common:
+            layer.trim(common)
+        if max(rest) > 0:
+            layer.prepare(right_padding=rest)
+            layer.finalize()

@@ -5,11 +5,15 @@
    model (hidden 256) and for SmolLM2-135M.
 2. Time to first token of the second turn of a ~1,500-token conversation with KV reuse,
    divided by the same turn without reuse (target <= 0.3).
+3. ``--batched``: total tokens/s of ``BatchedEngine(max_num_seqs=c)`` serving ``c``
+   requests at once (``generate``) divided by raw ``mlx_lm.batch_generate`` with the
+   same batch sizes, c = 8 and 64, on a very small model (hidden 64, 2 layers, 512-token
+   vocabulary), where a step costs little and the host work per request shows.
 
 Runs alternate (raw, ours, raw, ours, ...) and the medians are compared, so load from
 other processes hits both sides alike.
 
-Run: python bench/bench_engine.py [--rounds 5] [--tokens 128] [--skip-smollm]
+Run: python bench/bench_engine.py [--rounds 5] [--tokens 128] [--skip-smollm] [--batched]
 """
 
 from __future__ import annotations
@@ -122,13 +126,81 @@ def bench_kv_reuse(path: Path, label: str, rounds: int, target_tokens: int = 150
     return ratio
 
 
+def bench_batched_raw(path: Path, levels: list[int], rounds: int, tokens: int) -> None:
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    for c in levels:
+        r_tps, o_tps, ratios = batched_vs_raw(path, model, tokenizer, c, rounds, tokens)
+        print(
+            f"c={c:3d}: total tokens/s  batch_generate {statistics.median(r_tps):8.0f}   "
+            f"BatchedEngine {statistics.median(o_tps):8.0f}   ratio median "
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f} to {max(ratios):.3f})"
+        )
+
+
+def batched_vs_raw(path: Path, model, tokenizer, c: int, rounds: int, tokens: int):
+    """Total tokens/s of both sides over ``rounds`` alternating rounds, and their ratios."""
+    from mlx_lm import batch_generate
+
+    from mlx_integrations.engine import BatchedEngine
+
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly box".split()
+    prompts = [" ".join(words[(i + j) % len(words)] for j in range(20 + i % 9)) for i in range(c)]
+    ids = [tokenizer.encode(p) for p in prompts]
+    engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.start())
+
+    def raw() -> float:
+        start = time.perf_counter()
+        out = batch_generate(
+            model,
+            tokenizer,
+            ids,
+            max_tokens=tokens,
+            completion_batch_size=c,
+            prefill_batch_size=c,
+            return_token_ids=True,
+        )
+        return sum(map(len, out.token_ids)) / (time.perf_counter() - start)
+
+    async def serve() -> list:
+        calls = [engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
+        return list(await asyncio.gather(*calls))
+
+    def ours() -> float:
+        start = time.perf_counter()
+        outs = loop.run_until_complete(serve())
+        return sum(o.completion_tokens for o in outs) / (time.perf_counter() - start)
+
+    raw(), ours()  # warm-up at this batch size
+    r_tps, o_tps, ratios = [], [], []
+    for i in range(rounds):
+        pair = (raw, ours) if i % 2 == 0 else (ours, raw)
+        got = {f.__name__: f() for f in pair}
+        r_tps.append(got["raw"])
+        o_tps.append(got["ours"])
+        ratios.append(got["ours"] / got["raw"])
+    loop.run_until_complete(engine.stop())
+    loop.close()
+    return r_tps, o_tps, ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--skip-smollm", action="store_true")
+    parser.add_argument("--batched", action="store_true", help="only part 3")
     args = parser.parse_args()
     from tests.support.tiny_models import build_tiny_model
+
+    if args.batched:
+        with tempfile.TemporaryDirectory() as tmp:
+            small = build_tiny_model(Path(tmp) / "tiny64", tie_word_embeddings=False)
+            bench_batched_raw(small, [8, 64], args.rounds, args.tokens)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_model(

@@ -29,6 +29,7 @@ state-space layers) the batch runs mlx-lm's own step, untouched. Owner thread on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mlx_integrations.engine.batch_sampling import SeededSampler
@@ -38,6 +39,23 @@ from mlx_integrations.engine.speculative import NgramIndex
 
 MIN_DRAFTING_SHARE = 0.5
 """A step speculates when at least this share of the batch's rows has drafts."""
+
+
+@dataclass
+class DraftedResponse:
+    """A token of a speculative step: the fields of mlx-lm's ``GenerationBatch.Response``
+    that the engine reads, and the round's figures."""
+
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: str | None
+    prompt_cache: list[Any] | None
+    all_tokens: list[int] | None
+    drafted: int
+    """Tokens drafted for the row in this step, on its first token; 0 on the others."""
+    accepted: bool
+    """The token is a draft the model agreed with."""
 
 
 class BatchSpeculation:
@@ -158,9 +176,7 @@ class BatchSpeculation:
     def _verify(self, batch: Any, pending: list[int], drafts: list[list[int]]) -> list[Any]:
         """Feed every row its pending token and drafts; keep what each row's sampler agrees with."""
         import mlx.core as mx
-        from mlx_lm.generate import GenerationBatch
 
-        Response = GenerationBatch.Response
         width = 1 + max(len(d) for d in drafts)
         inputs = mx.array(
             [[t, *d] + [0] * (width - 1 - len(d)) for t, d in zip(pending, drafts, strict=True)],
@@ -172,7 +188,7 @@ class BatchSpeculation:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         picks = _sample(batch, logprobs, [1 + len(d) for d in drafts])
 
-        responses: list[Any] = []
+        responses: list[DraftedResponse] = []
         drop: list[int] = []
         keep: list[int] = []
         finished: list[tuple[int, int, list[int], str]] = []
@@ -186,16 +202,16 @@ class BatchSpeculation:
             batch.tokens[row].extend(emitted)
             drop.append(width - len(emitted))
             for i, t in enumerate(emitted):
-                response = Response(
+                response = DraftedResponse(
                     uid=batch.uids[row],
                     token=t,
                     logprobs=batch._next_logprobs[row] if i == 0 else logprobs[row, i - 1],
                     finish_reason=None,
                     prompt_cache=None,
                     all_tokens=None,
+                    drafted=len(draft) if i == 0 else 0,
+                    accepted=i > 0,
                 )
-                # Read by add_token: the round's drafts on its first token.
-                response.drafted, response.accepted = (len(draft) if i == 0 else 0), i > 0
                 responses.append(response)
             if reason is None:
                 keep.append(row)
@@ -220,8 +236,9 @@ class BatchSpeculation:
 def add_token(builder: Any, response: Any) -> Any:
     """``builder.add`` of a response's token, counting the drafts of its round (on the
     round's first token) and whether it is an accepted draft."""
-    builder.drafted += getattr(response, "drafted", 0)
-    builder.accepted += getattr(response, "accepted", False)
+    if isinstance(response, DraftedResponse):
+        builder.drafted += response.drafted
+        builder.accepted += response.accepted
     return builder.add(int(response.token))
 
 

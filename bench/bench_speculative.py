@@ -4,8 +4,13 @@
    and the instruction to quote it): decode tokens/s with ``prompt_lookup=N`` divided
    by plain decoding, the acceptance rate, and whether the greedy replies are identical;
    then the same for ``BatchedEngine(prompt_lookup=N)``, which drafts for a request
-   that runs alone, against plain ``SimpleEngine``.
-2. Draft-model overhead on a tiny random model (hidden 256, own output head): the
+   that runs alone, against plain ``SimpleEngine``; then ``--concurrency`` RAG
+   requests sharing one ``BatchedEngine`` batch, prompt lookup on and off: tokens/s
+   of the whole batch (completion tokens over the wall time of the gathered
+   requests, prefill included), and whether every greedy reply is identical.
+2. The same shared-batch comparison on a tiny random model (hidden 256, own head)
+   with prompts its replies copy from.
+3. Draft-model overhead on a tiny random model (hidden 256, own output head): the
    model as its own draft (every draft accepted) and a different-seed draft (few
    accepted), each divided by plain decoding; the replies must be identical.
 
@@ -13,7 +18,7 @@ Runs alternate (plain, speculative, plain, ...) in one process and the medians a
 compared, so load from other programs hits both sides alike.
 
 Run: python bench/bench_speculative.py [--rounds 5] [--tokens 160] [--lookup 8]
-     [--skip-smollm]
+     [--concurrency 4] [--skip-smollm]
 """
 
 from __future__ import annotations
@@ -49,6 +54,23 @@ RAG_MESSAGES = [
     },
 ]
 TINY_MESSAGES = [{"role": "user", "content": "Write about the weather in Paris and Rome."}]
+# Requests of one batch: the same passage, each asked to quote it in its own words.
+RAG_ASKS = [
+    "Quote the passage above word for word, then stop.",
+    "Copy the passage above exactly, sentence by sentence.",
+    "Repeat the passage above verbatim.",
+    "Write the passage above out again, unchanged.",
+    "Quote the first half of the passage above exactly.",
+    "Quote the passage above word for word, with no comment.",
+    "Reproduce the passage above as it is.",
+    "Give the passage above back word for word.",
+]
+TINY_COPY = [
+    "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
+    "The capital of France is Paris. The capital of Italy is Rome. The",
+    "What is the weather in Paris? It is sunny in Paris.",
+    "Hello! How can I help you today? I am a helpful assistant. Hello!",
+]
 
 
 async def timed(engine: MLXEngine, messages: list[dict], tokens: int) -> tuple[float, object]:
@@ -120,6 +142,69 @@ def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> No
             asyncio.run(engine.stop())
 
 
+def rag_batch(concurrency: int) -> list[list[dict]]:
+    return [
+        [RAG_MESSAGES[0], {"role": "user", "content": f"Passage:\n{PASSAGE}\n\n{ask}"}]
+        for ask in (RAG_ASKS * concurrency)[:concurrency]
+    ]
+
+
+def tiny_batch(concurrency: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": t}] for t in (TINY_COPY * concurrency)[:concurrency]]
+
+
+async def batch_run(engine: MLXEngine, batch: list[list[dict]], tokens: int):
+    """Tokens/s of the batch (all completion tokens over the gather's wall time), replies."""
+    start = time.perf_counter()
+    outs = await asyncio.gather(*[engine.chat(m, max_tokens=tokens, temperature=0) for m in batch])
+    elapsed = time.perf_counter() - start
+    return sum(o.completion_tokens for o in outs) / elapsed, outs
+
+
+def bench_shared_batch(
+    label: str, path: Path, batch: list[list[dict]], rounds: int, tokens: int, lookup: int
+) -> float:
+    """``len(batch)`` requests in one BatchedEngine batch, prompt lookup off and on."""
+    plain = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch))
+    fast = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch), prompt_lookup=lookup)
+    try:
+        for engine in (plain, fast):  # warm up
+            asyncio.run(batch_run(engine, batch, 8))
+        before = {id(e): e.get_stats() for e in (plain, fast)}
+        base, spec = [], []
+        same = True
+        drafted = accepted = completion = 0
+        for _ in range(rounds):
+            tps, refs = asyncio.run(batch_run(plain, batch, tokens))
+            base.append(tps)
+            tps, outs = asyncio.run(batch_run(fast, batch, tokens))
+            spec.append(tps)
+            same &= [o.tokens for o in outs] == [r.tokens for r in refs]
+            drafted += sum(o.mtp_drafts for o in outs)
+            accepted += sum(o.mtp_accepted for o in outs)
+            completion = sum(o.completion_tokens for o in outs)
+        after = {id(e): e.get_stats() for e in (plain, fast)}
+    finally:
+        for engine in (plain, fast):
+            asyncio.run(engine.stop())
+    ratio = statistics.median(spec) / statistics.median(base)
+    rate = accepted / drafted if drafted else 0.0
+
+    def per_round(engine: MLXEngine, key: str) -> float:
+        return (after[id(engine)][key] - before[id(engine)][key]) / rounds
+
+    print(
+        f"{label}: batch tok/s plain {statistics.median(base):7.1f}  prompt_lookup={lookup} "
+        f"{statistics.median(spec):7.1f}  ratio {ratio:.2f}  acceptance {rate:.2f} "
+        f"({accepted}/{drafted})  {completion} tokens/round  identical greedy: {same}\n"
+        f"  decode steps per round: plain {per_round(plain, 'steps_executed'):.0f}, "
+        f"lookup {per_round(fast, 'steps_executed'):.0f}; tokens of a request left alone "
+        f"per round: plain {per_round(plain, 'solo_tokens'):.0f}, "
+        f"lookup {per_round(fast, 'solo_tokens'):.0f}"
+    )
+    return ratio
+
+
 def bench_draft_model(rounds: int, tokens: int, num_draft: int) -> None:
     from tests.support.tiny_models import build_tiny_model
 
@@ -152,13 +237,28 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--lookup", type=int, default=8, help="prompt_lookup for SmolLM2")
     parser.add_argument("--num-draft", type=int, default=3, help="num_draft_tokens (tiny)")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in one batch")
+    parser.add_argument("--only-batch", action="store_true", help="the shared-batch parts only")
     parser.add_argument("--skip-smollm", action="store_true")
     args = parser.parse_args()
+    c = args.concurrency
     if not args.skip_smollm:
         from tests.support.smollm import ensure_smollm2
 
-        bench_prompt_lookup(ensure_smollm2(), args.rounds, args.tokens, args.lookup)
-    bench_draft_model(args.rounds, args.tokens, args.num_draft)
+        smollm = ensure_smollm2()
+        if not args.only_batch:
+            bench_prompt_lookup(smollm, args.rounds, args.tokens, args.lookup)
+        label = f"SmolLM2-135M, {c} RAG quotes in one BatchedEngine batch"
+        bench_shared_batch(label, smollm, rag_batch(c), args.rounds, args.tokens, args.lookup)
+    from tests.support.tiny_models import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kwargs = {"hidden_size": 256, "num_hidden_layers": 4, "tie_word_embeddings": False}
+        tiny = build_tiny_model(Path(tmp) / "tiny", **kwargs)
+        label = f"tiny (hidden 256), {c} copying prompts in one BatchedEngine batch"
+        bench_shared_batch(label, tiny, tiny_batch(c), args.rounds, args.tokens, 4)
+    if not args.only_batch:
+        bench_draft_model(args.rounds, args.tokens, args.num_draft)
 
 
 if __name__ == "__main__":

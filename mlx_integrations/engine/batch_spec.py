@@ -21,13 +21,15 @@ processors see only its own tokens, and a seeded row's draws must not depend on 
 runs beside it. It is fed its pending token alone in a speculative step, its
 processors run on that position exactly as in mlx-lm's step.
 
-A step speculates only when at least half the rows can draft; otherwise (and always
-for models whose batch cache is not a plain ``BatchKVCache``: sliding windows,
-state-space layers) the batch runs mlx-lm's own step, untouched. Owner thread only.
+A step speculates only when at least half the rows can draft and wide steps have been
+emitting tokens faster than plain ones (:class:`StepPace`); otherwise (and always for
+models whose batch cache is not a plain ``BatchKVCache``: sliding windows, state-space
+layers) the batch runs mlx-lm's own step, untouched. Owner thread only.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,52 @@ from mlx_integrations.engine.speculative import NgramIndex
 
 MIN_DRAFTING_SHARE = 0.5
 """A step speculates when at least this share of the batch's rows has drafts."""
+
+
+class StepPace:
+    """Which kind of step emits tokens faster on this machine and model: wide or plain.
+
+    A wide step feeds every row several positions; where the model's cost grows with
+    the tokens fed (a small model on the CPU), it can emit fewer tokens per second
+    than plain steps do despite accepted drafts. Each kind's tokens per second is a
+    moving average over runs of its own steps (the first step of a run is not timed:
+    it pays for, or skips, the other kind's pipelined work). Steps that could draft go
+    the faster way; every ``probe_every`` of them (times the lead's ratio, up to 8),
+    the other kind runs ``run`` steps to measure it again. Only the choice depends on
+    timing, never a token.
+    """
+
+    def __init__(self, probe_every: int = 32, run: int = 3):
+        self.rate: dict[bool, float | None] = {False: None, True: None}
+        self._probe_every, self._run = probe_every, run
+        self._probe_left = 0
+        self._since_probe = 0
+        self._last: bool | None = None
+        self._probe = False
+
+    def wide(self) -> bool:
+        """Whether a step where enough rows have drafts goes wide."""
+        if self._probe_left > 0:
+            self._probe_left -= 1
+            return self._probe
+        plain, wide = self.rate[False], self.rate[True]
+        if wide is None or plain is None:
+            return wide is None  # measure wide steps first, then plain ones
+        best = wide >= plain
+        # The clearer the lead, the rarer the probes (up to 8 times rarer).
+        lead = max(wide, plain) / max(min(wide, plain), 1e-9)
+        self._since_probe += 1
+        if self._since_probe > self._probe_every * min(8, max(1, round(lead))):
+            self._since_probe, self._probe_left, self._probe = 0, self._run - 1, not best
+            return not best
+        return best
+
+    def record(self, wide: bool, tokens: int, seconds: float) -> None:
+        """A step of the given kind emitted ``tokens`` in ``seconds``."""
+        if self._last == wide and seconds > 0:
+            old, now = self.rate[wide], tokens / seconds
+            self.rate[wide] = now if old is None else old + 0.25 * (now - old)
+        self._last = wide
 
 
 @dataclass
@@ -74,6 +122,7 @@ class BatchSpeculation:
         """Requests in the batch without drafts though the options ask for speculation
         (``speculation_off_requests``); written on the owner thread only."""
         self._indices: dict[int, NgramIndex] = {}  # uid -> the row's context
+        self.pace = StepPace()
         self._fits: tuple[Any, bool] | None = None  # (model, its cache can roll back)
 
     # ------------------------------------------------------- the engine's side
@@ -118,13 +167,18 @@ class BatchSpeculation:
     # ------------------------------------------------------- a step
 
     def _next(self, batch: Any, plain: Callable[[], list[Any]]) -> list[Any]:
-        if not self._worth_it(batch):
-            return plain()
-        pending: list[int] = batch._next_tokens.tolist()
-        drafts = self._drafts(batch, pending)
-        if not any(drafts):
-            return plain()  # the pending tokens are computed; the step goes on as usual
-        return self._verify(batch, pending, drafts)
+        start = time.perf_counter()
+        responses: list[Any] | None = None
+        if self._worth_it(batch) and self.pace.wide():
+            pending: list[int] = batch._next_tokens.tolist()
+            drafts = self._drafts(batch, pending)
+            if any(drafts):
+                responses = self._verify(batch, pending, drafts)
+        wide = responses is not None
+        if responses is None:  # the pending tokens may be computed; the step goes on as usual
+            responses = plain()
+        self.pace.record(wide, len(responses), time.perf_counter() - start)
+        return responses
 
     def _index(self, batch: Any, row: int) -> NgramIndex:
         """The row's n-gram index, brought up to the tokens its cache holds."""

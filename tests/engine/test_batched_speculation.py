@@ -62,8 +62,10 @@ def plain(target: Path):
     asyncio.run(eng.stop())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def spec(target: Path):
+    """A fresh engine per test: its first steps that can draft go wide (then the faster
+    kind of step is chosen by timing, see batch_spec.StepPace)."""
     eng = BatchedEngine(target, prompt_lookup=4, cache_memory_mb=0)
     yield eng
     asyncio.run(eng.stop())
@@ -368,3 +370,25 @@ async def test_sampled_rows_draft_and_seeded_rows_do_not(plain, spec, batch_acce
     assert runs[1][0].tokens == runs[0][0].tokens and runs[1][0].mtp_drafts == 0
     assert [o.tokens for o in runs[1][1:]] == [o.tokens for o in runs[0][1:]]
     assert spec.get_stats()["speculation_off_requests"] == before + 1
+
+
+def test_the_pace_goes_the_faster_way_and_probes_the_other():
+    from mlx_integrations.engine.batch_spec import StepPace
+
+    def run(pace: StepPace, steps: int, tokens: dict[bool, int], seconds: float) -> list[bool]:
+        kinds = []
+        for _ in range(steps):
+            wide = pace.wide()
+            pace.record(wide, tokens[wide], seconds)
+            kinds.append(wide)
+        return kinds
+
+    # Wide steps emit 3 tokens where plain ones emit 4, in the same time: plain wins.
+    slow = run(StepPace(probe_every=8, run=3), 200, {True: 3, False: 4}, 0.01)
+    assert slow[:4] == [True, True, False, False]  # each kind measured, wide first
+    # Runs of 3 probes after every 8 plain steps.
+    assert 0 < slow[4:].count(True) <= 3 * (len(slow[4:]) // 11 + 1)
+    # Wide steps emit 20 tokens to plain's 4: wide wins, and plain is probed more rarely.
+    fast = run(StepPace(probe_every=8, run=3), 200, {True: 20, False: 4}, 0.01)
+    # A lead of 5 times: runs of 3 probes after every 8 * 5 wide steps.
+    assert 0 < fast[4:].count(False) <= 3 * (len(fast[4:]) // 43 + 1)

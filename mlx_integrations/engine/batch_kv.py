@@ -186,14 +186,14 @@ def _check_same_format(a: Any, b: Any) -> None:
         )
 
 
-def quantized_prompt_cache(
-    model: Any, cache: list[Any] | None, *, bits: int, group_size: int
+def request_cache(
+    model: Any, cache: list[Any] | None, kv_bits: int | None, group_size: int
 ) -> list[Any]:
-    """A request's cache, quantized from its first token and able to join a batch.
+    """A request's KV cache (a fresh one for None); with ``kv_bits``, quantized.
 
-    ``cache`` (None for a fresh one) is converted in place where it holds ``KVCache``
-    layers (mlx-lm's ``to_quantized``); layers of other types (rotating, recurrent)
-    stay as they are, as in ``SimpleEngine``.
+    ``KVCache`` layers become :class:`MergeableQuantizedKVCache` (mlx-lm's
+    ``to_quantized``, from the first token, so the cache can join a batch); layers of
+    other types (rotating, recurrent) stay as they are, as in ``SimpleEngine``.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -201,7 +201,7 @@ def quantized_prompt_cache(
 
     if cache is None:
         cache = make_prompt_cache(model)
-    maybe_quantize(cache, bits, group_size, 0)
+    maybe_quantize(cache, kv_bits, group_size, 0)
     for i, layer in enumerate(cache):
         if type(layer) is QuantizedKVCache:
             cache[i] = MergeableQuantizedKVCache.from_state(layer.state)

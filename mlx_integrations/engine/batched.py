@@ -89,14 +89,10 @@ class BatchedEngine(MLXEngine):
     (greedy replies unchanged). In a shared batch rows draft by prompt lookup only
     (:mod:`.batch_spec`; a draft model's cache is dropped there); rows with logits
     processors or a seeded sampler decode plainly (``speculation_off_requests``). A quantized
-    KV cache (``kv_bits``, ``kv_group_size``) is quantized from a request's first token:
-    alone it is mlx-lm's ``QuantizedKVCache``, in a shared batch a left-padded
-    :class:`~mlx_integrations.engine.batch_kv.BatchQuantizedKVCache` (attention on the
-    packed values), and it passes between the two with the request. Greedy replies are
-    those of ``SimpleEngine`` with the same ``kv_bits``; prefix-cache entries stay
-    quantized, counted at their real bytes. ``quantized_kv_start`` above 0 is refused
-    with ``ValueError`` (one attention call serves every row, so no row can stay
-    unquantized beside quantized ones), and so is a vision-language model.
+    KV cache (``kv_bits``) holds a request from its first token, alone or in the batch
+    (:mod:`.batch_kv`), greedy replies as ``SimpleEngine``'s; ``quantized_kv_start`` above
+    0 is refused with ``ValueError`` (a batch quantizes every row), and so is a
+    vision-language model.
 
     Example:
         >>> import asyncio
@@ -430,15 +426,9 @@ class BatchedEngine(MLXEngine):
 
     def _own_cache(self, cache: list[Any] | None) -> list[Any]:
         """A request's KV cache (fresh for None), quantized from its first token with kv_bits."""
-        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_integrations.engine.batch_kv import request_cache
 
-        opts = self._options
-        if opts.kv_bits is None:
-            return cache if cache is not None else make_prompt_cache(self._model)
-        from mlx_integrations.engine.batch_kv import quantized_prompt_cache
-
-        bits, group = opts.kv_bits, opts.kv_group_size
-        return quantized_prompt_cache(self._model, cache, bits=bits, group_size=group)
+        return request_cache(self._model, cache, self._options.kv_bits, self._options.kv_group_size)
 
     def _solo_decode(
         self, act: _Active, context: list[int], reused: int, cache: list[Any]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from typing import Any, TypedDict
@@ -120,3 +121,39 @@ def _tf32_in_use() -> bool:
     a = mx.full((n, n), 1.0 + 2.0**-12, dtype=mx.float32)
     product = mx.matmul(a, mx.eye(n, dtype=mx.float32), stream=mx.gpu)
     return bool(mx.all(product == 1.0).item())
+
+
+@functools.cache
+def quantized_attention_error(dtype: str, head_dim: int, bits: int, group_size: int) -> str | None:
+    """MLX's error when this backend cannot attend over a quantized KV cache, else None.
+
+    A quantized KV cache (``kv_bits``) is mlx-lm's ``QuantizedKVCache``, attended over
+    with two ``mx.quantized_matmul`` calls. MLX's CUDA backend (0.32.4) has no kernel
+    for them at the shapes such a cache gives (head sizes 32, 64 and 128, float32 and
+    bfloat16, 4 and 8 bits all failed on an H200), so on CUDA this tries a prompt and
+    one decode step with the model's ``dtype`` (an ``mlx.core`` dtype name), head size
+    and options; Metal and the CPU have every kernel and are not probed. Run it on the
+    thread that owns the model: it builds MLX arrays.
+    """
+    import mlx.core as mx
+
+    if not (getattr(mx, "cuda", None) and mx.cuda.is_available()):
+        return None
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    kind = getattr(mx, dtype)
+    cache = QuantizedKVCache(group_size=group_size, bits=bits)
+    try:
+        for length in (18, 1):  # two query heads share one KV head, as in most models
+            queries = mx.zeros((1, 2, length, head_dim), dtype=kind)
+            keys, values = cache.update_and_fetch(queries[:, :1], queries[:, :1])
+            mask: Any = "causal" if length > 1 else None
+            mx.eval(
+                quantized_scaled_dot_product_attention(
+                    queries, keys, values, scale=1.0, mask=mask, group_size=group_size, bits=bits
+                )
+            )
+    except RuntimeError as exc:
+        return str(exc)
+    return None

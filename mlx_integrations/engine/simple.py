@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
@@ -31,6 +31,7 @@ from mlx_integrations.engine.vision import (
     vision_steps,
     with_prompt,
 )
+from mlx_integrations.runtime import quantized_attention_error
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class SimpleEngine(MLXEngine):
         opts = self._options
         try:
             check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            check_quantized_attention(self._model, opts.kv_bits, opts.kv_group_size, self._name)
             self._reset_vision_turn()
             if self._draft_path is not None:
                 self._load_draft(self._draft_path)
@@ -342,6 +344,37 @@ class SimpleEngine(MLXEngine):
             kv_bits=opts.kv_bits,
             group_size=opts.kv_group_size,
             start=opts.quantized_kv_start,
+        )
+
+
+def check_quantized_attention(model: Any, kv_bits: int | None, group_size: int, name: str) -> None:
+    """Refuse, at load, ``kv_bits`` where MLX cannot attend over a quantized KV cache.
+
+    Raises:
+        ValueError: On MLX's CUDA backend, naming the model's dtype and head size, MLX's
+            own error, and the fix (``kv_bits=None``).
+    """
+    if kv_bits is None:
+        return
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    args = getattr(model, "args", None) or getattr(
+        getattr(model, "config", None), "text_config", None
+    )
+    heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
+    head = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    leaves = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    floats = [v.dtype for _, v in leaves if mx.issubdtype(v.dtype, mx.floating)]
+    if not isinstance(head, int) or not floats:
+        return
+    dtype = str(floats[0]).removeprefix("mlx.core.")
+    error = quantized_attention_error(dtype, head, kv_bits, group_size)
+    if error is not None:
+        raise ValueError(
+            f"{name!r} cannot use kv_bits={kv_bits} on this machine: MLX's CUDA backend has "
+            f"no kernel for attention over a quantized KV cache ({dtype}, heads of {head} "
+            f"values; MLX says: {error}); use kv_bits=None here"
         )
 
 

@@ -67,7 +67,8 @@ class EngineOptions:
     prompt_lookup: int = 0
     """Most tokens drafted per step from an earlier occurrence (in the prompt or the
     reply so far) of the context's last few tokens; no second model needed.
-    ``BatchedEngine`` drafts for a request while it runs alone. 0 turns it off."""
+    ``BatchedEngine`` drafts for requests in its shared batch too (not with ``kv_bits``
+    there). 0 turns it off."""
     kv_bits: int | None = None
     """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8; ``SimpleEngine`` and
     ``BatchedEngine``; with ``draft_model``, the target's cache from its first token);

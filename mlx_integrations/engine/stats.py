@@ -121,9 +121,10 @@ class BatchedEngineStats(EngineStats):
     solo_tokens: int
     """Tokens decoded that way (drafting when the engine has a draft source)."""
     speculation_off_requests: int
-    """With ``prompt_lookup`` or ``draft_model`` on: requests that decoded some tokens
-    without drafts, because they shared the batch (only a request alone drafts) or have
-    logits processors."""
+    """With ``prompt_lookup`` or ``draft_model`` on: requests that joined the shared batch
+    and decode there without drafts: they have logits processors or a seeded sampler,
+    or the batch cannot draft (a draft model drafts only for a request alone; a
+    quantized or sliding-window batch cache)."""
 
 
 class ClearStats(TypedDict):

@@ -39,6 +39,24 @@ class ChatSettings(BaseModel):
     """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``,
     speculative decoding's ``prompt_lookup`` or ``draft_model``...; see
     :class:`~mlx_integrations.engine.options.EngineOptions`)."""
+    draft_model: str | None = None
+    """Speculative decoding: a small model of the same tokenizer drafts tokens for the
+    model to verify (a folder, store name or pulled Hub id); greedy replies are unchanged.
+    This and the five fields after it are options of the engine made from ``model``
+    (the same names as in ``engine_options``, which they join; None leaves the engine's
+    default)."""
+    num_draft_tokens: int | None = None
+    """Tokens the draft model proposes per verification step (engine default 3)."""
+    prompt_lookup: int | None = None
+    """Most tokens drafted per step from an earlier occurrence of the last few tokens
+    in the prompt or the reply (RAG answers that quote, code edits); 0 turns it off."""
+    kv_bits: int | None = None
+    """Bits per value of a quantized KV cache (2, 3, 4, 6 or 8): long contexts in less
+    memory, with replies that may drift."""
+    kv_group_size: int | None = None
+    """Values sharing one scale in the quantized KV cache (32, 64 or 128)."""
+    quantized_kv_start: int | None = None
+    """Tokens kept unquantized before the KV cache is quantized (``SimpleEngine``)."""
     temperature: float = 0.7
     """Sampling temperature; 0 is greedy."""
     max_tokens: int = 512
@@ -88,7 +106,7 @@ class ChatSettings(BaseModel):
             self.model,
             self.engine,
             engine_type=self.engine_type,
-            options=self.engine_options,
+            options=_engine_options(self),
             adapter=type(self).__name__,
         )
         object.__setattr__(self, "engine", engine)
@@ -121,3 +139,42 @@ class ChatSettings(BaseModel):
         keeps its prefix cache within ``cache_memory_mb`` on its own.
         """
         return self._served_engine().clear_runtime_caches()
+
+
+ENGINE_FIELDS = (
+    "draft_model",
+    "num_draft_tokens",
+    "prompt_lookup",
+    "kv_bits",
+    "kv_group_size",
+    "quantized_kv_start",
+)
+"""Adapter fields that are options of the engine made from ``model``."""
+
+
+def _engine_options(settings: ChatSettings) -> dict[str, Any]:
+    """``engine_options`` joined by the engine fields that are set.
+
+    Raises:
+        ValueError: A field set beside ``engine=`` (that engine has its options), or
+            set to another value in ``engine_options`` too.
+    """
+    given = {name: getattr(settings, name) for name in ENGINE_FIELDS}
+    given = {name: value for name, value in given.items() if value is not None}
+    adapter = type(settings).__name__
+    if given and settings.engine is not None:
+        names = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise ValueError(
+            f"{adapter}({names}) sets options of the engine made from model=..., but "
+            f"engine= was given: pass them when you make that engine, e.g. "
+            f"SimpleEngine(path, {names})"
+        )
+    options = dict(settings.engine_options)
+    for name, value in given.items():
+        if name in options and options[name] != value:
+            raise ValueError(
+                f"{adapter} got {name}={value!r} and engine_options[{name!r}]="
+                f"{options[name]!r}; set it in one place"
+            )
+        options[name] = value
+    return options

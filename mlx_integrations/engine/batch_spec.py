@@ -146,6 +146,7 @@ class BatchSpeculation:
             return
         plain = batch.next
         batch.next = lambda: self._next(batch, plain)
+        self._indices.clear()  # a new generator numbers its sequences from 0 again
 
     def fits(self, model: Any) -> bool:
         """Whether ``model``'s batch cache is one that speculation can roll back."""
@@ -245,7 +246,7 @@ class BatchSpeculation:
         responses: list[DraftedResponse] = []
         drop: list[int] = []
         keep: list[int] = []
-        finished: list[tuple[int, int, list[int], str]] = []
+        finished: list[tuple[int, int, str]] = []  # (row, its last response, why)
         next_tokens: list[int] = []
         next_logprobs: list[Any] = []
         for row, (token, draft, pick) in enumerate(zip(pending, drafts, picks, strict=True)):
@@ -270,11 +271,11 @@ class BatchSpeculation:
             if reason is None:
                 keep.append(row)
             else:
-                finished.append((row, len(responses) - 1, emitted, reason))
+                finished.append((row, len(responses) - 1, reason))
             next_tokens.append(pick[accepted])
             next_logprobs.append(logprobs[row, accepted])
         _roll_back(batch.prompt_cache, drop)
-        for row, at, _, reason in finished:
+        for row, at, reason in finished:
             last = responses[at]
             last.finish_reason = reason
             last.prompt_cache = batch.extract_cache(row)

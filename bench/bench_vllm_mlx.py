@@ -535,8 +535,8 @@ async def bench_batched_throughput(peer: Peer, s: Settings) -> None:
 
 async def bench_model(peer: Peer, s: Settings, levels: list[int], only_batched: bool) -> None:
     if not only_batched:
-        for part in (bench_simple, bench_batched_ttft):
-            await part(peer, s)
+        await bench_simple(peer, s)
+        await bench_batched_ttft(peer, replace(s, concurrency=max(levels)))
     for level in levels:
         await bench_batched_throughput(peer, replace(s, concurrency=level))
 

@@ -58,9 +58,12 @@ class MediaLimits:
 
 
 def describe(source: Any) -> str:
-    """A short form of a source for error messages (base64 payloads are cut)."""
+    """A short form of a source for error messages: a long one keeps its start and its
+    end (a path's file name), base64 payloads are cut."""
     text = str(source)
-    return repr(text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)")
+    if len(text) <= 80:
+        return repr(text)
+    return repr(f"{text[:40]}...{text[-24:]} ({len(text)} characters)")
 
 
 def load_image(source: Any, limits: MediaLimits = MediaLimits()) -> Image:

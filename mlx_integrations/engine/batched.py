@@ -32,7 +32,11 @@ from mlx_integrations.engine.generation import (
     request_processors,
 )
 from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.kv_quantization import check_batched_kv_options, check_head_dims
+from mlx_integrations.engine.kv_quantization import (
+    check_batched_kv_options,
+    check_head_dims,
+    check_quantized_attention,
+)
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
@@ -252,6 +256,7 @@ class BatchedEngine(MLXEngine):
         opts = self._options
         try:
             check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            check_quantized_attention(self._model, opts.kv_bits, opts.kv_group_size, self._name)
             if self._draft_path is not None:
                 name = str(opts.draft_model)
                 self._draft, self._draft_lease = load_draft_model(

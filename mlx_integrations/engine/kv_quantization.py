@@ -10,7 +10,9 @@ little at 8 bits.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+
+from mlx_integrations.runtime import quantized_attention_error
 
 KV_BITS = (2, 3, 4, 6, 8)
 """Bit widths mlx-lm's ``QuantizedKVCache`` (``mx.quantize``) supports."""
@@ -124,4 +126,35 @@ def check_batched_kv_options(kv_bits: int | None, quantized_kv_start: int) -> No
             f"quantized_kv_start must be 0, got {quantized_kv_start}; use "
             "quantized_kv_start=0, or SimpleEngine (engine_type='simple') to keep the "
             "first tokens unquantized"
+        )
+
+
+def check_quantized_attention(model: Any, kv_bits: int | None, group_size: int, name: str) -> None:
+    """Refuse, at load, ``kv_bits`` where MLX cannot attend over a quantized KV cache.
+
+    Raises:
+        ValueError: On MLX's CUDA backend, naming the model's dtype and head size, MLX's
+            own error, and the fix (``kv_bits=None``).
+    """
+    if kv_bits is None:
+        return
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    args = getattr(model, "args", None) or getattr(
+        getattr(model, "config", None), "text_config", None
+    )
+    heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
+    head = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    leaves = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    floats = [v.dtype for _, v in leaves if mx.issubdtype(v.dtype, mx.floating)]
+    if not isinstance(head, int) or not floats:
+        return
+    dtype = str(floats[0]).removeprefix("mlx.core.")
+    error = quantized_attention_error(dtype, head, kv_bits, group_size)
+    if error is not None:
+        raise ValueError(
+            f"{name!r} cannot use kv_bits={kv_bits} on this machine: MLX's CUDA backend has "
+            f"no kernel for attention over a quantized KV cache ({dtype}, heads of {head} "
+            f"values; MLX says: {error}); use kv_bits=None here"
         )

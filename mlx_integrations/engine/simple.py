@@ -7,11 +7,15 @@ import logging
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.kv_quantization import check_head_dims, maybe_quantize
+from mlx_integrations.engine.kv_quantization import (
+    check_head_dims,
+    check_quantized_attention,
+    maybe_quantize,
+)
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.random_state import repair_random_state
@@ -31,7 +35,6 @@ from mlx_integrations.engine.vision import (
     vision_steps,
     with_prompt,
 )
-from mlx_integrations.runtime import quantized_attention_error
 
 logger = logging.getLogger(__name__)
 
@@ -344,37 +347,6 @@ class SimpleEngine(MLXEngine):
             kv_bits=opts.kv_bits,
             group_size=opts.kv_group_size,
             start=opts.quantized_kv_start,
-        )
-
-
-def check_quantized_attention(model: Any, kv_bits: int | None, group_size: int, name: str) -> None:
-    """Refuse, at load, ``kv_bits`` where MLX cannot attend over a quantized KV cache.
-
-    Raises:
-        ValueError: On MLX's CUDA backend, naming the model's dtype and head size, MLX's
-            own error, and the fix (``kv_bits=None``).
-    """
-    if kv_bits is None:
-        return
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    args = getattr(model, "args", None) or getattr(
-        getattr(model, "config", None), "text_config", None
-    )
-    heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
-    head = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
-    leaves = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
-    floats = [v.dtype for _, v in leaves if mx.issubdtype(v.dtype, mx.floating)]
-    if not isinstance(head, int) or not floats:
-        return
-    dtype = str(floats[0]).removeprefix("mlx.core.")
-    error = quantized_attention_error(dtype, head, kv_bits, group_size)
-    if error is not None:
-        raise ValueError(
-            f"{name!r} cannot use kv_bits={kv_bits} on this machine: MLX's CUDA backend has "
-            f"no kernel for attention over a quantized KV cache ({dtype}, heads of {head} "
-            f"values; MLX says: {error}); use kv_bits=None here"
         )
 
 

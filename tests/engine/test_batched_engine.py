@@ -472,8 +472,10 @@ def test_bad_engine_options(tiny_llama, kwargs, exc, match):
 
 
 async def test_stats_keys_and_clear_runtime_caches_during_a_batch(engine, reference):
-    await engine.chat(MESSAGES, max_tokens=4)
-    await engine.chat(convo("Hi"), max_tokens=4)
+    # Sent together, so they share the batch (a request alone decodes outside it).
+    await asyncio.gather(
+        engine.chat(MESSAGES, max_tokens=4), engine.chat(convo("Hi"), max_tokens=4)
+    )
     stats = engine.get_stats()
     assert set(reference.get_stats()) <= set(stats)
     assert stats["engine_type"] == "batched" and stats["loaded"]

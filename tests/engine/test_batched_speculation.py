@@ -205,7 +205,8 @@ def in_reference_blas(call: str) -> None:
         "from mlx_integrations import runtime; assert runtime._preloaded is None; "
         f"from tests.engine.test_batched_speculation import *; {call}"
     )
-    env = {**os.environ, "MLXI_BLAS": "off", "PYTHONPATH": str(root)}
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "MLXI_BLAS": "off", "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations import runtime
-from mlx_integrations.engine import SimpleEngine
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from tests.support.tiny_models import build_tiny_model
 
 MISSING = runtime.quantized_attention_error("float32", 64, 8, 64)
@@ -21,15 +21,18 @@ def heads64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(folder, hidden_size=128, num_attention_heads=2)
 
 
-async def test_a_backend_without_the_kernel_refuses_kv_bits_at_load(heads64, monkeypatch):
+@pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])
+async def test_a_backend_without_the_kernel_refuses_kv_bits_at_load(heads64, monkeypatch, kind):
     asked = []
 
     def missing(*args: object) -> str:
         asked.append(args)
         return "[quantized_matmul] No implementation for problem shape: 18x18x64x2"
 
-    monkeypatch.setattr("mlx_integrations.engine.simple.quantized_attention_error", missing)
-    engine = SimpleEngine(heads64, kv_bits=8)
+    monkeypatch.setattr(
+        "mlx_integrations.engine.kv_quantization.quantized_attention_error", missing
+    )
+    engine = kind(heads64, kv_bits=8)
     pattern = (
         r"kv_bits=8 on this machine.*float32, heads of 64 values.*No implementation.*kv_bits=None"
     )
@@ -37,7 +40,7 @@ async def test_a_backend_without_the_kernel_refuses_kv_bits_at_load(heads64, mon
         engine.prepare_for_start()
     assert asked == [("float32", 64, 8, 64)]
     monkeypatch.undo()
-    plain = SimpleEngine(heads64)
+    plain = kind(heads64)
     try:
         assert (await plain.generate("Hello", max_tokens=3)).completion_tokens == 3
     finally:
@@ -45,6 +48,7 @@ async def test_a_backend_without_the_kernel_refuses_kv_bits_at_load(heads64, mon
 
 
 @pytest.mark.skipif(MISSING is None, reason="this backend attends over a quantized KV cache")
-def test_mlx_cuda_refuses_kv_bits_naming_the_fix(heads64):
+@pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])
+def test_mlx_cuda_refuses_kv_bits_naming_the_fix(heads64, kind):
     with pytest.raises(ValueError, match=r"MLX's CUDA backend.*use kv_bits=None"):
-        SimpleEngine(heads64, kv_bits=8).prepare_for_start()
+        kind(heads64, kv_bits=8).prepare_for_start()

@@ -78,6 +78,21 @@ class Mailbox:
             queue.put_nowait(item)
 
 
+class _Abort(threading.Event):
+    """A request's abort flag, which also reads as set once its consumer's loop is gone.
+
+    A caller that wants only the last chunk is sent nothing before it, so no failed
+    send can tell the owner thread that nobody waits any more.
+    """
+
+    def __init__(self, mailbox: Mailbox):
+        super().__init__()
+        self._mailbox = mailbox
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._mailbox.closed
+
+
 _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
     weakref.WeakKeyDictionary()
 )
@@ -90,8 +105,8 @@ class Channel:
     Made on the caller's loop. ``emit`` (any thread) hands a chunk, or the exception
     that ended the request; ``receive`` yields them there. With ``final_only`` (a
     caller that wants the whole output, not a stream) only the last chunk travels.
-    A consumer that stops iterating (cancelled, closed, garbage collected), or whose
-    loop is gone, sets ``abort``.
+    A consumer that stops iterating (cancelled, closed, garbage collected) sets
+    ``abort``; once its loop is closed or gone, ``abort`` reads as set too.
     """
 
     def __init__(self, final_only: bool = False):
@@ -103,12 +118,10 @@ class Channel:
         self._mailbox = mailbox
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._final_only = final_only
-        self.abort = threading.Event()
+        self.abort: threading.Event = _Abort(mailbox)
 
     def emit(self, item: Any) -> None:
         if self._final_only and not getattr(item, "finished", True):
-            if self._mailbox.closed:  # nobody will read the last chunk: stop generating
-                self.abort.set()
             return
         try:
             self._mailbox.post(self._queue, item)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -69,11 +71,12 @@ def test_a_closed_loop_aborts_the_request_instead_of_queueing_forever():
         loop.run_until_complete(make(False)),
         loop.run_until_complete(make(True)),
     )
+    assert not streaming.abort.is_set() and not final_only.abort.is_set()
     loop.close()
-    for channel in (streaming, final_only):
-        assert not channel.abort.is_set()
-        channel.emit(chunk("x"))  # an intermediate chunk: dropped by final_only, refused here
-        assert channel.abort.is_set()
+    # Nothing is sent to a final_only channel before its last chunk: the owner thread
+    # learns from abort alone that nobody waits for it.
+    assert streaming.abort.is_set() and final_only.abort.is_set()
+    streaming.emit(chunk("x"))  # refused, not queued
     with pytest.raises(RuntimeError, match="closed"):
         Mailbox(loop).post(asyncio.Queue(), chunk("x"))
 
@@ -166,3 +169,46 @@ async def test_sixty_four_streams_at_once_get_every_chunk_in_order(tiny_llama: P
             assert counts == sorted(counts)
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])
+@pytest.mark.parametrize("call", ["chat", "generate", "stream_chat"])
+def test_a_request_whose_loop_closes_mid_reply_is_aborted(tiny_llama: Path, kind, call):
+    """generate() and chat() get no chunk before the last, yet a closed loop stops them."""
+    engine = kind(tiny_llama, cache_memory_mb=0)
+    eos = next(iter(engine.tokenizer.eos_token_ids))
+    args = {"max_tokens": 1500, "temperature": 0.0, "logit_bias": {eos: -1e9}}
+    messages = [{"role": "user", "content": "Hello"}]
+
+    async def request() -> None:
+        if call == "chat":
+            await engine.chat(messages, **args)
+        elif call == "generate":
+            await engine.generate("Hello", **args)
+        else:
+            async for _ in engine.stream_chat(messages, **args):
+                pass
+
+    async def started() -> None:
+        while not engine.get_stats()["num_running"]:
+            await asyncio.sleep(0.002)
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(request())
+        loop.run_until_complete(asyncio.wait_for(started(), 60))
+        loop.close()  # the caller's loop ends with the request still running
+        for _ in range(6000):
+            if not engine.get_stats()["num_running"]:
+                break
+            time.sleep(0.01)
+        stats = engine.get_stats()
+        assert stats["num_running"] == 0
+        assert stats["last_request"]["finish_reason"] == "abort"
+        assert stats["last_request"]["completion_tokens"] < args["max_tokens"]
+    finally:
+        # The task stays pending on the closed loop: end its coroutine here, whose
+        # cleanup cannot reach that loop any more.
+        with contextlib.suppress(RuntimeError):
+            task.get_coro().close()
+        asyncio.run(engine.stop())

@@ -106,7 +106,7 @@ class ChatSettings(BaseModel):
             self.model,
             self.engine,
             engine_type=self.engine_type,
-            options=_engine_options(self),
+            options=_engine_options(self, self.engine),
             adapter=type(self).__name__,
         )
         object.__setattr__(self, "engine", engine)
@@ -122,6 +122,11 @@ class ChatSettings(BaseModel):
 
             pool.share(copy, copy.engine)
         return copy
+
+    def made_engine_options(self) -> dict[str, Any]:
+        """The options of an engine made from a model name for this adapter:
+        ``engine_options`` joined by the engine fields that are set."""
+        return _engine_options(self)
 
     def _served_engine(self) -> BaseEngine:
         assert self.engine is not None  # set by _make_engine
@@ -152,17 +157,17 @@ ENGINE_FIELDS = (
 """Adapter fields that are options of the engine made from ``model``."""
 
 
-def _engine_options(settings: ChatSettings) -> dict[str, Any]:
+def _engine_options(settings: ChatSettings, engine: Any = None) -> dict[str, Any]:
     """``engine_options`` joined by the engine fields that are set.
 
     Raises:
-        ValueError: A field set beside ``engine=`` (that engine has its options), or
-            set to another value in ``engine_options`` too.
+        ValueError: A field set beside a given ``engine`` (that engine has its options),
+            or set to another value in ``engine_options`` too.
     """
     given = {name: getattr(settings, name) for name in ENGINE_FIELDS}
     given = {name: value for name, value in given.items() if value is not None}
     adapter = type(settings).__name__
-    if given and settings.engine is not None:
+    if given and engine is not None:
         names = ", ".join(f"{k}={v!r}" for k, v in given.items())
         raise ValueError(
             f"{adapter}({names}) sets options of the engine made from model=..., but "

@@ -214,7 +214,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         # A per-call model: its engine comes from the same pool (loaded once, shared).
         from mlx_integrations.engine import pool
 
-        engine = pool.acquire(override, engine_type=self.engine_type, **self.engine_options)
+        engine = pool.acquire(override, engine_type=self.engine_type, **self.made_engine_options())
         try:
             async for event in stream_chat_events(engine, request, stream):
                 yield event

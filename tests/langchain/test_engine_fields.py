@@ -81,3 +81,17 @@ def test_engine_fields_beside_a_given_engine_are_refused(tiny_llama: Path):
     with pytest.raises(ValueError, match=r"prompt_lookup=4.*SimpleEngine\(path, prompt_lookup=4\)"):
         ChatMLX(engine=engine, prompt_lookup=4)
     assert ChatMLX(engine=engine).engine is engine
+
+
+def test_a_per_call_model_gets_the_engine_fields_too(tiny_llama: Path, tiny_qwen2: Path):
+    from mlx_integrations.engine import pool
+
+    llm = ChatMLX(model=str(tiny_llama), prompt_lookup=3, temperature=0.0, max_tokens=3)
+    # The engine made from the per-call model takes the same options as the adapter's own.
+    held = pool.acquire(str(tiny_qwen2), engine_type="simple", prompt_lookup=3)
+    try:
+        msg = llm.invoke("Hi", model=str(tiny_qwen2))
+        assert msg.response_metadata["model_name"] == str(tiny_qwen2)
+        assert held.get_stats()["num_requests_processed"] == 1
+    finally:
+        pool.release(held)

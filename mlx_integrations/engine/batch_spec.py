@@ -49,8 +49,10 @@ class StepPace:
     A wide step feeds every row several positions; where the model's cost grows with
     the tokens fed (a small model on the CPU), it can emit fewer tokens per second
     than plain steps do despite accepted drafts. Each kind's tokens per second is a
-    moving average over runs of its own steps (the first step of a run is not timed:
-    it pays for, or skips, the other kind's pipelined work). Steps that could draft go
+    moving average over runs of its own steps (the first step of a run is timed only
+    while its kind has no figure yet: it pays for, or skips, the other kind's pipelined
+    work, but where steps that can draft never come two in a row it is the only
+    measure there is). Steps that could draft go
     the faster way; every ``probe_every`` of them (times the lead's ratio, up to 8),
     the other kind runs ``run`` steps to measure it again. Only the choice depends on
     timing, never a token.
@@ -83,7 +85,7 @@ class StepPace:
 
     def record(self, wide: bool, tokens: int, seconds: float) -> None:
         """A step of the given kind emitted ``tokens`` in ``seconds``."""
-        if self._last == wide and seconds > 0:
+        if seconds > 0 and (self._last == wide or self.rate[wide] is None):
             old, now = self.rate[wide], tokens / seconds
             self.rate[wide] = now if old is None else old + 0.25 * (now - old)
         self._last = wide

@@ -110,7 +110,8 @@ class BatchedEngineStats(EngineStats):
     peak_batch_size: int
     """Most sequences seen in one decode step."""
     mean_batch_size: float
-    """Tokens decoded per decode step, on average."""
+    """Sequences per decode step, on average (a speculative step may give a sequence
+    several tokens; it counts once)."""
     steps_executed: int
     """Decode steps run since the engine was made."""
     generator_resets: int

@@ -86,20 +86,9 @@ def batch_accepted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     of step (``StepPace``, tested on its own below), and which steps go wide would
     depend on the machine's speed. Tokens must be exact either way.
     """
-    from mlx_integrations.engine.batch_spec import BatchSpeculation, StepPace
+    from tests.support.batch_drafting import record_wide_steps
 
-    monkeypatch.setattr(StepPace, "wide", lambda self: True)
-
-    counts: list[int] = []
-    verify = BatchSpeculation._verify
-
-    def counting(self, batch, pending, drafts):
-        responses = verify(self, batch, pending, drafts)
-        counts.append(sum(r.accepted for r in responses))
-        return responses
-
-    monkeypatch.setattr(BatchSpeculation, "_verify", counting)
-    return counts
+    return record_wide_steps(monkeypatch).accepted
 
 
 async def together(eng, requests: list[tuple[list[dict], dict]]):

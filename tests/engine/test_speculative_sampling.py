@@ -12,13 +12,13 @@ checking give (they pin the first token to the draft's).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from tests.support.sampling_fit import bound, chi_square, next_token_probs
 
 SAMPLES = 200
 TOP_K = 3
@@ -46,19 +46,14 @@ def setting(target: Path) -> tuple[list[dict[str, str]], int, dict[tuple[int, in
     Returns the messages, the first token prompt lookup drafts, and the model's exact
     probability of each pair of first two tokens (``top_k=3``, temperature 1).
     """
-    import mlx.core as mx
     import mlx_lm
-    from mlx_lm.sample_utils import apply_top_k
 
     from mlx_integrations.engine.speculative import NgramIndex
 
     model, tokenizer = mlx_lm.load(str(target))
 
     def next_probs(tokens: list[int]) -> dict[int, float]:
-        logits = model(mx.array(tokens)[None])[:, -1, :]
-        logprobs = apply_top_k(logits - mx.logsumexp(logits, axis=-1, keepdims=True), TOP_K)
-        probs = mx.softmax(logprobs, axis=-1)[0].tolist()
-        return {t: p for t, p in enumerate(probs) if p > 0}
+        return next_token_probs(model, tokens, TOP_K)
 
     # The earlier reply is the next turn's draft: pick one the model may well repeat.
     words = sorted({w.lstrip("\u0120") for w in tokenizer.vocab if w.lstrip("\u0120").isalpha()})
@@ -76,26 +71,6 @@ def setting(target: Path) -> tuple[list[dict[str, str]], int, dict[tuple[int, in
         for b, pb in next_probs([*prompt, a]).items()
     }
     return messages, drafts[0], joint
-
-
-def chi_square(counts: Counter, expected: dict, n: int) -> tuple[float, int]:
-    """Pearson's statistic, cells expected below 5 pooled; (statistic, degrees of freedom)."""
-    cells: list[tuple[float, int]] = []
-    pooled_p, pooled_count = 0.0, 0
-    for key, p in expected.items():
-        if p * n >= 5:
-            cells.append((p * n, counts[key]))
-        else:
-            pooled_p, pooled_count = pooled_p + p, pooled_count + counts[key]
-    pooled_count += sum(c for k, c in counts.items() if k not in expected)
-    if pooled_p * n >= 1 or pooled_count:
-        cells.append((max(pooled_p * n, 1.0), pooled_count))
-    return sum((o - e) ** 2 / e for e, o in cells), len(cells) - 1
-
-
-def bound(df: int) -> float:
-    # About seven standard deviations above the mean of a chi-square of df degrees.
-    return df + 7 * math.sqrt(2 * df)
 
 
 async def draw(engine, messages, n: int) -> tuple[list[tuple[int, int]], int]:

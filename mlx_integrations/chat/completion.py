@@ -10,7 +10,7 @@ reasoning and tool calls, and ends with the usage and finish reason.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import copy
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -202,8 +202,9 @@ def with_format_instructions(
 
 async def _whole(call: Awaitable[GenerationOutput]) -> AsyncIterator[GenerationOutput]:
     """A whole output as a stream of one chunk whose new text is all of it."""
-    out = await call
-    yield dataclasses.replace(out, new_text=out.text)
+    out = copy.copy(await call)  # any engine's output type, a dataclass or not
+    out.new_text = out.text
+    yield out
 
 
 async def stream_chat_events(
@@ -290,7 +291,10 @@ async def stream_chat_events(
         completion_tokens=last.completion_tokens,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
         model_name=engine.model_name,
-        ttft_s=float(getattr(last, "ttft_s", 0.0) or ((first_at or started) - started)),
+        # Unknown (0.0) for a whole reply from an engine that does not time its first token.
+        ttft_s=float(
+            getattr(last, "ttft_s", 0.0) or ((first_at or started) - started if stream else 0.0)
+        ),
         generation_tps=float(getattr(last, "generation_tps", 0.0) or 0.0),
         text=last.text,
         draft_tokens=last.mtp_drafts,

@@ -563,7 +563,11 @@ class BatchedEngine(MLXEngine):
         retire: dict[int, MLXGenerationOutput | BaseException] = {}
         for r in responses:
             act = self._active.get(r.uid)
-            if act is None or r.uid in retire or r.uid in done:  # ended earlier in the step
+            if act is None or r.uid in done:
+                continue
+            if (ended := retire.get(r.uid)) is not None:  # a stop string in a wide step
+                if r.finish_reason is not None and not isinstance(ended, BaseException):
+                    done[r.uid] = (ended, r.prompt_cache, r.all_tokens)  # the generator let go
                 continue
             error = act.error()
             if error is not None:

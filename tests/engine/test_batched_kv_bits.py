@@ -152,8 +152,11 @@ async def test_a_request_joins_a_running_batch_and_it_shrinks_to_one(
                 chunks.append(chunk)
 
         task = asyncio.create_task(run_long())
-        while len(chunks) < 5:  # decoding alone
+        while len(chunks) < 5 and not task.done():  # decoding alone
             await asyncio.sleep(0.002)
+        if task.done():
+            await task  # a failure shows here instead of a hang
+        assert len(chunks) >= 5
         assert not batch_rows
         shorts = await asyncio.gather(*[eng.chat(**c) for c in short_calls])
         await task

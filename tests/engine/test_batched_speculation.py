@@ -96,12 +96,17 @@ async def together(eng, requests: list[tuple[list[dict], dict]]):
     return await asyncio.gather(*[eng.chat(m, temperature=0, **kw) for m, kw in requests])
 
 
+async def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout  # generous: a bound on a hang, not on speed
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)
+
+
 async def wait_idle(eng) -> None:
-    for _ in range(300):
-        if eng.get_stats()["num_running"] == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the engine did not finish its requests")
+    await wait_until(lambda: eng.get_stats()["num_running"] == 0, "the engine is idle")
 
 
 def check_wide_step(target: str) -> None:
@@ -258,10 +263,8 @@ async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(target, simp
         pair = PROMPTS[1:3]
         refs = [(await simple.chat(m, max_tokens=200, temperature=0)).tokens for m in pair]
         others = asyncio.ensure_future(together(eng, [(m, {"max_tokens": 200}) for m in pair]))
-        for _ in range(300):  # both decode in the batch before the third arrives
-            if eng.get_stats()["steps_executed"] > 2:
-                break
-            await asyncio.sleep(0.005)
+        # Both decode in the batch before the third arrives.
+        await wait_until(lambda: eng.get_stats()["steps_executed"] > 2, "the pair decodes")
         stream = eng.stream_chat(PROMPTS[0], max_tokens=200, temperature=0)
         async for out in stream:
             if out.mtp_accepted > 0:
@@ -288,12 +291,13 @@ async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(target, simp
 async def test_requests_joining_and_leaving_the_batch_stay_exact(spec, simple, batch_accepted):
     refs = {
         n: [(await simple.chat(m, max_tokens=n, temperature=0)).tokens for m in PROMPTS]
-        for n in (5, 9, 60)
+        for n in (5, 9, 200)
     }
     before = spec.get_stats()
-    first = spec.stream_chat(PROMPTS[0], max_tokens=60, temperature=0)
+    # Long enough that the short ones join while both run, however slow the machine.
+    first = spec.stream_chat(PROMPTS[0], max_tokens=200, temperature=0)
     chunks = [await anext(first)]  # alone: it drafts outside the batch
-    second = asyncio.ensure_future(spec.chat(PROMPTS[2], max_tokens=60, temperature=0))
+    second = asyncio.ensure_future(spec.chat(PROMPTS[2], max_tokens=200, temperature=0))
     short = None
     async for out in first:
         chunks.append(out)
@@ -303,8 +307,8 @@ async def test_requests_joining_and_leaving_the_batch_stay_exact(spec, simple, b
                 spec.chat(PROMPTS[1], max_tokens=5, temperature=0),
                 spec.chat(PROMPTS[3], max_tokens=9, temperature=0),
             )
-    assert chunks[-1].tokens == refs[60][0]
-    assert (await second).tokens == refs[60][2]
+    assert chunks[-1].tokens == refs[200][0]
+    assert (await second).tokens == refs[200][2]
     assert short is not None
     a, b = await short
     assert a.tokens == refs[5][1] and b.tokens == refs[9][3]

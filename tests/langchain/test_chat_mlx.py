@@ -387,3 +387,27 @@ def test_structured_output_with_a_non_object_schema(llm, method):
                 assert 0 <= value <= 9 and not isinstance(value, bool)
             if schema is color:
                 assert value in ("red", "blue")
+
+
+class PlainOutput:
+    """Another project's output type: the contract's fields, not a dataclass."""
+
+    def __init__(self, text: str):
+        self.text, self.new_text, self.tokens = text, "", [1, 2]
+        self.prompt_tokens, self.completion_tokens = 3, 2
+        self.finish_reason, self.finished = "stop", True
+        self.mtp_drafts = self.mtp_accepted = 0
+
+
+def test_a_whole_reply_of_any_output_type_is_parsed_at_once():
+    engine = ScriptedEngine("Salut")
+
+    async def chat(messages, **kwargs):
+        return PlainOutput("Salut à tous")
+
+    engine.chat = chat  # type: ignore[method-assign]
+    message = ChatMLX(engine=engine).invoke("hi")
+    assert message.content == "Salut à tous"
+    assert message.usage_metadata["output_tokens"] == 2
+    # The engine did not time its first token and the reply came whole: unknown.
+    assert message.response_metadata["time_to_first_token_s"] == 0.0

@@ -35,6 +35,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_own_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama-shaped model with its own output head (not tied to the embedding):
+    greedy replies vary and repeat n-grams that prompt lookup finds."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-own-head"), tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Qwen2-shaped model (hidden 64) with a tool-aware ChatML template."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2")

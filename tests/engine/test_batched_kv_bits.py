@@ -20,6 +20,7 @@ import pytest
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache, MergeableQuantizedKVCache
 from mlx_integrations.runtime import quantized_attention_error
+from tests.support.prompts import CHAT_PROMPTS
 from tests.support.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -27,17 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="this MLX backend has no kernel for attention over a quantized KV cache",
 )
 
-PROMPTS = [
-    [{"role": "user", "content": "What is the weather in Paris?"}],
-    [
-        {
-            "role": "user",
-            "content": "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
-        }
-    ],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! 東京?"}],
-    [{"role": "user", "content": "Hi"}],
-]
+PROMPTS = [*CHAT_PROMPTS, [{"role": "user", "content": "Hi"}]]
 HISTORY = [
     *PROMPTS[0],
     {"role": "assistant", "content": "It is sunny and 21 degrees."},

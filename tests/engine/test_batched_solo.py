@@ -14,25 +14,14 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.solo import SoloDecode
+from tests.support.prompts import CHAT_PROMPTS
 
-PROMPTS = [
-    [{"role": "user", "content": "What is the weather in Paris?"}],
-    [
-        {
-            "role": "user",
-            "content": "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
-        }
-    ],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! 東京?"}],
-]
+PROMPTS = CHAT_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.tiny_models import build_tiny_model
-
-    # An own output head: greedy replies vary and repeat n-grams that prompt lookup finds.
-    return build_tiny_model(tmp_path_factory.mktemp("target"), tie_word_embeddings=False)
+def target(tiny_own_head: Path) -> Path:
+    return tiny_own_head
 
 
 @pytest.fixture(scope="module")

@@ -28,15 +28,11 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from tests.support.prompts import BRIEF, FOX
 
 # Replies that copy their prompt: drafts are found and accepted.
 PROMPTS = [
-    [
-        {
-            "role": "user",
-            "content": "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
-        }
-    ],
+    FOX,
     [{"role": "user", "content": "What is the weather in Paris? It is sunny in Paris."}],
     [
         {
@@ -44,15 +40,13 @@ PROMPTS = [
             "content": "The capital of France is Paris. The capital of Italy is Rome. The",
         }
     ],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! 東京?"}],
+    BRIEF,
 ]
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.tiny_models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("target"), tie_word_embeddings=False)
+def target(tiny_own_head: Path) -> Path:
+    return tiny_own_head
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine
 from tests.support.batch_drafting import record_wide_steps
+from tests.support.prompts import conversation
 from tests.support.sampling_fit import bound, chi_square, next_token_probs, sequence_probs
 
 ROUNDS = 150
@@ -34,19 +35,9 @@ ROWS = [("echo", 1.0), ("echo", 1.0), ("plain", 1.0), ("echo", 0.7)]
 Messages = list[dict[str, str]]
 
 
-def conversation(reply: str) -> Messages:
-    return [
-        {"role": "user", "content": "Say it."},
-        {"role": "assistant", "content": reply},
-        {"role": "user", "content": "Again."},
-    ]
-
-
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.tiny_models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("target"), tie_word_embeddings=False)
+def target(tiny_own_head: Path) -> Path:
+    return tiny_own_head
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from mlx_integrations.engine import SimpleEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.runtime import quantized_attention_error
 from tests.support.pool_keys import assert_pool_keys_by
+from tests.support.prompts import CHAT_PROMPTS
 from tests.support.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -25,16 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason="this MLX backend has no kernel for attention over a quantized KV cache",
 )
 
-PROMPTS = [
-    [{"role": "user", "content": "What is the weather in Paris?"}],
-    [
-        {
-            "role": "user",
-            "content": "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
-        }
-    ],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! 東京?"}],
-]
+PROMPTS = CHAT_PROMPTS
 HISTORY = [
     *PROMPTS[0],
     {"role": "assistant", "content": "It is sunny and 21 degrees."},

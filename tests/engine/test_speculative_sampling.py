@@ -18,25 +18,16 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from tests.support.prompts import conversation
 from tests.support.sampling_fit import bound, chi_square, next_token_probs
 
 SAMPLES = 200
 TOP_K = 3
 
 
-def conversation(reply: str) -> list[dict[str, str]]:
-    return [
-        {"role": "user", "content": "Say it."},
-        {"role": "assistant", "content": reply},
-        {"role": "user", "content": "Again."},
-    ]
-
-
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.tiny_models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("target"), tie_word_embeddings=False)
+def target(tiny_own_head: Path) -> Path:
+    return tiny_own_head
 
 
 @pytest.fixture(scope="module")

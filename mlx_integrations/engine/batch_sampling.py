@@ -98,3 +98,38 @@ class SeededSampler:
             logprobs = method(logprobs)
         self._key, key = mx.random.split(self._key)
         return mx.random.categorical(logprobs * self._scale, key=key)
+
+
+class SharedSamplers:
+    """Each request's sampler: None (the generator's shared greedy one) at temperature 0.
+
+    Requests with the same settings share one sampler object, so the generator samples
+    them in one call; a seeded request gets its own. Owner thread only.
+    """
+
+    MAX_SHARED = 32
+    """Distinct settings kept before the table starts over."""
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[float, float, float, int], GuardedSampler] = {}
+
+    def for_request(self, p: SamplingParams) -> GuardedSampler | None:
+        from mlx_lm.sample_utils import make_sampler
+
+        if p.temperature == 0:
+            return None
+        if p.seed is not None:
+            return GuardedSampler(SeededSampler(p, p.seed))
+        key = (p.temperature, p.top_p, p.min_p, p.top_k)
+        sampler = self._shared.get(key)
+        if sampler is None or sampler.error is not None:
+            if len(self._shared) >= self.MAX_SHARED:
+                self._shared.clear()
+            sampler = GuardedSampler(
+                make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+            )
+            self._shared[key] = sampler
+        return sampler
+
+    def clear(self) -> None:
+        self._shared.clear()

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from mlx_integrations.engine.batch_sampling import (
     GuardedProcessors,
     GuardedSampler,
-    SeededSampler,
+    SharedSamplers,
 )
 from mlx_integrations.engine.batch_spec import BatchSpeculation, add_token
 from mlx_integrations.engine.generation import (
@@ -39,19 +39,22 @@ from mlx_integrations.engine.kv_quantization import (
 )
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.prefix_cache import cache_offset
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.solo import SoloDecode
-from mlx_integrations.engine.speculative import Step, find_draft_model, load_draft_model
-from mlx_integrations.engine.stats import BatchedEngineStats
+from mlx_integrations.engine.speculative import (
+    DraftCache,
+    Step,
+    find_draft_model,
+    load_draft_model,
+)
+from mlx_integrations.engine.stats import BatchedEngineStats, ClearStats
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # Distinct sampling settings kept as shared samplers; beyond this the table starts over.
-_MAX_SHARED_SAMPLERS = 32
 
 
 @dataclass
@@ -163,7 +166,8 @@ class BatchedEngine(MLXEngine):
         self._generator: Any = None
         self._eos: Any = None
         self._active: dict[int, _Active] = {}
-        self._samplers: dict[tuple[float, float, float, int], GuardedSampler] = {}
+        self._samplers = SharedSamplers()
+        self._drafts = DraftCache()  # the draft model's cache of the last request alone
         self._solo: tuple[_Active, SoloDecode] | None = None
         self._draft_path = find_draft_model(self._options.draft_model)
         self._draft: Any = None  # loaded with the model; drafts for a request alone
@@ -266,9 +270,14 @@ class BatchedEngine(MLXEngine):
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
 
+    def _clear(self) -> ClearStats:
+        self._drafts.clear()
+        return super()._clear()
+
     def _unload(self) -> None:
         self._close_generator()
         self._samplers.clear()
+        self._drafts.clear()
         self._draft = None
         lease, self._draft_lease = self._draft_lease, None
         if lease is not None:
@@ -358,7 +367,7 @@ class BatchedEngine(MLXEngine):
         try:
             user = request_processors(p)
             processors = GuardedProcessors(user) if user else None
-            sampler = self._sampler(p)
+            sampler = self._samplers.for_request(p)
             builder = self._output_builder(job, reused)
             act = _Active(job, builder, processors, sampler)
             self._insert_active(act, job.tokens[reused:], cache, job.tokens[:reused])
@@ -397,8 +406,8 @@ class BatchedEngine(MLXEngine):
         if not all(hasattr(layer, "merge") for layer in cache):
             self._prefix.put(job.tokens[:reused], cache)
             return False  # it could not join a batch later
-        act = _Active(job, self._output_builder(job, reused), None, self._sampler(p))
-        solo = self._solo_decode(act, job.tokens, reused, cache)
+        act = _Active(job, self._output_builder(job, reused), None, self._samplers.for_request(p))
+        solo = self._solo_decode(act, job.tokens, reused, cache, fresh=False)
         self._solo = (act, solo)
         with self._state_lock:
             self._solo_requests += 1
@@ -436,13 +445,20 @@ class BatchedEngine(MLXEngine):
         return request_cache(self._model, cache, self._options.kv_bits, self._options.kv_group_size)
 
     def _solo_decode(
-        self, act: _Active, context: list[int], reused: int, cache: list[Any]
+        self, act: _Active, context: list[int], reused: int, cache: list[Any], fresh: bool = True
     ) -> SoloDecode:
-        """The loop of a request going on alone; it drafts where its cache can be trimmed."""
+        """The loop of a request going on alone; it drafts where its cache can be trimmed.
+
+        A new request (not ``fresh``) takes the draft cache of the last one alone, cut to
+        what they share, as the target's prefix cache does.
+        """
         from mlx_lm.models.cache import can_trim_prompt_cache
         from mlx_lm.sample_utils import make_sampler
 
         trim, opts = can_trim_prompt_cache(cache), self._options
+        draft, fed = None, 0
+        if trim and self._draft is not None and not fresh:
+            draft, fed = self._drafts.take_shared(self._draft, context[:-1])
         return SoloDecode(
             self._model,
             context,
@@ -454,6 +470,8 @@ class BatchedEngine(MLXEngine):
             prompt_lookup=opts.prompt_lookup if trim else 0,
             draft_model=self._draft if trim else None,
             num_draft_tokens=opts.num_draft_tokens,
+            draft_cache=draft,
+            draft_fed=fed,
         )
 
     def _solo_step(self) -> None:
@@ -491,8 +509,10 @@ class BatchedEngine(MLXEngine):
         assert self._solo is not None
         act, solo = self._solo
         self._solo = None
-        solo.close()  # a paused draft round drops its rejected drafts from the cache
+        draft = solo.close()  # a paused draft round drops its rejected drafts from the cache
         self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
+        if draft is not None:
+            self._drafts.put(act.job.tokens + act.builder.tokens, draft)
         self._finish(act.job, out)
 
     def _join_solo(self) -> None:
@@ -511,29 +531,6 @@ class BatchedEngine(MLXEngine):
             self._finish(act.job, exc)
             return
         self._spec.admitted(self._model, act.job.params, False)
-
-    def _sampler(self, p: SamplingParams) -> GuardedSampler | None:
-        """None (the generator's shared greedy sampler) for temperature 0.
-
-        Requests with the same settings share one sampler object, so the generator
-        samples them in one call.
-        """
-        from mlx_lm.sample_utils import make_sampler
-
-        if p.temperature == 0:
-            return None
-        if p.seed is not None:
-            return GuardedSampler(SeededSampler(p, p.seed))
-        key = (p.temperature, p.top_p, p.min_p, p.top_k)
-        sampler = self._samplers.get(key)
-        if sampler is None or sampler.error is not None:
-            if len(self._samplers) >= _MAX_SHARED_SAMPLERS:
-                self._samplers.clear()
-            sampler = GuardedSampler(
-                make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
-            )
-            self._samplers[key] = sampler
-        return sampler
 
     def _batch_generator(self) -> Any:
         if self._generator is None:

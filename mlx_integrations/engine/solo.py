@@ -40,6 +40,8 @@ class SoloDecode:
         prompt_lookup: Most tokens drafted per round from the context; 0 decodes plainly.
         draft_model: A model that drafts ``num_draft_tokens`` per round instead (its own
             cache is prefilled beside the target's, a piece per turn); None for none.
+        draft_cache: The draft model's cache holding ``prompt[:draft_fed]`` (an earlier
+            request's, see ``DraftCache``); None starts it empty.
     """
 
     def __init__(
@@ -55,6 +57,8 @@ class SoloDecode:
         prompt_lookup: int = 0,
         draft_model: Any = None,
         num_draft_tokens: int = 3,
+        draft_cache: list[Any] | None = None,
+        draft_fed: int = 0,
     ):
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -72,8 +76,10 @@ class SoloDecode:
         self._rounds: Generator[Step, None, None] | None = None  # drafting
         self._draft = draft_model
         self._num_draft = num_draft_tokens
-        self._draft_cache = make_prompt_cache(draft_model) if draft_model is not None else None
-        self._draft_fed = 0  # context tokens the draft cache holds, while prefilling
+        if draft_model is not None and draft_cache is None:
+            draft_cache, draft_fed = make_prompt_cache(draft_model), 0
+        self._draft_cache = draft_cache if draft_model is not None else None
+        self._draft_fed = draft_fed  # context tokens the draft cache holds, while prefilling
 
     @property
     def prefilling(self) -> bool:
@@ -133,17 +139,19 @@ class SoloDecode:
         fed = self._fed if self._produced == 0 else len(self.context) - 1
         return steps, self.context[fed:], self.context[:fed]
 
-    def close(self) -> None:
+    def close(self) -> list[Any] | None:
         """End the draft rounds: ``cache`` then holds all but the last token handed out.
 
         A round is paused after its last token, before the target's cache drops the
         rejected drafts (a draft model's round does it on resume or close): call this
-        before storing ``cache``.
+        before storing ``cache``. Returns the draft model's cache (a prefix of the
+        context), or None.
         """
         if self._rounds is not None:
             self._rounds.close()
             self._rounds = None
-        self._draft_cache = None
+        draft, self._draft_cache = self._draft_cache, None
+        return draft
 
     def _sample(self, token: Any) -> Any:
         import mlx.core as mx

@@ -282,17 +282,22 @@ class DraftCache:
 
     def take(self, model: Any, prefix: list[int], step_size: int) -> list[Any]:
         """A draft cache holding exactly ``prefix``."""
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
-        cache, tokens = self._cache, self._tokens
-        self.clear()
-        keep = common_prefix_len(tokens, prefix) if cache is not None else 0
-        if cache is None or keep == 0:
-            cache = make_prompt_cache(model)
-        else:
-            trim_prompt_cache(cache, cache_offset(cache) - keep)
+        cache, keep = self.take_shared(model, prefix)
         prefill(model, cache, prefix[keep:], step_size)
         return cache
+
+    def take_shared(self, model: Any, tokens: list[int]) -> tuple[list[Any], int]:
+        """A draft cache cut to what it shares with ``tokens``, and how many it holds;
+        the caller prefills the rest (a piece at a time)."""
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        cache, held = self._cache, self._tokens
+        self.clear()
+        keep = common_prefix_len(held, tokens) if cache is not None else 0
+        if cache is None or keep == 0:
+            return make_prompt_cache(model), 0
+        trim_prompt_cache(cache, cache_offset(cache) - keep)
+        return cache, keep
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep the draft cache of ``tokens`` (it may hold fewer, never other ones)."""

@@ -149,9 +149,9 @@ async def test_cancelled_mid_draft_then_the_next_requests_are_exact(target, plai
             if out.mtp_drafts > 0:
                 break  # in the middle of a verification round
         await stream.aclose()
-        for _ in range(200):
-            if eng.get_stats()["num_running"] == 0:
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120  # a bound on a hang, not on speed
+        while eng.get_stats()["num_running"] and loop.time() < deadline:
             await asyncio.sleep(0.01)
         assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
         ref = await plain.chat(messages, max_tokens=40, temperature=0)
@@ -275,9 +275,9 @@ async def test_a_draft_model_cancelled_mid_draft_then_exact(target, plain):
             if out.mtp_drafts > 0:
                 break
         await stream.aclose()
-        for _ in range(200):
-            if eng.get_stats()["num_running"] == 0:
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120  # a bound on a hang, not on speed
+        while eng.get_stats()["num_running"] and loop.time() < deadline:
             await asyncio.sleep(0.01)
         assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
         ref = await plain.chat(PROMPTS[1], max_tokens=24, temperature=0)
@@ -306,5 +306,37 @@ async def test_the_last_request_of_a_batch_goes_on_alone_and_drafts(target, plai
         assert stats["solo_requests"] == 2
         drafted_in_batch = [c.mtp_drafts for c in chunks if c.completion_tokens <= 8]
         assert chunks[-1].mtp_drafts > max(drafted_in_batch)
+    finally:
+        await eng.stop()
+
+
+async def test_the_next_turn_alone_takes_the_draft_models_cache_of_the_last(
+    target, plain, monkeypatch
+):
+    from mlx_integrations.engine.speculative import DraftCache
+
+    held: list[int] = []
+    take_shared = DraftCache.take_shared
+
+    def recording(self, model, tokens):  # the real method; what it kept is recorded
+        cache, keep = take_shared(self, model, tokens)
+        held.append(keep)
+        return cache, keep
+
+    monkeypatch.setattr(DraftCache, "take_shared", recording)
+    eng = BatchedEngine(target, draft_model=str(target), num_draft_tokens=3)
+    try:
+        first = await eng.chat(PROMPTS[1], max_tokens=24, temperature=0)
+        turn = [*PROMPTS[1], {"role": "assistant", "content": first.text}]
+        turn.append({"role": "user", "content": "Once more, please."})
+        ref = await plain.chat(turn, max_tokens=24, temperature=0)
+        second = await eng.chat(turn, max_tokens=24, temperature=0)
+        assert first.tokens == (await plain.chat(PROMPTS[1], max_tokens=24, temperature=0)).tokens
+        assert second.tokens == ref.tokens and second.mtp_drafts > 0
+        # The first turn found nothing; the second started from the first's draft KV.
+        assert held[0] == 0 and held[1] >= first.prompt_tokens
+        eng.clear_runtime_caches()
+        await eng.chat(turn, max_tokens=4, temperature=0)
+        assert held[2] == 0  # cleared with the prefix cache
     finally:
         await eng.stop()

@@ -93,6 +93,7 @@ class PrefixCache:
         self.misses = 0
         self.tokens_saved = 0
         self.evictions = 0
+        self._outside = 0  # bytes of the one entry kept outside the table (a vision turn)
 
     def take(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
         """Find the best cache for ``tokens``.
@@ -159,15 +160,35 @@ class PrefixCache:
             self._entries.remove(victim)
             self.evictions += 1
 
+    def hold_outside(self, nbytes: int) -> bool:
+        """Count, within the budget, the one entry an engine keeps outside the table
+        (a vision-language model's previous turn); 0 when it holds none.
+
+        Returns False, counting nothing, when it alone is larger than the budget: the
+        engine drops it then. Table entries are evicted to make room for it.
+        """
+        self._outside = nbytes if nbytes <= self.max_bytes else 0
+        self._evict()
+        return nbytes <= self.max_bytes
+
+    def count_lookup(self, saved: int) -> None:
+        """Count a lookup made outside the table: a hit when it saved prompt tokens."""
+        if saved > 0:
+            self.hits += 1
+            self.tokens_saved += saved
+        else:
+            self.misses += 1
+
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries)
+        return self._outside + sum(e.nbytes for e in self._entries)
 
     def clear(self, *, keep_pinned: bool = True) -> tuple[int, int]:
         """Drop entries; return (entries dropped, bytes they held)."""
         dropped = [e for e in self._entries if not (keep_pinned and e.pinned)]
         self._entries = [e for e in self._entries if keep_pinned and e.pinned]
-        return len(dropped), sum(e.nbytes for e in dropped)
+        outside, self._outside = self._outside, 0
+        return len(dropped) + bool(outside), sum(e.nbytes for e in dropped) + outside
 
     def stats(self) -> PrefixCacheStats:
         lookups = self.hits + self.misses
@@ -176,7 +197,7 @@ class PrefixCache:
             misses=self.misses,
             hit_rate=self.hits / lookups if lookups else 0.0,
             tokens_saved=self.tokens_saved,
-            entry_count=len(self._entries),
+            entry_count=len(self._entries) + bool(self._outside),
             pinned_entries=sum(e.pinned for e in self._entries),
             current_memory_mb=self.nbytes / MiB,
             max_memory_mb=self.max_bytes / MiB,

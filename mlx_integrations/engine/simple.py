@@ -18,6 +18,7 @@ from mlx_integrations.engine.kv_quantization import (
 )
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
+from mlx_integrations.engine.prefix_cache import cache_nbytes
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.speculative import (
     DraftCache,
@@ -134,6 +135,7 @@ class SimpleEngine(MLXEngine):
     def _reset_vision_turn(self) -> None:
         """Forget the last vision request's KV (a fresh state, or none when caching is off)."""
         self._vision_turn, self._turn_media = None, []
+        self._prefix.hold_outside(0)
         if self._loaded_vision is not None and self._options.cache_memory_mb > 0:
             from mlx_vlm.generate import PromptCacheState
 
@@ -150,8 +152,12 @@ class SimpleEngine(MLXEngine):
 
     def _clear(self) -> ClearStats:
         self._drafts.clear()
+        # Let go of the previous vision turn before MLX's buffers are freed; the prefix
+        # cache's clear counts its bytes.
+        self._vision_turn, self._turn_media = None, []
+        cleared = super()._clear()
         self._reset_vision_turn()
-        return super()._clear()
+        return cleared
 
     def _is_full(self) -> bool:
         return bool(self._jobs)
@@ -252,10 +258,13 @@ class SimpleEngine(MLXEngine):
         finally:
             steps.close()
             if self._vision_turn is not None:
-                if reusable:  # the cache holds the prompt and every token fed back
+                self._prefix.count_lookup(run.cached_tokens)
+                # The cache holds the prompt and every token fed back, within the budget.
+                fits = run.cache is not None and self._prefix.hold_outside(cache_nbytes(run.cache))
+                if reusable and fits:
                     self._vision_turn.update(job.tokens + builder.tokens, run.cache)
                     self._turn_media = list(keys)
-                else:  # a cache trimmed for this request but not finished: drop it
+                else:  # too large, or trimmed for this request but not finished: drop it
                     self._reset_vision_turn()
             reusable = reusable and cache is not None
             if reusable and cache is not None:

@@ -244,6 +244,41 @@ async def test_a_second_turn_reuses_the_first_turns_cache(tiny_vlm, test_images)
     assert warm.get_stats()["total_cached_tokens"] == reused.cached_tokens
 
 
+async def test_the_previous_turn_counts_in_the_cache_stats_and_budget(
+    tiny_vlm, test_images
+) -> None:
+    first = _user(test_images[0])
+    warm = SimpleEngine(tiny_vlm)
+    try:
+        one = await warm.chat(first, max_tokens=6, temperature=0)
+        held = warm.get_cache_stats()
+        assert held["entry_count"] == 1 and held["misses"] == 1
+        assert 0 < held["current_memory_mb"] <= held["max_memory_mb"]
+        second = [
+            *first,
+            {"role": "assistant", "content": one.text},
+            {"role": "user", "content": "More?"},
+        ]
+        reused = await warm.chat(second, max_tokens=6, temperature=0)
+        stats = warm.get_cache_stats()
+        assert stats["hits"] == 1 and stats["tokens_saved"] == reused.cached_tokens > 0
+        assert warm.get_stats()["prefix_cache"]["entry_count"] == 1
+        cleared = warm.clear_runtime_caches()
+        assert cleared["dropped_entries"] == 1 and cleared["freed_cache_mb"] > 0
+        assert warm.get_cache_stats()["entry_count"] == 0
+    finally:
+        await warm.stop()
+    # A budget smaller than the turn's KV keeps nothing: the next turn prefills it all.
+    small = SimpleEngine(tiny_vlm, cache_memory_mb=held["current_memory_mb"] / 2)
+    try:
+        await small.chat(first, max_tokens=6, temperature=0)
+        assert small.get_cache_stats()["entry_count"] == 0
+        again = await small.chat(second, max_tokens=6, temperature=0)
+    finally:
+        await small.stop()
+    assert again.cached_tokens == 0 and again.tokens == reused.tokens
+
+
 async def test_another_image_is_not_served_from_the_cache(tiny_vlm, test_images) -> None:
     # Image tokens are the same ids for every image: the cache must know which it holds.
     warm, cold = SimpleEngine(tiny_vlm), SimpleEngine(tiny_vlm, cache_memory_mb=0)

@@ -103,13 +103,13 @@ class Channel:
     """One request's way back from the owner thread to the caller's event loop.
 
     Made on the caller's loop. ``emit`` (any thread) hands a chunk, or the exception
-    that ended the request; ``receive`` yields them there. With ``final_only`` (a
-    caller that wants the whole output, not a stream) only the last chunk travels.
-    A consumer that stops iterating (cancelled, closed, garbage collected) sets
-    ``abort``; once its loop is closed or gone, ``abort`` reads as set too.
+    that ended the request; ``receive`` yields them there (a request with
+    ``Job.stream`` False is handed only its last chunk). A consumer that stops
+    iterating (cancelled, closed, garbage collected) sets ``abort``; once its loop is
+    closed or gone, ``abort`` reads as set too.
     """
 
-    def __init__(self, final_only: bool = False):
+    def __init__(self) -> None:
         loop = asyncio.get_running_loop()
         with _mailboxes_lock:
             mailbox = _mailboxes.get(loop)
@@ -117,12 +117,9 @@ class Channel:
                 mailbox = _mailboxes[loop] = Mailbox(loop)
         self._mailbox = mailbox
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._final_only = final_only
         self.abort: threading.Event = _Abort(mailbox)
 
     def emit(self, item: Any) -> None:
-        if self._final_only and not getattr(item, "finished", True):
-            return
         try:
             self._mailbox.post(self._queue, item)
         except RuntimeError:  # the consumer's loop is gone: stop generating

@@ -575,7 +575,7 @@ class MLXEngine(BaseEngine):
         if self._context_length:
             # Prompt and reply share the window: stop there with finish_reason="length".
             params.max_tokens = min(params.max_tokens, self._context_length - len(tokens))
-        channel = Channel(final_only)
+        channel = Channel()
         arrival = time.perf_counter()
         job = Job(
             params, prompt, tokens, arrival, channel.emit, channel.abort, media, not final_only

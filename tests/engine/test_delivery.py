@@ -64,17 +64,14 @@ async def test_later_bursts_wake_the_loop_again():
 def test_a_closed_loop_aborts_the_request_instead_of_queueing_forever():
     loop = asyncio.new_event_loop()
 
-    async def make(final_only: bool) -> Channel:
-        return Channel(final_only)
+    async def make() -> Channel:
+        return Channel()
 
-    streaming, final_only = (
-        loop.run_until_complete(make(False)),
-        loop.run_until_complete(make(True)),
-    )
+    streaming, final_only = loop.run_until_complete(make()), loop.run_until_complete(make())
     assert not streaming.abort.is_set() and not final_only.abort.is_set()
     loop.close()
-    # Nothing is sent to a final_only channel before its last chunk: the owner thread
-    # learns from abort alone that nobody waits for it.
+    # Nothing is sent to a request that wants only its last chunk before that chunk: the
+    # owner thread learns from abort alone that nobody waits for it.
     assert streaming.abort.is_set() and final_only.abort.is_set()
     streaming.emit(chunk("x"))  # refused, not queued
     with pytest.raises(RuntimeError, match="closed"):
@@ -94,12 +91,25 @@ def test_a_finished_loop_and_its_mailbox_are_freed():
     assert [ref() for ref in loops] == [None] * 5
 
 
-async def test_final_only_sends_the_last_chunk_alone():
-    channel = Channel(final_only=True)
-    for n in range(3):
-        channel.emit(chunk(str(n), finished=n == 2))
-    await asyncio.sleep(0)
-    assert [out.text async for out in channel.receive()] == ["2"]
+@pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])
+async def test_generate_sends_the_last_chunk_alone(tiny_llama: Path, kind, monkeypatch):
+    sent: list[MLXGenerationOutput] = []
+    post = Mailbox.post
+
+    def recording(self, queue, item):  # the real method; what it carries is recorded
+        sent.append(item)
+        post(self, queue, item)
+
+    monkeypatch.setattr(Mailbox, "post", recording)
+    engine = kind(tiny_llama, cache_memory_mb=0)
+    try:
+        whole = await engine.generate("The capital of France is", max_tokens=24, temperature=0)
+        assert [out.text for out in sent] == [whole.text] and sent[0].finished
+        sent.clear()
+        chunks = [c async for c in engine.stream_generate("The capital of", max_tokens=24)]
+        assert len(sent) == len(chunks) > 1  # a stream still gets every chunk
+    finally:
+        await engine.stop()
 
 
 async def test_an_exception_ends_the_stream_and_a_consumer_that_leaves_aborts():

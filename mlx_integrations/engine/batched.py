@@ -34,27 +34,19 @@ from mlx_integrations.engine.generation import (
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.kv_quantization import (
     check_batched_kv_options,
-    check_head_dims,
-    check_quantized_attention,
+    check_kv_at_load,
 )
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.prefix_cache import cache_offset
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.solo import SoloDecode
-from mlx_integrations.engine.speculative import (
-    DraftCache,
-    Step,
-    find_draft_model,
-    load_draft_model,
-)
+from mlx_integrations.engine.speculative import DraftModel, Step
 from mlx_integrations.engine.stats import BatchedEngineStats, ClearStats
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# Distinct sampling settings kept as shared samplers; beyond this the table starts over.
 
 
 @dataclass
@@ -167,11 +159,8 @@ class BatchedEngine(MLXEngine):
         self._eos: Any = None
         self._active: dict[int, _Active] = {}
         self._samplers = SharedSamplers()
-        self._drafts = DraftCache()  # the draft model's cache of the last request alone
         self._solo: tuple[_Active, SoloDecode] | None = None
-        self._draft_path = find_draft_model(self._options.draft_model)
-        self._draft: Any = None  # loaded with the model; drafts for a request alone
-        self._draft_lease: Any = None
+        self._draft = DraftModel(self._options.draft_model)  # drafts for a request alone
         self._spec = BatchSpeculation(self._options)  # prompt lookup in the batch
         # Under the state lock.
         self._solo_requests = 0
@@ -259,29 +248,20 @@ class BatchedEngine(MLXEngine):
         super()._load()
         opts = self._options
         try:
-            check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
-            check_quantized_attention(self._model, opts.kv_bits, opts.kv_group_size, self._name)
-            if self._draft_path is not None:
-                name = str(opts.draft_model)
-                self._draft, self._draft_lease = load_draft_model(
-                    self._draft_path, self._tokenizer, name
-                )
+            check_kv_at_load(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            self._draft.load(self._tokenizer)
         except BaseException:
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
 
     def _clear(self) -> ClearStats:
-        self._drafts.clear()
+        self._draft.cache.clear()
         return super()._clear()
 
     def _unload(self) -> None:
         self._close_generator()
         self._samplers.clear()
-        self._drafts.clear()
-        self._draft = None
-        lease, self._draft_lease = self._draft_lease, None
-        if lease is not None:
-            lease.release()
+        self._draft.unload()
         super()._unload()
 
     # ------------------------------------------------------- the owner loop
@@ -457,8 +437,8 @@ class BatchedEngine(MLXEngine):
 
         trim, opts = can_trim_prompt_cache(cache), self._options
         draft, fed = None, 0
-        if trim and self._draft is not None and not fresh:
-            draft, fed = self._drafts.take_shared(self._draft, context[:-1])
+        if trim and self._draft.model is not None and not fresh:
+            draft, fed = self._draft.cache.take_shared(self._draft.model, context[:-1])
         return SoloDecode(
             self._model,
             context,
@@ -468,7 +448,7 @@ class BatchedEngine(MLXEngine):
             max_tokens=act.job.params.max_tokens - len(act.builder.tokens),
             prefill_step_size=self._prefill_step_size,
             prompt_lookup=opts.prompt_lookup if trim else 0,
-            draft_model=self._draft if trim else None,
+            draft_model=self._draft.model if trim else None,
             num_draft_tokens=opts.num_draft_tokens,
             draft_cache=draft,
             draft_fed=fed,
@@ -512,7 +492,7 @@ class BatchedEngine(MLXEngine):
         draft = solo.close()  # a paused draft round drops its rejected drafts from the cache
         self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
         if draft is not None:
-            self._drafts.put(act.job.tokens + act.builder.tokens, draft)
+            self._draft.cache.put(act.job.tokens + act.builder.tokens, draft)
         self._finish(act.job, out)
 
     def _join_solo(self) -> None:

@@ -58,31 +58,41 @@ def validate_kv_options(kv_bits: Any, kv_group_size: Any, quantized_kv_start: An
         )
 
 
-def check_head_dims(model: Any, kv_bits: int | None, kv_group_size: int, name: str) -> None:
-    """Refuse, at load, a model whose attention heads ``kv_group_size`` does not divide.
+def check_kv_at_load(model: Any, kv_bits: int | None, group_size: int, name: str) -> None:
+    """Refuse, at load, ``kv_bits`` that the model or the backend cannot serve.
 
     Raises:
-        ValueError: Naming the head size and the group sizes that fit it.
+        ValueError: ``group_size`` does not divide the attention heads (naming the head
+            size and the group sizes that fit), or MLX cannot attend over a quantized
+            KV cache here (its CUDA backend: naming the model's dtype and head size,
+            MLX's own error, and the fix, ``kv_bits=None``).
     """
+    if kv_bits is None:
+        return
+    head = _head_size(model)
+    if head is None:
+        return
+    if head % group_size:
+        fits = [g for g in KV_GROUP_SIZES if head % g == 0]
+        fix = f"use kv_group_size={max(fits)}" if fits else "use kv_bits=None"
+        raise ValueError(
+            f"{name!r} has attention heads of {head} values, which kv_group_size="
+            f"{group_size} does not divide; {fix}"
+        )
+    _check_quantized_attention(model, head, kv_bits, group_size, name)
+
+
+def _head_size(model: Any) -> int | None:
+    """Values per attention head, from the model's shape (None where it does not say)."""
     # mlx-lm models keep their shape in .args; mlx-vlm models in .config.text_config.
     args = getattr(model, "args", None) or getattr(
         getattr(model, "config", None), "text_config", None
     )
-    if kv_bits is None or args is None:
-        return
-    dims = {getattr(args, "head_dim", None)}
+    head = getattr(args, "head_dim", None)
     heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
-    if None in dims and isinstance(heads, int) and isinstance(hidden, int) and heads:
-        dims = {hidden // heads}
-    dims.discard(None)
-    for dim in dims:
-        if isinstance(dim, int) and dim % kv_group_size:
-            fits = [g for g in KV_GROUP_SIZES if dim % g == 0]
-            fix = f"use kv_group_size={max(fits)}" if fits else "use kv_bits=None"
-            raise ValueError(
-                f"{name!r} has attention heads of {dim} values, which kv_group_size="
-                f"{kv_group_size} does not divide; {fix}"
-            )
+    if head is None and isinstance(heads, int) and isinstance(hidden, int) and heads:
+        head = hidden // heads
+    return head if isinstance(head, int) else None
 
 
 def maybe_quantize(cache: list[Any], kv_bits: int | None, group_size: int, start: int) -> None:
@@ -129,26 +139,15 @@ def check_batched_kv_options(kv_bits: int | None, quantized_kv_start: int) -> No
         )
 
 
-def check_quantized_attention(model: Any, kv_bits: int | None, group_size: int, name: str) -> None:
-    """Refuse, at load, ``kv_bits`` where MLX cannot attend over a quantized KV cache.
-
-    Raises:
-        ValueError: On MLX's CUDA backend, naming the model's dtype and head size, MLX's
-            own error, and the fix (``kv_bits=None``).
-    """
-    if kv_bits is None:
-        return
+def _check_quantized_attention(
+    model: Any, head: int, kv_bits: int, group_size: int, name: str
+) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    args = getattr(model, "args", None) or getattr(
-        getattr(model, "config", None), "text_config", None
-    )
-    heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
-    head = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
     leaves = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
     floats = [v.dtype for _, v in leaves if mx.issubdtype(v.dtype, mx.floating)]
-    if not isinstance(head, int) or not floats:
+    if not floats:
         return
     dtype = str(floats[0]).removeprefix("mlx.core.")
     error = quantized_attention_error(dtype, head, kv_bits, group_size)

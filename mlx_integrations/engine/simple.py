@@ -12,8 +12,7 @@ from typing import Any
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.kv_quantization import (
-    check_head_dims,
-    check_quantized_attention,
+    check_kv_at_load,
     maybe_quantize,
 )
 from mlx_integrations.engine.mlx_engine import MLXEngine
@@ -21,11 +20,9 @@ from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.prefix_cache import cache_nbytes
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.speculative import (
-    DraftCache,
+    DraftModel,
     Step,
     draft_model_steps,
-    find_draft_model,
-    load_draft_model,
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
@@ -101,11 +98,7 @@ class SimpleEngine(MLXEngine):
 
     def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
         super().__init__(model, options=options, **kwargs)
-        self._draft_path = find_draft_model(self._options.draft_model)
-        # Owner thread only.
-        self._draft: Any = None
-        self._draft_lease: Any = None
-        self._drafts = DraftCache()
+        self._draft = DraftModel(self._options.draft_model)
         # Vision models: the last request's tokens and KV (mlx-vlm's PromptCacheState).
         self._vision_turn: Any = None
         self._turn_media: list[str] = []  # the digests of its images and videos
@@ -119,18 +112,12 @@ class SimpleEngine(MLXEngine):
         super()._load()
         opts = self._options
         try:
-            check_head_dims(self._model, opts.kv_bits, opts.kv_group_size, self._name)
-            check_quantized_attention(self._model, opts.kv_bits, opts.kv_group_size, self._name)
+            check_kv_at_load(self._model, opts.kv_bits, opts.kv_group_size, self._name)
             self._reset_vision_turn()
-            if self._draft_path is not None:
-                self._load_draft(self._draft_path)
+            self._draft.load(self._tokenizer)
         except BaseException:
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
-
-    def _load_draft(self, path: Path) -> None:
-        name = str(self._options.draft_model)
-        self._draft, self._draft_lease = load_draft_model(path, self._tokenizer, name)
 
     def _reset_vision_turn(self) -> None:
         """Forget the last vision request's KV (a fresh state, or none when caching is off)."""
@@ -143,15 +130,11 @@ class SimpleEngine(MLXEngine):
 
     def _unload(self) -> None:
         self._vision_turn = None
-        self._drafts.clear()
-        self._draft = None
-        lease, self._draft_lease = self._draft_lease, None
-        if lease is not None:
-            lease.release()
+        self._draft.unload()
         super()._unload()
 
     def _clear(self) -> ClearStats:
-        self._drafts.clear()
+        self._draft.cache.clear()
         # Let go of the previous vision turn before MLX's buffers are freed; the prefix
         # cache's clear counts its bytes.
         self._vision_turn, self._turn_media = None, []
@@ -271,7 +254,7 @@ class SimpleEngine(MLXEngine):
                 # The cache holds the prompt and the sampled tokens it has seen.
                 self._prefix.put(job.tokens + builder.tokens, cache)
                 if draft_cache is not None:
-                    self._drafts.put(job.tokens + builder.tokens, draft_cache)
+                    self._draft.cache.put(job.tokens + builder.tokens, draft_cache)
         return final
 
     def _check_window(self, job: Job) -> None:
@@ -309,13 +292,13 @@ class SimpleEngine(MLXEngine):
             "sampler": sampler,
             "prefill_step_size": self._prefill_step_size,
         }
-        if speculate and self._draft is not None:
-            draft_cache = self._drafts.take(
-                self._draft, job.tokens[:reused], self._prefill_step_size
+        if speculate and self._draft.model is not None:
+            draft_cache = self._draft.cache.take(
+                self._draft.model, job.tokens[:reused], self._prefill_step_size
             )
             steps = draft_model_steps(
                 self._model,
-                self._draft,
+                self._draft.model,
                 job.tokens[reused:],
                 cache,
                 draft_cache,

@@ -82,38 +82,6 @@ def check_draft_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, draft: s
         )
 
 
-def find_draft_model(draft_model: str | Path | None) -> Path | None:
-    """The draft model's folder, checked at construction (None without a draft model).
-
-    Raises:
-        FileNotFoundError: The folder, its config or its weights are missing.
-    """
-    if draft_model is None:
-        return None
-    path = resolve_model_path(draft_model)
-    check_model_dir(path)
-    return path
-
-
-def load_draft_model(path: Path, target_tokenizer: Any, name: str) -> tuple[Any, Any]:
-    """Load the draft model on the owner thread: ``(model, store lease or None)``.
-
-    Raises:
-        ValueError: Its vocabulary differs from the target's (the lease is released).
-    """
-    import mlx_lm
-
-    lease = lease_model(path)
-    try:
-        loaded = mlx_lm.load(str(path))
-        check_draft_vocabulary(target_tokenizer, loaded[1], name)
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        raise
-    return loaded[0], lease
-
-
 class NgramIndex:
     """Where each recent n-gram of a token sequence was last followed by a token."""
 
@@ -311,3 +279,50 @@ class DraftCache:
 
     def clear(self) -> None:
         self._tokens, self._cache = [], None
+
+
+class DraftModel:
+    """An engine's draft model: its folder (checked at construction), its weights
+    (loaded with the target, on the owner thread), and the KV cache of the last request
+    that drafted with it.
+
+    Raises:
+        FileNotFoundError: The folder, its config or its weights are missing.
+    """
+
+    def __init__(self, name: str | Path | None):
+        self.name = name
+        self.path = None if name is None else resolve_model_path(name)
+        if self.path is not None:
+            check_model_dir(self.path)
+        # Owner thread only.
+        self.model: Any = None
+        self.cache = DraftCache()
+        self._lease: Any = None
+
+    def load(self, target_tokenizer: Any) -> None:
+        """Load the weights, if there is a draft model.
+
+        Raises:
+            ValueError: Its vocabulary differs from the target's (the lease is released).
+        """
+        if self.path is None:
+            return
+        import mlx_lm
+
+        lease = lease_model(self.path)
+        try:
+            loaded = mlx_lm.load(str(self.path))
+            check_draft_vocabulary(target_tokenizer, loaded[1], str(self.name))
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        self.model, self._lease = loaded[0], lease
+
+    def unload(self) -> None:
+        self.cache.clear()
+        self.model = None
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,39 +39,26 @@ def lookup(target: Path):
     asyncio.run(eng.stop())
 
 
-@pytest.mark.parametrize("prompt_lookup", [0, 3])
-def test_a_handoff_at_any_turn_continues_in_the_batch_token_for_token(target, prompt_lookup):
+def handoffs_match_alone(model: Any, prompt: list[int], n: int, turns: range, **solo: Any) -> int:
+    """Decode ``prompt`` alone (``SoloDecode`` with ``solo``), then again handing it to
+    mlx-lm's batch generator after each number of ``turns``: every run's ``n`` tokens
+    must equal the lone run's. Returns the tokens the lone run drafted."""
     import mlx.core as mx
-    import mlx_lm
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
-    model, tokenizer = mlx_lm.load(str(target))
-    prompt = tokenizer.apply_chat_template(PROMPTS[1], add_generation_prompt=True)
-    greedy, n = make_sampler(0.0), 24
+    def fresh() -> SoloDecode:
+        cache = make_prompt_cache(model)
+        return SoloDecode(model, prompt, 0, cache, sampler=make_sampler(0.0), max_tokens=n, **solo)
 
-    def solo() -> SoloDecode:
-        return SoloDecode(
-            model,
-            prompt,
-            0,
-            make_prompt_cache(model),
-            sampler=greedy,
-            max_tokens=n,
-            prefill_step_size=8,  # several prefill turns
-            prompt_lookup=prompt_lookup,
-        )
-
-    alone, reference, drafted = solo(), [], 0
+    alone, reference, drafted = fresh(), [], 0
     while len(reference) < n:
         steps = alone.step()
         reference += [token for token, _, _ in steps]
         drafted += sum(d for _, d, _ in steps)
-    assert drafted > 0 or not prompt_lookup
-    turns = len(prompt) // 8 + 6  # through the prefill and into the decode
-    for stop_after in range(turns):
-        run, tokens = solo(), []
+    for stop_after in turns:
+        run, tokens = fresh(), []
         for _ in range(stop_after):
             tokens += [token for token, _, _ in run.step()]
         steps, rest, cached = run.handoff()
@@ -83,6 +71,21 @@ def test_a_handoff_at_any_turn_continues_in_the_batch_token_for_token(target, pr
                 tokens += [r.token for r in generator.next()[1]]
         generator.close()
         assert tokens == reference, stop_after
+    return drafted
+
+
+@pytest.mark.parametrize("prompt_lookup", [0, 3])
+def test_a_handoff_at_any_turn_continues_in_the_batch_token_for_token(target, prompt_lookup):
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(target))
+    prompt = tokenizer.apply_chat_template(PROMPTS[1], add_generation_prompt=True)
+    turns = range(len(prompt) // 8 + 6)  # through the prefill and into the decode
+    # Prefill steps of 8 tokens: several prefill turns.
+    drafted = handoffs_match_alone(
+        model, prompt, 24, turns, prefill_step_size=8, prompt_lookup=prompt_lookup
+    )
+    assert drafted > 0 or not prompt_lookup
 
 
 async def test_a_lone_request_decodes_outside_the_batch_then_joins_it(target, plain):
@@ -221,50 +224,16 @@ async def test_a_draft_model_drafts_alone_and_hands_over_to_the_batch(target, pl
 
 
 def test_a_draft_model_solo_handoff_at_any_turn_is_token_for_token(target):
-    import mlx.core as mx
     import mlx_lm
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer = mlx_lm.load(str(target))
     draft, _ = mlx_lm.load(str(target))
     prompt = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True)
-    greedy, n = make_sampler(0.0), 16
-
-    def solo() -> SoloDecode:
-        return SoloDecode(
-            model,
-            prompt,
-            0,
-            make_prompt_cache(model),
-            sampler=greedy,
-            max_tokens=n,
-            prefill_step_size=8,
-            draft_model=draft,
-            num_draft_tokens=3,
-        )
-
-    alone, reference, drafted = solo(), [], 0
-    while len(reference) < n:
-        steps = alone.step()
-        reference += [token for token, _, _ in steps]
-        drafted += sum(d for _, d, _ in steps)
+    turns = range(len(prompt) // 8 + 1, len(prompt) // 8 + 5)
+    drafted = handoffs_match_alone(
+        model, prompt, 16, turns, prefill_step_size=8, draft_model=draft, num_draft_tokens=3
+    )
     assert drafted > 0
-    for stop_after in range(len(prompt) // 8 + 1, len(prompt) // 8 + 5):
-        run, tokens = solo(), []
-        for _ in range(stop_after):
-            tokens += [token for token, _, _ in run.step()]
-        steps, rest, cached = run.handoff()
-        tokens += [token for token, _, _ in steps]
-        assert cached + rest == prompt + tokens
-        generator = BatchGenerator(model, prefill_step_size=8)
-        generator.insert([rest], max_tokens=[n - len(tokens)], caches=[run.cache])
-        with mx.stream(generator.stream):
-            while len(tokens) < n:
-                tokens += [r.token for r in generator.next()[1]]
-        generator.close()
-        assert tokens == reference, stop_after
 
 
 async def test_a_draft_model_cancelled_mid_draft_then_exact(target, plain):

@@ -10,7 +10,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, EngineBusy, SimpleEngine
 from tests.engine.test_simple_engine import BAD_CALLS, MESSAGES, forcing
-from tests.support.event_loop import loop_ticks_while
+from tests.support.event_loop import loop_ticks_while, wait_until
 
 QUESTIONS = [
     "What is the weather in Paris?",
@@ -47,14 +47,6 @@ async def one_by_one(engine, calls: list[dict]) -> list[list[int]]:
 
 async def collect(stream):
     return [out async for out in stream]
-
-
-async def wait_until(predicate, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "timed out waiting for the engine"
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2"])

@@ -15,6 +15,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.solo import SoloDecode
+from tests.support.event_loop import wait_until
 from tests.support.prompts import CHAT_PROMPTS
 
 PROMPTS = CHAT_PROMPTS
@@ -152,10 +153,9 @@ async def test_cancelled_mid_draft_then_the_next_requests_are_exact(target, plai
             if out.mtp_drafts > 0:
                 break  # in the middle of a verification round
         await stream.aclose()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120  # a bound on a hang, not on speed
-        while eng.get_stats()["num_running"] and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: eng.get_stats()["num_running"] == 0, "the engine is idle", timeout=120.0
+        )
         assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
         ref = await plain.chat(messages, max_tokens=40, temperature=0)
         again = await eng.chat(messages, max_tokens=40, temperature=0)
@@ -244,10 +244,9 @@ async def test_a_draft_model_cancelled_mid_draft_then_exact(target, plain):
             if out.mtp_drafts > 0:
                 break
         await stream.aclose()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120  # a bound on a hang, not on speed
-        while eng.get_stats()["num_running"] and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: eng.get_stats()["num_running"] == 0, "the engine is idle", timeout=120.0
+        )
         assert eng.get_stats()["last_request"]["finish_reason"] == "abort"
         ref = await plain.chat(PROMPTS[1], max_tokens=24, temperature=0)
         again = await eng.chat(PROMPTS[1], max_tokens=24, temperature=0)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from tests.support.event_loop import wait_until
 from tests.support.prompts import BRIEF, FOX
 
 # Replies that copy their prompt: drafts are found and accepted.
@@ -90,17 +91,10 @@ async def together(eng, requests: list[tuple[list[dict], dict]]):
     return await asyncio.gather(*[eng.chat(m, temperature=0, **kw) for m, kw in requests])
 
 
-async def wait_until(predicate, what: str, timeout: float = 120.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout  # generous: a bound on a hang, not on speed
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.005)
-
-
 async def wait_idle(eng) -> None:
-    await wait_until(lambda: eng.get_stats()["num_running"] == 0, "the engine is idle")
+    await wait_until(
+        lambda: eng.get_stats()["num_running"] == 0, "the engine is idle", timeout=120.0
+    )
 
 
 def check_wide_step(target: str) -> None:
@@ -258,7 +252,9 @@ async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(target, simp
         refs = [(await simple.chat(m, max_tokens=200, temperature=0)).tokens for m in pair]
         others = asyncio.ensure_future(together(eng, [(m, {"max_tokens": 200}) for m in pair]))
         # Both decode in the batch before the third arrives.
-        await wait_until(lambda: eng.get_stats()["steps_executed"] > 2, "the pair decodes")
+        await wait_until(
+            lambda: eng.get_stats()["steps_executed"] > 2, "the pair decodes", timeout=120.0
+        )
         stream = eng.stream_chat(PROMPTS[0], max_tokens=200, temperature=0)
         async for out in stream:
             if out.mtp_accepted > 0:

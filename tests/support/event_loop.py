@@ -1,9 +1,10 @@
-"""How often the event loop ran other tasks while one awaitable ran."""
+"""Event-loop helpers of the tests: how often the loop ran other tasks while one
+awaitable ran, and waiting until a condition holds."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -31,3 +32,16 @@ async def loop_ticks_while(work: Awaitable[T], interval: float = 0.001) -> tuple
         running = False
         await task
     return result, ticks
+
+
+async def wait_until(
+    predicate: Callable[[], object], what: str = "the condition holds", timeout: float = 30.0
+) -> None:
+    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout`` seconds
+    (a bound on a hang, not on speed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)

@@ -87,6 +87,7 @@ class ControlServer:
         self.peers: dict[int, _Peer] = {}
         self.lost: dict[int, str] = {}
         self._closed = threading.Event()
+        self._leaving = threading.Event()
         self._failed = False
 
     @property
@@ -144,6 +145,12 @@ class ControlServer:
             except OSError:
                 pass  # its reader reports the loss
 
+    def expect_exits(self) -> None:
+        """Rank 0 is about to tell the ranks to exit: from now on a closed connection
+        or a silence is their leaving, not a loss. Without this, a fast follower's exit
+        reads as a failure and the slower ones are told to exit with status 1."""
+        self._leaving.set()
+
     def close(self, code: int, reason: str) -> None:
         """Order every follower to exit with ``code``; stop watching. Idempotent."""
         if self._closed.is_set():
@@ -157,7 +164,7 @@ class ControlServer:
                 pass
 
     def _fail(self, rank: int, why: str) -> None:
-        if self._closed.is_set():
+        if self._closed.is_set() or self._leaving.is_set():
             return
         self.lost.setdefault(rank, why)
         if not self._failed:

@@ -245,6 +245,8 @@ class DistributedEngine(MLXEngine):
                     f"DistributedEngine for {self._name!r} was stopped and its other ranks "
                     "have exited; start the ranks again (mlxi launch) to serve more requests"
                 )
+        if group.server is not None:
+            group.server.expect_exits()
         if group.size > 1:
             group.share({"op": "exit", "code": code, "reason": reason})
         if group.server is not None:

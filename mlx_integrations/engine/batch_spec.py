@@ -358,7 +358,13 @@ def _sample(batch: Any, logprobs: Any, counts: list[int]) -> list[list[int]]:
 
 
 def _roll_back(cache: list[Any], drop: list[int]) -> None:
-    """Drop the last ``drop[row]`` positions of each row of a batch KV cache."""
+    """Drop the last ``drop[row]`` positions of each row of a batch KV cache.
+
+    Each row's drops beyond the common ones become left padding; once every row has
+    some (the row that kept the most changes from step to step), the padding all rows
+    share is cut off, as mlx-lm's ``filter`` does when rows leave, so the cache stays
+    as long as its longest row.
+    """
     common = min(drop)
     rest = [n - common for n in drop]
     for layer in cache:
@@ -367,3 +373,10 @@ def _roll_back(cache: list[Any], drop: list[int]) -> None:
         if max(rest) > 0:
             layer.prepare(right_padding=rest)
             layer.finalize()
+    shared = min(cache[0].left_padding.tolist()) if cache and max(rest) > 0 else 0
+    if shared > 0:
+        for layer in cache:
+            layer.keys = layer.keys[..., shared:, :]
+            layer.values = layer.values[..., shared:, :]
+            layer._idx -= shared
+            layer.left_padding = layer.left_padding - shared

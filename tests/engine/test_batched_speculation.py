@@ -368,6 +368,30 @@ async def test_sampled_rows_draft_and_seeded_rows_do_not(plain, spec, batch_acce
     assert spec.get_stats()["speculation_off_requests"] == before + 1
 
 
+async def test_the_batch_cache_stays_as_long_as_its_longest_row(
+    plain, spec, batch_accepted, monkeypatch: pytest.MonkeyPatch
+):
+    # Rows keep different numbers of drafts, and which row keeps the most changes from
+    # step to step: without cutting the padding every row shares, the cache grows past
+    # its longest row with each such step.
+    from mlx_integrations.engine import batch_spec
+
+    roll_back = batch_spec._roll_back
+    extra: list[int] = []  # positions of the cache beyond its longest row, per wide step
+
+    def measured(cache, drop):
+        roll_back(cache, drop)
+        extra.append(cache[0]._idx - max(cache[0].offset.tolist()))
+
+    monkeypatch.setattr(batch_spec, "_roll_back", measured)
+    requests = [(m, {"max_tokens": 160}) for m in PROMPTS * 2]
+    refs = await together(plain, requests)
+    outs = await together(spec, requests)
+    assert [o.tokens for o in outs] == [r.tokens for r in refs]
+    assert len(extra) > 10 and sum(batch_accepted) > 0
+    assert max(extra) == 0, extra
+
+
 def test_the_pace_goes_the_faster_way_and_probes_the_other():
     from mlx_integrations.engine.batch_spec import StepPace
 

@@ -23,8 +23,9 @@ processors run on that position exactly as in mlx-lm's step.
 
 A step speculates only when at least half the rows can draft and wide steps have been
 emitting tokens faster than plain ones (:class:`StepPace`); otherwise (and always for
-models whose batch cache is not a plain ``BatchKVCache``: sliding windows, state-space
-layers) the batch runs mlx-lm's own step, untouched. Owner thread only.
+models whose batch cache is neither a plain ``BatchKVCache`` nor the quantized one of
+:mod:`.batch_kv`: sliding windows, state-space layers) the batch runs mlx-lm's own
+step, untouched. Owner thread only.
 """
 
 from __future__ import annotations
@@ -34,10 +35,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlx_lm.models.cache import BatchKVCache
+
+from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache
 from mlx_integrations.engine.batch_sampling import SeededSampler
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.speculative import NgramIndex
+
+_ROLLBACK = (BatchKVCache, BatchQuantizedKVCache)
+"""Batch caches whose rows can each drop their last positions (trim, then right padding
+rolled to the left)."""
 
 MIN_DRAFTING_SHARE = 0.5
 """A step speculates when at least this share of the batch's rows has drafts."""
@@ -113,12 +121,13 @@ class BatchSpeculation:
 
     Args:
         options: The engine's options: ``prompt_lookup`` tokens are drafted per row and
-            step (none with a draft model, which drafts only for a request alone, nor
-            with ``kv_bits``: a quantized batch cache cannot drop positions per row).
+            step (none with a draft model, which drafts only for a request alone), in a
+            plain batch cache or a quantized one (``kv_bits``: its packed values, scales
+            and biases drop positions together).
     """
 
     def __init__(self, options: EngineOptions):
-        self.max_draft = options.prompt_lookup if options.kv_bits is None else 0
+        self.max_draft = options.prompt_lookup
         self._speculation = options.speculation
         self.plain_requests = 0
         """Requests in the batch without drafts though the options ask for speculation
@@ -201,9 +210,7 @@ class BatchSpeculation:
 
     def _worth_it(self, batch: Any) -> bool:
         """Whether enough rows have an n-gram match to draft from (no sync needed)."""
-        from mlx_lm.models.cache import BatchKVCache
-
-        if not all(type(layer) is BatchKVCache for layer in batch.prompt_cache):
+        if not all(type(layer) in _ROLLBACK for layer in batch.prompt_cache):
             return False
         if len(self._indices) > len(batch.uids):
             live = set(batch.uids)
@@ -376,7 +383,8 @@ def _roll_back(cache: list[Any], drop: list[int]) -> None:
     shared = min(cache[0].left_padding.tolist()) if cache and max(rest) > 0 else 0
     if shared > 0:
         for layer in cache:
-            layer.keys = layer.keys[..., shared:, :]
-            layer.values = layer.values[..., shared:, :]
-            layer._idx -= shared
-            layer.left_padding = layer.left_padding - shared
+            for plane in getattr(layer, "_planes", [layer]):  # a quantized layer's parts
+                plane.keys = plane.keys[..., shared:, :]
+                plane.values = plane.values[..., shared:, :]
+                plane._idx -= shared
+                plane.left_padding = plane.left_padding - shared

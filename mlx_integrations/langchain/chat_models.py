@@ -40,6 +40,7 @@ from mlx_integrations.engine.chat_settings import ChatSettings
 from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
 from mlx_integrations.engine.sync import iterate_sync
 from mlx_integrations.langchain.messages import (
+    stop_list,
     to_lc_invalid_tool_call,
     to_lc_tool_call,
     to_neutral_messages,
@@ -128,6 +129,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
     """Stop sequences; they are never part of the output."""
     streaming: bool = False
     """Make ``invoke`` stream internally (callbacks see tokens as they come)."""
+    stream_usage: bool = True
+    """Put ``usage_metadata`` on the last chunk of a stream (a call may pass
+    ``stream_usage=`` too). Local token counts cost nothing, so it is on by default."""
     timeout: float | None = None
     """Accepted for compatibility with LangChain's standard parameters; unused locally."""
     max_retries: int | None = None
@@ -177,6 +181,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
         kwargs = dict(kwargs)
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop("model", None)
+        kwargs.pop("stream", None)  # LangChain's own switch, already acted on
+        kwargs.pop("stream_usage", None)  # read by _stream; a whole reply always has usage
         neutral = to_neutral_messages(messages)
         validate_template_kwargs(kwargs.get("chat_template_kwargs"))
         options = pop_engine_options(kwargs, self)
@@ -190,7 +196,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
             max_tokens=kwargs.pop("max_tokens", self.max_tokens),
             temperature=kwargs.pop("temperature", self.temperature),
             top_p=kwargs.pop("top_p", self.top_p),
-            stop=list(stop) if stop is not None else (list(self.stop) if self.stop else None),
+            stop=stop_list(stop if stop is not None else self.stop),
             options=options,
         )
         if kwargs:
@@ -221,15 +227,17 @@ class ChatMLX(ChatSettings, BaseChatModel):
         finally:
             pool.release(engine)
 
-    def _chunks_from(self, events: Iterator[Any]) -> Iterator[ChatGenerationChunk]:
+    def _chunks_from(
+        self, events: Iterator[Any], with_usage: bool = True
+    ) -> Iterator[ChatGenerationChunk]:
         index = 0
         for event in events:
-            chunk = self._to_chunk(event, index)
+            chunk = self._to_chunk(event, index, with_usage)
             if isinstance(event, (ParsedToolCall, InvalidToolCall)):
                 index += 1
             yield chunk
 
-    def _to_chunk(self, event: Any, index: int) -> ChatGenerationChunk:
+    def _to_chunk(self, event: Any, index: int, with_usage: bool = True) -> ChatGenerationChunk:
         if isinstance(event, TextDelta):
             return ChatGenerationChunk(message=AIMessageChunk(content=event.text))
         if isinstance(event, ReasoningDelta):
@@ -247,7 +255,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
-                usage_metadata=_usage(event),
+                usage_metadata=_usage(event) if with_usage else None,
                 response_metadata=metadata,
                 chunk_position="last",
             ),
@@ -261,8 +269,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        with_usage = self._stream_usage(kwargs)
         events = iterate_sync(self._aevents(messages, stop, kwargs))
-        for chunk in self._chunks_from(events):
+        for chunk in self._chunks_from(events, with_usage):
             if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
                 run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
             yield chunk
@@ -274,14 +283,64 @@ class ChatMLX(ChatSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        with_usage = self._stream_usage(kwargs)
         index = 0
         async for event in self._aevents(messages, stop, kwargs):
-            chunk = self._to_chunk(event, index)
+            chunk = self._to_chunk(event, index, with_usage)
             if isinstance(event, (ParsedToolCall, InvalidToolCall)):
                 index += 1
             if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
                 await run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
             yield chunk
+
+    def _stream_usage(self, kwargs: dict[str, Any]) -> bool:
+        """Whether a stream's last chunk carries usage (the call's ``stream_usage``
+        argument, taken out of ``kwargs``, else the field)."""
+        value = kwargs.pop("stream_usage", None)
+        if value is None:
+            return self.stream_usage
+        if not isinstance(value, bool):
+            raise TypeError(f"stream_usage must be True or False, got {value!r}")
+        return value
+
+    # ---------------------------------------------------------- token counts
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The ids of ``text`` in the model's own tokenizer (no special tokens added)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return list(self._served_engine().tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Tokens of the prompt that ``messages`` (and ``tools``) render to through the
+        model's chat template: the ``input_tokens`` a call with them reports.
+
+        A list the template refuses (some templates want strictly alternating roles,
+        and ``trim_messages`` counts parts of a conversation) is counted message by
+        message with the model's tokenizer instead.
+        """
+        if not messages:
+            return 0
+        engine = self._served_engine()
+        render = getattr(engine, "render_prompt", None)
+        neutral = to_neutral_messages(list(messages))
+        tokenizer = engine.tokenizer  # loads the model, so the template is known
+        if self.custom_get_token_ids is None and render is not None:
+            template_kwargs = dict(self.chat_template_kwargs)
+            if self.reasoning is not None:
+                template_kwargs["enable_thinking"] = self.reasoning
+            openai_tools = [convert_to_openai_tool(t) for t in tools] if tools else None
+            try:
+                prompt = render(neutral, tools=openai_tools, **template_kwargs)
+            except Exception:  # the template's own errors: count per message
+                pass
+            else:
+                return len(tokenizer.encode(prompt, add_special_tokens=False))
+        return super().get_num_tokens_from_messages(messages, tools)
+
+    # ------------------------------------------------------------ generation
 
     def _generate(
         self,

@@ -151,7 +151,8 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             max_tokens=kwargs.pop("max_tokens", self.max_tokens),
             temperature=kwargs.pop("temperature", self.temperature),
             top_p=kwargs.pop("top_p", self.top_p),
-            stop=list(stop) if stop else None,
+            # One string is one stop sequence, not one per character.
+            stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
             options=options,
         )
         kwargs.pop("formatted", None)
@@ -387,7 +388,16 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         ]
         if not selections and error_on_no_tool_call:
             invalid = response.additional_kwargs.get("invalid_tool_calls")
-            detail = f"; the model wrote malformed calls: {invalid}" if invalid else ""
+            if invalid:
+                detail = f"; the model wrote malformed calls: {invalid}"
+            else:
+                text = (response.message.content or "")[:200]
+                detail = (
+                    f"; the model answered in text instead: {text!r}. To make it call a "
+                    "tool, pass tool_required=True (or tool_choice='<tool name>') to "
+                    "chat_with_tools / predict_and_call: the call is then constrained "
+                    "to the tool's schema"
+                )
             raise ValueError(f"Expected at least one tool call, but got 0 tool calls{detail}")
         return selections
 

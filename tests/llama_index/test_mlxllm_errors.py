@@ -78,3 +78,35 @@ def test_tool_without_fn_schema_warns_and_takes_the_default_input(llm):
         prepared = llm._prepare_chat_with_tools([tool], user_msg="hi")
     (spec,) = prepared["tools"]
     assert list(spec["function"]["parameters"]["properties"]) == ["input"]
+
+
+def test_a_stop_string_is_one_sequence_not_its_characters(llm):
+    from tests.support.forcing import forcing
+
+    def forced() -> dict:
+        processor, _ = forcing(llm.engine.tokenizer, "Paris is nice. END here")
+        return {"logits_processors": [processor], "max_tokens": 24}
+
+    # "here" split into characters would stop at the first "e" (after "Paris is nic").
+    want = "Paris is nice. END "
+    assert llm.chat(USER, stop="here", **forced()).message.content == want
+    assert llm.complete("x", stop="here", **forced()).text == want
+    assert llm.complete("x", formatted=True, stop="here", **forced()).text == want
+    streamed = "".join(r.delta or "" for r in llm.stream_chat(USER, stop="here", **forced()))
+    assert streamed == want
+
+
+def test_no_tool_call_names_the_fix(llm):
+    from llama_index.core.tools import FunctionTool
+
+    def get_weather(city: str) -> str:
+        """Get the weather of a city."""
+        return f"sunny in {city}"
+
+    tool = FunctionTool.from_defaults(get_weather)
+    with pytest.raises(ValueError, match=r"answered in text instead: .*tool_required=True"):
+        llm.predict_and_call([tool], user_msg="Weather in Paris?", tool_choice="none")
+    forced = llm.predict_and_call(
+        [tool], user_msg="Weather in Paris?", tool_required=True, max_tokens=40
+    )
+    assert forced.sources[0].tool_name == "get_weather"

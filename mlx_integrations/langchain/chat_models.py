@@ -18,7 +18,13 @@ from langchain_core.output_parsers.openai_tools import (
     PydanticToolsParser,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import (
+    Runnable,
+    RunnableGenerator,
+    RunnableLambda,
+    RunnableMap,
+    RunnablePassthrough,
+)
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -465,7 +471,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
             raise ValueError(
                 f"method must be 'json_schema', 'function_calling' or 'json_mode', got {method!r}"
             )
-        parser = RunnableLambda(_reject_truncated) | parser
+        # A generator, so that a stream's chunks flow on to the parser (a JSON parser
+        # yields partial objects as they grow) and only a cut-off end raises.
+        parser = RunnableGenerator(_reject_truncated, _areject_truncated) | parser
         if include_raw:
             with_parsed = RunnablePassthrough.assign(
                 parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
@@ -522,14 +530,32 @@ def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:
     return tool_choice in (None, "auto", "none", False)
 
 
-def _reject_truncated(message: AIMessage) -> AIMessage:
+def _reject_truncated(messages: Iterator[BaseMessage]) -> Iterator[BaseMessage]:
+    """Pass the reply (or its chunks) on; raise where it ended at max_tokens."""
+    text = ""
+    for message in messages:
+        text = _check_complete(message, text)
+        yield message
+
+
+async def _areject_truncated(messages: AsyncIterator[BaseMessage]) -> AsyncIterator[BaseMessage]:
+    text = ""
+    async for message in messages:
+        text = _check_complete(message, text)
+        yield message
+
+
+def _check_complete(message: BaseMessage, text: str) -> str:
+    """The reply's text so far; an OutputParserException if it was cut off."""
+    if isinstance(message.content, str):
+        text += message.content
     if message.response_metadata.get("finish_reason") == "length":
         raise OutputParserException(
             "The structured output was cut off at max_tokens before it was complete; "
             "raise max_tokens",
-            llm_output=str(message.content),
+            llm_output=text,
         )
-    return message
+    return text
 
 
 def _usage(event: Finished) -> UsageMetadata:

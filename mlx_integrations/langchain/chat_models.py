@@ -381,6 +381,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         *,
         tool_choice: dict[str, Any] | str | bool | None = None,
         parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; ``tool_choice`` is enforced by constrained decoding.
@@ -391,8 +392,12 @@ class ChatMLX(ChatSettings, BaseChatModel):
                 (must call one), or a tool name (must call that one).
             parallel_tool_calls: Allow several calls in one turn. By default True with
                 ``"auto"``, and one call when a call is forced (``"any"`` or a name).
+            strict: Accepted for API compatibility (it is no call argument): a forced
+                call always follows the tool's schema; with ``"auto"`` the calls the
+                model writes are parsed, and malformed ones go to ``invalid_tool_calls``.
             **kwargs: Further call arguments to bind.
         """
+        del strict
         formatted = [convert_to_openai_tool(t) for t in tools]
         # Fail now, not at the first call; the same check runs on every call.
         read_tool_request(formatted, tool_choice, bool(parallel_tool_calls in (None, True)))

@@ -101,3 +101,12 @@ def test_trim_messages_counts_with_the_model(llm):
     )
     assert kept == [system, last]
     assert llm.get_num_tokens_from_messages(kept) <= budget
+
+
+def test_bind_tools_takes_strict(llm):
+    # ChatOpenAI-style code passes strict=True; it must not fail every call afterwards.
+    for strict in (True, False):
+        bound = llm.bind_tools([get_weather], tool_choice="get_weather", strict=strict)
+        msg = bound.invoke("Weather in Paris?", max_tokens=40)
+        assert [c["name"] for c in msg.tool_calls] == ["get_weather"]
+        assert set(msg.tool_calls[0]["args"]) == {"city"}

@@ -8,6 +8,12 @@ of that rank. Rank 0 then fails its requests with a clear error and orders the o
 to exit; a follower that loses rank 0 ends its process at once (``os._exit``), since its
 own thread may be blocked inside a collective.
 
+Silence counts only once the group is formed: ``mx.distributed.init`` holds the GIL
+while MLX's ring connects (retrying each second and more), so no Python thread of a
+rank beats then. Rank 0 counts from :meth:`ControlServer.start`, a follower from
+:meth:`ControlClient.arm`; before that, ``start_timeout`` and a closed connection bound
+the wait.
+
 Rank 0 also rings the others before each message it shares through MLX (``"work"``):
 MLX's ring backend spins while it waits in a collective, so an idle rank waits on
 its socket instead, and the CPU stays free.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -49,6 +56,8 @@ class _Peer:
         self.stats: dict[str, Any] = {}
         self.error = ""
         """What the rank said went wrong (a failed load), if it did."""
+        self.ended = False
+        """Its connection has closed (its reader is done)."""
         self.lock = threading.Lock()
         self.reader = reader
 
@@ -88,6 +97,9 @@ class ControlServer:
         self.lost: dict[int, str] = {}
         self._closed = threading.Event()
         self._leaving = threading.Event()
+        self._settled = threading.Event()
+        """Set once a rank is lost, or the ranks are told to exit."""
+        self._errors = threading.Condition()
         self._failed = False
 
     @property
@@ -129,7 +141,11 @@ class ControlServer:
         self._sock.close()
 
     def start(self) -> None:
-        """Start the reader of each follower and the watchdog."""
+        """Start the reader of each follower and the watchdog; silence counts from now
+        (a follower inside ``mx.distributed.init`` cannot beat before)."""
+        now = time.monotonic()
+        for peer in self.peers.values():
+            peer.last_seen = now
         for peer in self.peers.values():
             threading.Thread(
                 target=self._read, args=(peer,), name=f"mlxi-control-{peer.rank}", daemon=True
@@ -150,12 +166,32 @@ class ControlServer:
         or a silence is their leaving, not a loss. Without this, a fast follower's exit
         reads as a failure and the slower ones are told to exit with status 1."""
         self._leaving.set()
+        self._settled.set()
+
+    def wait_lost(self, timeout: float) -> dict[int, str]:
+        """The lost ranks, once a loss is known (at most ``timeout`` s, the watchdog's
+        verdict comes within ``rank_timeout``), or at once if the ranks are leaving."""
+        self._settled.wait(timeout)
+        return dict(self.lost)
+
+    def wait_errors(self, ranks: list[int], timeout: float) -> list[str]:
+        """What each of ``ranks`` said went wrong, once all have said it or their
+        connection has ended (at most ``timeout`` s); "" for a rank that said nothing."""
+        deadline = time.monotonic() + timeout
+        with self._errors:
+            while not all(self.peers[r].error or self.peers[r].ended for r in ranks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._errors.wait(left)
+            return [self.peers[r].error for r in ranks]
 
     def close(self, code: int, reason: str) -> None:
         """Order every follower to exit with ``code``; stop watching. Idempotent."""
         if self._closed.is_set():
             return
         self._closed.set()
+        self._settled.set()
         self.send_all({"op": "exit", "code": code, "reason": reason})
         for peer in self.peers.values():
             try:
@@ -167,6 +203,7 @@ class ControlServer:
         if self._closed.is_set() or self._leaving.is_set():
             return
         self.lost.setdefault(rank, why)
+        self._settled.set()
         if not self._failed:
             self._failed = True
             self._on_failure(f"rank {rank} of {self.world_size} {why}")
@@ -179,9 +216,14 @@ class ControlServer:
                 if isinstance(message.get("stats"), dict):
                     peer.stats = message["stats"]
                 if message.get("error"):
-                    peer.error = str(message["error"])
+                    with self._errors:
+                        peer.error = str(message["error"])
+                        self._errors.notify_all()
         except (OSError, ValueError):
             pass
+        with self._errors:
+            peer.ended = True
+            self._errors.notify_all()
         error = peer.error
         self._fail(peer.rank, f"failed: {error}" if error else "exited (its connection closed)")
 
@@ -189,13 +231,32 @@ class ControlServer:
         interval = beat_interval(self.rank_timeout)
         while not self._closed.wait(interval):
             self.send_all({"op": "beat"})
-            now = time.monotonic()
-            for peer in list(self.peers.values()):
-                silent = now - peer.last_seen
-                if silent > self.rank_timeout and peer.rank not in self.lost:
-                    self._fail(peer.rank, f"sent no heartbeat for {silent:.0f}s (hung?)")
-            stalled = self._stalled()
-            if stalled is not None and stalled > self.rank_timeout:
+            self.check(time.monotonic())
+
+    def check(self, now: float) -> None:
+        """One round of the watchdog: a rank silent past ``rank_timeout``, or a step
+        waited on for longer, is a loss.
+
+        A stalled step while a rank has missed its heartbeats (silent for over two
+        beats: a live rank beats every one) is that rank's loss, not rank 0's: a rank
+        that hangs (SIGSTOP, a frozen machine) stalls the step too, and which of the
+        two passes ``rank_timeout`` first depends on when its last beat was read.
+        """
+        silences = {  # beats unread in its socket: this process was slow, not the rank
+            peer.rank: now - peer.last_seen
+            for peer in list(self.peers.values())
+            if peer.rank not in self.lost and not _pending(peer.sock)
+        }
+        for rank, silent in silences.items():
+            if silent > self.rank_timeout:
+                self._fail(rank, f"sent no heartbeat for {silent:.0f}s (hung?)")
+        stalled = self._stalled()
+        if stalled is not None and stalled > self.rank_timeout:
+            missed = {r: s for r, s in silences.items() if s > 2 * beat_interval(self.rank_timeout)}
+            if missed:
+                rank = max(missed, key=missed.__getitem__)
+                self._fail(rank, f"sent no heartbeat for {missed[rank]:.0f}s (hung?)")
+            else:
                 self._fail(0, f"waited {stalled:.0f}s on a step that did not complete")
 
 
@@ -221,6 +282,7 @@ class ControlClient:
         self._stats: Callable[[], dict[str, Any]] = dict
         self._go = threading.Event()
         self._work = threading.Semaphore(0)
+        self._armed = False
 
     @classmethod
     def connect(
@@ -265,6 +327,13 @@ class ControlClient:
         if not self._go.wait(timeout):
             _exit(1, f"rank {self.rank}: rank 0 gave no start signal within {timeout:g}s")
 
+    def arm(self) -> None:
+        """The group is formed: from now on, rank 0's silence past ``rank_timeout``
+        ends this rank. Before, rank 0 may be inside ``mx.distributed.init``, which
+        holds its GIL (no beats) while MLX's ring connects."""
+        self._last_seen = time.monotonic()
+        self._armed = True
+
     def wait_work(self) -> None:
         """Block until rank 0 rings: it is about to share a message.
 
@@ -298,9 +367,17 @@ class ControlClient:
             except OSError:
                 _exit(1, f"rank {self.rank}: lost the connection to rank 0; exiting")
             silent = time.monotonic() - self._last_seen
-            if silent > self.rank_timeout:
+            if self._armed and silent > self.rank_timeout and not _pending(self._sock):
                 _exit(1, f"rank {self.rank}: no heartbeat from rank 0 for {silent:.0f}s; exiting")
             time.sleep(interval)
+
+
+def _pending(sock: socket.socket) -> bool:
+    """Whether ``sock`` holds data not read yet (its reader is behind, not its peer)."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed
+        return False
 
 
 def _exit(code: int, message: str) -> None:

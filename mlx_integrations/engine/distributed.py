@@ -245,10 +245,7 @@ class DistributedEngine(MLXEngine):
                     f"DistributedEngine for {self._name!r} was stopped and its other ranks "
                     "have exited; start the ranks again (mlxi launch) to serve more requests"
                 )
-        if group.server is not None:
-            group.server.expect_exits()
-        if group.size > 1:
-            group.share({"op": "exit", "code": code, "reason": reason})
+        _order_leave(group, code, reason)
         if group.server is not None:
             group.server.close(code, reason or "rank 0 stopped")
 
@@ -272,8 +269,7 @@ class DistributedEngine(MLXEngine):
                     check_tensor_split(self._config, group.size, self._name)
                 except ValueError as exc:
                     self._failure = exc
-                    if group.size > 1:
-                        group.share({"op": "exit", "code": 1, "reason": str(exc)})
+                    _order_leave(group, 1, str(exc))
                     raise
             if group.size > 1:
                 group.share({"op": "load", "path": str(self._path), "parallel": self._parallel})
@@ -286,8 +282,10 @@ class DistributedEngine(MLXEngine):
                 failed = [
                     r for r, row in enumerate(group.gather([float(error is not None)])) if row[0]
                 ]
-                if error is None and failed:
-                    raise self._load_failure(failed)
+                if failed:  # every rank waits for this exit order, which names the cause
+                    error = error if error is not None else self._load_failure(failed)
+                    self._failure = error
+                    _order_leave(group, 1, str(error))
             if error is not None:
                 raise error
             self._capabilities = probe_template(tokenizer)
@@ -305,13 +303,8 @@ class DistributedEngine(MLXEngine):
 
     def _load_failure(self, ranks: list[int]) -> DistributedError:
         server = self._group.server if self._group is not None else None
-        deadline = time.monotonic() + 2  # the rank's own words come on the side channel
-        reasons: list[str] = []
-        while server is not None and time.monotonic() < deadline:
-            reasons = [server.peers[r].error for r in ranks]
-            if all(reasons):
-                break
-            time.sleep(0.05)
+        # The rank's own words come on the side channel, sent before the gather.
+        reasons = server.wait_errors(ranks, self._rank_timeout) if server is not None else []
         said = "; ".join(
             f"rank {r}: {why or 'failed'}" for r, why in zip(ranks, reasons, strict=False)
         )
@@ -419,13 +412,12 @@ class DistributedEngine(MLXEngine):
         return None if since is None else time.monotonic() - since
 
     def _lost_rank(self, exc: Exception) -> str:
-        """Name the lost rank when the side channel knows it (it usually does at once)."""
+        """Name the lost rank: the side channel knows it, mostly at once (a closed
+        connection), at the latest within ``rank_timeout`` (silence)."""
         server = self._group.server if self._group is not None else None
-        deadline = time.monotonic() + 2
-        while server is not None and not server.lost and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if server is not None and server.lost:
-            rank, why = next(iter(server.lost.items()))
+        lost = server.wait_lost(self._rank_timeout) if server is not None else {}
+        if server is not None and lost:
+            rank, why = next(iter(lost.items()))
             return f"rank {rank} of {server.world_size} {why} ({exc})"
         return f"a collective failed: {exc}"
 
@@ -561,6 +553,19 @@ def _pid() -> int:
     import os
 
     return os.getpid()
+
+
+def _order_leave(group: RankGroup, code: int, reason: str) -> None:
+    """Rank 0 orders every rank out of its loop, through MLX. Their connections close
+    as they go: the side channel expects that first, or a fast rank's exit would read
+    as a lost rank and the others would be told a wrong reason and status."""
+    if group.server is not None:
+        group.server.expect_exits()
+    if group.size > 1:
+        try:
+            group.share({"op": "exit", "code": code, "reason": reason})
+        except Exception as exc:  # the side channel's exit order follows (close)
+            logger.warning("Could not share the exit order through MLX: %s", exc)
 
 
 def _close_at_exit(engine: DistributedEngine) -> None:

@@ -283,7 +283,7 @@ def launch(
                 c.argv,
                 env={**os.environ, **c.env},
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
             for c in commands
         ]
@@ -319,7 +319,10 @@ def _launch_mpi(
         start_timeout=start_timeout,
     )
     proc = subprocess.Popen(
-        argv, env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent
+        argv,
+        env={**os.environ, **env},
+        start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),
     )
     return _watch([proc], ["127.0.0.1"], grace=0)
 
@@ -330,14 +333,18 @@ def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float)
     are stopped."""
     codes: list[int | None] = [None] * len(procs)
     failure: str | None = None
+    failed: int | None = None  # the rank that failure names
     since: float | None = None  # when the first failure, or rank 0's exit, was seen
     try:
         while not all(c is not None for c in codes):
+            ended = []
             for rank, proc in enumerate(procs):
                 if codes[rank] is None and (code := proc.poll()) is not None:
                     codes[rank] = code
-                    if code != 0 and failure is None:
-                        failure = f"rank {rank} ({hosts[rank]}) {_describe(code)}"
+                    ended.append(rank)
+            if failure is None and (cause := _first_failure(ended, codes)) is not None:
+                failed = cause
+                failure = f"rank {cause} ({hosts[cause]}) {_describe(codes[cause] or 0)}"
             if since is None and (failure is not None or codes[0] is not None):
                 since = time.monotonic()
             if since is not None and time.monotonic() - since > grace:
@@ -357,9 +364,22 @@ def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float)
         return LaunchResult(0, ranks)
     if failure == "interrupted":
         return LaunchResult(130, ranks, "interrupted")
-    first = next((c for c in codes if c not in (None, 0)), 1)
+    first = codes[failed] if failed is not None else 1
     assert first is not None
     return LaunchResult(128 - first if first < 0 else first, ranks, failure)
+
+
+def _first_failure(ended: list[int], codes: list[int | None]) -> int | None:
+    """Which of the ranks seen ended in one poll failed first, as far as can be told.
+
+    Ranks that end between two polls come in rank order, not in the order they ended:
+    a rank killed by a signal (the cause, mostly: ranks that notice a lost rank exit
+    with a status) goes before one that exited with a status, then the lowest rank.
+    """
+    bad = [r for r in ended if codes[r]]
+    signalled = [r for r in bad if (codes[r] or 0) < 0]
+    first = signalled or bad
+    return first[0] if first else None
 
 
 def _stop(procs: list[subprocess.Popen[bytes]], codes: list[int | None]) -> set[int]:
@@ -383,13 +403,25 @@ def _stop(procs: list[subprocess.Popen[bytes]], codes: list[int | None]) -> set[
     return running
 
 
-def _die_with_parent() -> None:
-    """In a rank's process, before it runs: end it when the launcher dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _die_with_parent(launcher: int) -> Callable[[], None]:
+    """The hook a rank's process runs before its program: end it when the launcher
+    (process ``launcher``) dies (Linux).
 
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    The death signal covers only a parent that dies after it is set; a launcher that
+    died between the fork and the hook has left the rank to another parent already,
+    and the rank ends at once.
+    """
+
+    def hook() -> None:
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != launcher:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
 
 
 def _describe(code: int) -> str:

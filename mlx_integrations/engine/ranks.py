@@ -199,12 +199,14 @@ def join_as_leader(
             control.close(1, f"rank 0 could not form the group: {exc}")
             raise
         control.start()
+        control.send_all({"op": "go"})  # rank 0 beats now: the others count its silence
         group.server = control
     return group
 
 
 def join_as_follower(env: RankEnv, *, rank_timeout: float, start_timeout: float) -> RankGroup:
-    """Join rank 0's group; the side channel starts heartbeats at once."""
+    """Join rank 0's group; the side channel starts heartbeats at once, and counts
+    rank 0's silence once the group is formed (see :meth:`ControlClient.arm`)."""
     if env.control_port is not None:
         client = ControlClient.connect(
             env.leader_host, env.control_port, env.rank, rank_timeout, start_timeout
@@ -217,7 +219,9 @@ def join_as_follower(env: RankEnv, *, rank_timeout: float, start_timeout: float)
         port = int(group._sum([0]).item())
         client = ControlClient.connect(env.leader_host, port, env.rank, rank_timeout, start_timeout)
         client.start(_rank_stats)
+        client.wait_go(start_timeout)
         group.client = client
+    client.arm()
     global _steps_of
     _steps_of = group
     return group
@@ -337,8 +341,9 @@ def follow(group: RankGroup) -> int:
                 failed = 1.0
                 if group.client is not None:
                     group.client.send({"error": f"could not load the model: {exc}"})
-            if any(row[0] for row in group.gather([failed])):
-                return 1
+            # A failed load anywhere: rank 0 orders the exit next (it names the cause;
+            # leaving now would read as a lost rank there).
+            group.gather([failed])
         elif op == "generate":
             cache = make_prompt_cache(model)
             y = prefill(model, message["tokens"], cache, int(message["prefill_step_size"]))

@@ -345,3 +345,76 @@ def test_local_ranks_share_the_cores_for_blas(monkeypatch: pytest.MonkeyPatch) -
     )
     share_cores(fresh)
     assert all("OPENBLAS_NUM_THREADS" not in c.env for c in fresh)
+
+
+class _ScriptedGroup:
+    """rank 1 of 2 as follow() sees it: rank 0's messages come from a script."""
+
+    rank, size = 1, 2
+
+    def __init__(self, *messages: dict[str, Any]) -> None:
+        self.messages = list(messages)
+        self.gathered: list[list[float]] = []
+        self.group = None
+        self.client = self
+        self.said: list[dict[str, Any]] = []
+
+    def share(self, message: None) -> dict[str, Any]:
+        return self.messages.pop(0)
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        self.gathered.append(values)
+        return [[0.0], values]
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.said.append(message)
+
+
+def test_a_follower_whose_load_failed_waits_for_rank_zeros_exit_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Leaving on its own right after the gather raced rank 0: its closed connection
+    # could be read as a lost rank before rank 0 knew of the failure, and the other
+    # ranks were told that instead of the cause.
+    from mlx_integrations.engine import ranks
+
+    def no_model(*_: object) -> None:
+        raise FileNotFoundError("no such folder")
+
+    monkeypatch.setattr(ranks, "load_shard", no_model)
+    group = _ScriptedGroup(
+        {"op": "load", "path": "/m", "parallel": "tensor"},
+        {"op": "exit", "code": 1, "reason": "the model did not load on every rank"},
+    )
+    assert ranks.follow(group) == 1  # type: ignore[arg-type]
+    assert group.said == [{"error": "could not load the model: no such folder"}]
+    assert group.gathered == [[1.0]] and group.messages == []
+
+
+class _Ended:
+    def __init__(self, code: int) -> None:
+        self.pid, self.returncode = 0, code
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def test_launch_names_the_killed_rank_when_ranks_end_between_two_polls() -> None:
+    # Rank 1 is killed, rank 0 reports it and exits 3, all before the launcher's next
+    # poll: it sees both at once, in rank order; the killed rank is the cause.
+    from mlx_integrations.engine.launch import _watch
+
+    result = _watch([_Ended(3), _Ended(-9)], ["127.0.0.1", "127.0.0.1"], grace=60)  # type: ignore[list-item]
+    assert result.failure == "rank 1 (127.0.0.1) was killed by SIGKILL"
+    assert result.exit_code == 128 + 9
+    result = _watch([_Ended(0), _Ended(1), _Ended(2)], ["a", "b", "c"], grace=60)  # type: ignore[list-item]
+    assert result.failure == "rank 1 (b) exited with status 1" and result.exit_code == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_whose_launcher_died_before_its_death_signal_was_set_ends() -> None:
+    hook = "from mlx_integrations.engine.launch import _die_with_parent as d; import os; "
+    orphan = subprocess.run([sys.executable, "-c", hook + "d(os.getpid())()"], timeout=120)
+    assert orphan.returncode == -9  # its parent is not the launcher it was started by
+    child = subprocess.run([sys.executable, "-c", hook + "d(os.getppid())()"], timeout=120)
+    assert child.returncode == 0

@@ -165,6 +165,13 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "repetition_penalty": self.repetition_penalty,
             "seed": self.seed,
             "stop": self.stop,
+            # The rest also change replies, so LangChain's cache must tell them apart.
+            "reasoning": self.reasoning,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "tool_format": self.tool_format,
+            "kv_bits": self.kv_bits,
+            "kv_group_size": self.kv_group_size,
+            "quantized_kv_start": self.quantized_kv_start,
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:

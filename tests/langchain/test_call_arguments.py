@@ -110,3 +110,20 @@ def test_bind_tools_takes_strict(llm):
         msg = bound.invoke("Weather in Paris?", max_tokens=40)
         assert [c["name"] for c in msg.tool_calls] == ["get_weather"]
         assert set(msg.tool_calls[0]["args"]) == {"city"}
+
+
+def test_llm_cache_tells_apart_settings_that_change_replies(tiny_llama):
+    from langchain_core.caches import InMemoryCache
+
+    cache = InMemoryCache()
+    variants = [
+        {},
+        {"reasoning": True},
+        {"chat_template_kwargs": {"flavour": "terse"}},
+        {"tool_format": "pythonic"},
+    ]
+    for extra in variants:
+        llm = ChatMLX(model=str(tiny_llama), temperature=0, max_tokens=2, cache=cache, **extra)
+        llm.invoke("Hi")
+    # One entry per variant: none of them was served another one's reply.
+    assert len(cache._cache) == len(variants)

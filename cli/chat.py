@@ -208,6 +208,20 @@ class Answer:
 
     text: str
     tool_calls: list[dict[str, Any]]
+    finish_reason: str | None = None
+
+    def cut_off(self, opts: RunOptions) -> bool:
+        """True when ``--format`` asked for JSON and ``--max-tokens`` ended it first:
+        what was printed is not the whole JSON. Says so on stderr."""
+        if opts.response_format is None or self.finish_reason != "length":
+            return False
+        from mlx_integrations.cli.errors import print_error
+
+        print_error(
+            f"The answer reached --max-tokens ({opts.max_tokens}) before its JSON was complete.",
+            "Raise --max-tokens.",
+        )
+        return True
 
     def message(self) -> dict[str, Any]:
         """The answer as an assistant message of the conversation."""
@@ -329,7 +343,7 @@ def _stream(
             f"finish: {last.finish_reason}]",
             err=True,
         )
-    return Answer("".join(parts), calls)
+    return Answer("".join(parts), calls, last.finish_reason if last is not None else None)
 
 
 def _tool_results(answer: Answer) -> list[dict[str, Any]]:
@@ -375,9 +389,11 @@ def one_shot(model: str, prompt: str, opts: RunOptions) -> None:
     with SessionSignals() as signals:
         engine = _engine(model, opts)
         try:
-            _stream(engine, messages, opts, signals)
+            answer = _stream(engine, messages, opts, signals)
         finally:
             _stop(engine)
+    if answer.cut_off(opts):
+        raise typer.Exit(1)
 
 
 def chat_session(model: str, opts: RunOptions) -> None:
@@ -412,6 +428,9 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 continue
             if not command:
                 continue
+            if _unknown_command(command):
+                typer.echo(f"Unknown command {command!r}. Type /? for help.", err=True)
+                continue
             first = not any(m["role"] == "user" for m in history)
             turns = [*history, opts.user_turn(line, first)]
             try:
@@ -423,6 +442,7 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
                 while answer.tool_calls:
                     turns = [*turns, answer.message(), *_tool_results(answer)]
                     answer = _stream(engine, turns, follow, signals)
+                answer.cut_off(opts)
             except KeyboardInterrupt:
                 typer.echo("[stopped]", err=True)
                 continue
@@ -433,6 +453,12 @@ def _session(model: str, opts: RunOptions, signals: SessionSignals) -> None:
             history = [*turns, answer.message()]
     finally:
         _stop(engine)
+
+
+def _unknown_command(line: str) -> bool:
+    """A single word like ``/by`` (a typo of a command), not a question or a path that
+    begins with a slash, which go to the model."""
+    return line.startswith("/") and len(line) > 1 and not any(c in line[1:] for c in " /")
 
 
 def engine_options(
@@ -451,7 +477,32 @@ def engine_options(
     except (TypeError, ValueError) as exc:
         hint = "--kv-bits" if "kv_bits" in str(exc) else "--draft-model / --prompt-lookup"
         raise typer.BadParameter(str(exc), param_hint=hint) from None
+    if draft_model:  # found before the model loads, and named as the draft model
+        from mlx_integrations.models.errors import StoreError
+        from mlx_integrations.models.resolve import resolve_model
+
+        try:
+            options["draft_model"] = str(resolve_model(draft_model))
+        except StoreError as exc:
+            message = f"{exc} {exc.hint}" if exc.hint else str(exc)
+            raise typer.BadParameter(message, param_hint="--draft-model") from None
     return options
+
+
+def read_tools(path: Path) -> list[dict[str, Any]]:
+    """``--tools``: a JSON file of tool definitions (a list, one tool, or ``{"tools": [...]}``)."""
+    from mlx_integrations.models.folders import read_json
+
+    if not path.is_file():
+        raise typer.BadParameter(f"there is no file {str(path)!r}", param_hint="--tools")
+    data = read_json(path)
+    if isinstance(data, dict) and "tools" in data:
+        data = data["tools"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise ValueError(f"{path} must hold a JSON list of tool definitions.")
+    return [t if "function" in t else {"type": "function", "function": t} for t in data]
 
 
 def image_sources(values: list[str]) -> tuple[str, ...]:

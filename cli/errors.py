@@ -1,6 +1,7 @@
 """One-line errors with a hint on stderr; a traceback only with ``MLXI_DEBUG=1``.
 
-Exit codes: 0 ok, 1 failure, 2 usage (bad names or values), 130 interrupted.
+Exit codes: 0 ok, 1 failure, 2 usage (bad names or values), 130 interrupted, 141 the
+reader of stdout went away (a closed pipe).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def debug_enabled() -> bool:
@@ -39,6 +41,10 @@ def explain(exc: BaseException) -> tuple[str, str | None, int]:
         # point away from it (to --help for a character in the prompt, say).
         return str(exc), None, EXIT_USAGE
     if isinstance(exc, FileNotFoundError):
+        # The engines raise it with a message of their own (a folder that is no model, a
+        # draft model that is nowhere) and no filename: that message is the error.
+        if exc.filename is None and str(exc):
+            return str(exc), None, EXIT_FAILURE
         return f"No such file or folder: {exc.filename or exc}", None, EXIT_FAILURE
     if isinstance(exc, PermissionError):
         return f"Permission denied: {exc.filename or exc}", "Check the file's permissions.", 1
@@ -60,6 +66,17 @@ def print_error(message: str, hint: str | None) -> None:
         typer.echo(f"Hint: {hint}", err=True)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit finds no closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a real file (a test runner's capture)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def handle_errors(func: F) -> F:
     """Turn the exceptions of a command into an error line and an exit code."""
 
@@ -69,6 +86,11 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit, typer.BadParameter):
             raise  # Typer reports a bad value itself, as a usage error (exit code 2)
+        except BrokenPipeError:
+            # The reader went away (`mlxi list | head -1`): stop writing, quietly, with
+            # the status of a command that SIGPIPE ended, as other command-line tools do.
+            _silence_stdout()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except KeyboardInterrupt:
             typer.echo("\nInterrupted.", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from mlx_integrations.cli.errors import handle_errors
+from mlx_integrations.cli.options import confirm
 from mlx_integrations.cli.output import (
     Result,
     Table,
@@ -21,6 +22,7 @@ from mlx_integrations.cli.output import (
     human_count,
     human_size,
     prints_result,
+    removal_lines,
     stdin_is_tty,
 )
 
@@ -98,6 +100,10 @@ def pull(
     from mlx_integrations.cli.progress import progress_bars
 
     from mlx_integrations.models.hub import pull as pull_model
+    from mlx_integrations.models.quantize import check_quantization
+
+    if quantize_bits is not None:  # before the download, not after it
+        check_quantization(quantize_bits, None, "affine", None, None)
 
     with progress_bars() as progress:
         result = pull_model(
@@ -136,32 +142,46 @@ def import_(
     source: Path = typer.Argument(..., help="A model folder or a .gguf file."),
     name: str = typer.Argument(..., help="Store name."),
     force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
-    dtype: str = typer.Option("float32", "--dtype", help="Weight dtype of a GGUF conversion."),
+    dtype: str | None = typer.Option(
+        None,
+        "--dtype",
+        help="float32 (default), float16 or bfloat16: weights of a GGUF conversion, "
+        "or the unquantized weights with --q-bits.",
+    ),
     bits: int | None = typer.Option(None, "--q-bits", help="Quantize while importing."),
-    group_size: int | None = typer.Option(None, "--q-group-size", help="Quantization group."),
-    mode: str = typer.Option("affine", "--q-mode", help="affine, mxfp4, nvfp4 or mxfp8."),
+    group_size: int | None = typer.Option(
+        None, "--q-group-size", help="Quantization group (with --q-bits)."
+    ),
+    mode: str | None = typer.Option(
+        None, "--q-mode", help="affine (default), mxfp4, nvfp4 or mxfp8 (with --q-bits)."
+    ),
     json_output: bool = JSON_OPTION,
 ) -> Result:
     """Import a local model folder or a GGUF file into the store."""
+    from mlx_integrations.cli.options import check_import_options
     from mlx_integrations.cli.progress import progress_bars
 
+    check_import_options(source, dtype, bits, group_size, mode)
     with progress_bars() as progress:
         if bits is not None:
             from mlx_integrations.models.quantize import quantize_model
 
             model = quantize_model(
-                str(source),
+                source,  # a Path: the folder or file, never a store name
                 name,
                 bits=bits,
                 group_size=group_size,
-                mode=mode,
+                mode=mode or "affine",
+                dtype=dtype,
                 overwrite=force,
                 progress=progress,
             )
         else:
             from mlx_integrations.models.importer import import_model
 
-            model = import_model(source, name, overwrite=force, dtype=dtype, progress=progress)
+            model = import_model(
+                source, name, overwrite=force, dtype=dtype or "float32", progress=progress
+            )
     return Result(
         model.summary(), [f"imported {model.name} ({human_size(model.manifest.size_bytes)})"]
     )
@@ -332,24 +352,17 @@ def verify(
     for r in reports:
         lines.append(f"{r.name}: {'ok' if r.ok else 'FAILED'} ({len(r.files)} files)")
         lines += [f"  {f.path}: {f.status.replace('_', ' ')}" for f in r.files if f.status != "ok"]
-    failed = ", ".join(r.name for r in reports if not r.ok)
+    failed = [r.name for r in reports if not r.ok]
     return Result(
         [r.to_dict() for r in reports],
         lines,
-        error=f"files of {failed} do not match their manifest." if failed else None,
+        error=f"files of {', '.join(failed)} do not match their manifest." if failed else None,
         hint="pull or import the model again (mlxi pull/import --force), "
-        f"or remove it: mlxi rm {reports[0].name if len(reports) == 1 else 'NAME'}",
+        f"or remove it: mlxi rm {' '.join(failed)}",
     )
 
 
 # Changing the store
-
-
-def _confirm(question: str, yes: bool, dry_run: bool) -> bool:
-    """Ask only a person at a terminal; scripts (no TTY) and --yes go ahead."""
-    if yes or dry_run or not stdin_is_tty():
-        return True
-    return typer.confirm(question, default=False, err=True)
 
 
 @app.command()
@@ -380,32 +393,16 @@ def rm(
 
     store = default_store()
     for n in names:
-        store.get(n)  # fail before removing anything when a name is unknown
-        if not force and not dry_run and n not in store.aliases() and store.users(n):
+        # Fails before removing anything when a name is unknown (or, with --purge, has
+        # no files left in the Hugging Face cache either).
+        preview = store.remove(n, dry_run=True, purge_hf_cache=purge)
+        if not force and not dry_run and preview.kind == "model" and store.users(n):
             store.remove(n)  # in use: fails with the holders and the hint, before asking
-    if not _confirm(f"Remove {', '.join(names)}?", yes, dry_run):
+    if not confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
     results = [store.remove(n, dry_run=dry_run, force=force, purge_hf_cache=purge) for n in names]
-    verb = "would delete" if dry_run else "deleted"
-    lines = []
-    for r in results:
-        extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
-        what = "alias " if r.kind == "alias" else ""
-        if r.in_use_by:
-            state = "loaded" if dry_run and not force else "still loaded"
-            extra += f"; {state} by process {', '.join(map(str, r.in_use_by))}"
-        lines.append(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
-        if r.hf_cache_freed:
-            lines.append(f"{verb} {human_size(r.hf_cache_freed)} from the Hugging Face cache")
-        elif r.hf_cache_note:
-            lines.append(f"{human_size(r.hf_cache_bytes)} {r.hf_cache_note}")
-        elif r.hf_cache_bytes:
-            lines.append(
-                f"{human_size(r.hf_cache_bytes)} stays in the Hugging Face cache "
-                f"(shared with other tools); add --purge to delete it too"
-            )
-    return Result([dataclasses.asdict(r) for r in results], lines)
+    return Result([dataclasses.asdict(r) for r in results], removal_lines(results, force))
 
 
 @app.command()
@@ -438,7 +435,7 @@ def prune(
     store = default_store()
     preview = store.prune(dry_run=True)
     if preview.items and not dry_run:
-        if not _confirm(
+        if not confirm(
             f"Remove {len(preview.items)} items ({human_size(preview.freed_bytes)})?", yes, dry_run
         ):
             typer.echo("Nothing removed.", err=True)
@@ -487,15 +484,18 @@ def warm(
     system prompt and tools skips their prefill. Without a prefix, only the weights
     are read once (page cache).
     """
+    from mlx_integrations.cli.chat import read_tools
     from mlx_integrations.cli.progress import progress_bars
 
     from mlx_integrations.models.warm import warm_model, warm_weights
 
     if system is not None and system_file is not None:
         raise typer.BadParameter("give --system or --system-file, not both")
+    if not weights and system is None and system_file is None and not tools and not text_file:
+        raise typer.BadParameter("nothing to warm: give --system, --tools or --file")
     if system_file is not None:
         system = system_file.read_text()
-    tool_defs = _read_tools(tools) if tools is not None else None
+    tool_defs = read_tools(tools) if tools is not None else None
     text = text_file.read_text() if text_file is not None else None
     out: dict[str, Any] = {}
     with progress_bars() as progress:
@@ -516,19 +516,6 @@ def warm(
             f"in {c['seconds']:.2f} s -> {c['path']}"
         )
     return Result(out, lines)
-
-
-def _read_tools(path: Path) -> list[dict[str, Any]]:
-    from mlx_integrations.models.folders import read_json
-
-    data = read_json(path)
-    if isinstance(data, dict) and "tools" in data:
-        data = data["tools"]
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
-        raise ValueError(f"{path} must hold a JSON list of tool definitions.")
-    return [t if "function" in t else {"type": "function", "function": t} for t in data]
 
 
 @app.command()
@@ -591,13 +578,14 @@ def run(
         engine_options,
         image_sources,
         one_shot,
+        read_tools,
         response_format_option,
     )
 
     from mlx_integrations.chat.tools import read_tool_request
 
     response_format = response_format_option(output_format)
-    tool_defs = _read_tools(tools) if tools is not None else None
+    tool_defs = read_tools(tools) if tools is not None else None
     if tool_choice != "auto" and tool_defs is None:
         raise typer.BadParameter("needs --tools", param_hint="--tool-choice")
     try:  # checked before the model loads
@@ -606,6 +594,8 @@ def run(
         raise typer.BadParameter(str(exc), param_hint="--tools / --tool-choice") from None
     if prompt == "-" or (prompt is None and not stdin_is_tty()):
         prompt = sys.stdin.read()
+    if prompt is not None and not prompt.strip() and not image:
+        raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
     options = RunOptions(

@@ -82,6 +82,33 @@ def prints_result(func: Callable[..., Result]) -> Callable[..., None]:
     return wrapper
 
 
+def removal_lines(results: Sequence[Any], force: bool) -> list[str]:
+    """What ``mlxi rm`` removed (or would remove), from its ``RemoveResult``s."""
+    lines = []
+    for r in results:
+        verb = "would delete" if r.dry_run else "deleted"
+        extra = f", aliases {', '.join(r.aliases_removed)}" if r.aliases_removed else ""
+        what = "alias " if r.kind == "alias" else ""
+        if r.in_use_by:
+            state = "loaded" if r.dry_run and not force else "still loaded"
+            extra += f"; {state} by process {', '.join(map(str, r.in_use_by))}"
+        if r.kind != "hf_cache":  # no stored model, only what the Hugging Face cache held
+            lines.append(f"{verb} {what}'{r.name}' ({human_size(r.freed_bytes)}{extra})")
+        if r.hf_cache_freed or r.kind == "hf_cache":
+            where = f" of {r.name}" if r.kind == "hf_cache" else ""
+            lines.append(
+                f"{verb} {human_size(r.hf_cache_freed)}{where} from the Hugging Face cache"
+            )
+        elif r.hf_cache_note:
+            lines.append(f"{human_size(r.hf_cache_bytes)} {r.hf_cache_note}")
+        elif r.hf_cache_bytes:
+            lines.append(
+                f"{human_size(r.hf_cache_bytes)} stays in the Hugging Face cache (shared with "
+                f"other tools); mlxi rm {r.name} --purge deletes it"
+            )
+    return lines
+
+
 def human_size(n: float | None) -> str:
     """Bytes as ``12.3 MB`` (decimal units, as Ollama and hf print them)."""
     if n is None:

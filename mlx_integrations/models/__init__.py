@@ -55,6 +55,7 @@ _EXPORTS = {
     "InvalidNameError": "errors",
     "ModelNotFoundError": "errors",
     "ModelExistsError": "errors",
+    "AlreadyQuantizedError": "errors",
     "ModelInUseError": "errors",
     "HubError": "errors",
     "RepoNotFoundError": "errors",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlx_integrations.models.errors import ModelInUseError
+from mlx_integrations.models.errors import ModelInUseError, ModelNotFoundError
 from mlx_integrations.models.folders import (
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -23,7 +23,7 @@ from mlx_integrations.models.folders import (
 )
 from mlx_integrations.models.leases import holders, lease_alive, lease_files
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest
-from mlx_integrations.models.names import folder_name, validate_name
+from mlx_integrations.models.names import folder_name, is_repo_id, validate_name
 
 if TYPE_CHECKING:
     from mlx_integrations.models.store import ModelStore, StoredModel
@@ -34,7 +34,8 @@ class RemoveResult:
     """What :meth:`ModelStore.remove` removed."""
 
     name: str
-    kind: Literal["model", "alias"]
+    kind: Literal["model", "alias", "hf_cache"]
+    """``hf_cache``: no stored model, only a repo's revisions in the Hugging Face cache."""
     path: str | None
     freed_bytes: int
     aliases_removed: tuple[str, ...] = ()
@@ -104,7 +105,22 @@ def remove(
                 del aliases[name]
                 store.write_aliases(aliases)
             return RemoveResult(name, "alias", None, 0, dry_run=dry_run)
-        model = store.get(name)
+        try:
+            model = store.get(name)
+        except ModelNotFoundError as exc:
+            # What an earlier `mlxi rm` (without --purge) left in the Hugging Face cache.
+            leftovers = _unused_revisions(store, name) if is_repo_id(name) else []
+            if not leftovers or not purge_hf_cache:
+                hint = "See what is there: mlxi list"
+                if leftovers:
+                    hint = f"Its files are still in the Hugging Face cache: mlxi rm {name} --purge"
+                raise ModelNotFoundError(str(exc), hint=hint) from None
+            cached = sum(links.bytes for links in leftovers)
+            purged = cached if dry_run else sum(_purge_revision(links) for links in leftovers)
+            return RemoveResult(
+                name, "hf_cache", None, 0, dry_run=dry_run, hf_cache_bytes=cached,
+                hf_cache_freed=purged,
+            )  # fmt: skip
         freed = disk_usage(model.path)
         users = holders(store.home, model.path, clean=not dry_run)
         if users and not force and not dry_run:
@@ -268,6 +284,27 @@ def _hub_links(model: StoredModel) -> _HubLinks | None:
             size += blob.stat().st_size
     revision_dir = repo_dir / "snapshots" / src.commit
     return _HubLinks(repo_dir.parent, revision_dir, src.repo_id, src.commit, size)
+
+
+def _unused_revisions(store: ModelStore, repo_id: str) -> list[_HubLinks]:
+    """The revisions of ``repo_id`` in the Hugging Face cache that no stored model, nor
+    a pull in progress, uses."""
+    cache = _default_hf_cache()
+    snapshots = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    if not snapshots.is_dir():
+        return []
+    used = {(m.manifest.source.repo_id, m.manifest.source.commit) for m in store.list()}
+    builds = list(store.models_dir.glob(f"{TMP_PREFIX}*")) if store.models_dir.is_dir() else []
+    out = []
+    for revision in sorted(p for p in snapshots.iterdir() if p.is_dir()):
+        if (repo_id, revision.name) in used or any(
+            _build_owner_alive(b.name) and _links_into(b, revision) for b in builds
+        ):
+            continue
+        blobs = {Path(os.path.realpath(f)) for f in revision.rglob("*") if f.is_file()}
+        size = sum(b.stat().st_size for b in blobs if b.is_file())
+        out.append(_HubLinks(cache, revision, repo_id, revision.name, size))
+    return out
 
 
 def _purge_revision(links: _HubLinks) -> int:

@@ -30,6 +30,11 @@ class ModelExistsError(StoreError):
     """A store name is already taken and overwriting was not asked for."""
 
 
+class AlreadyQuantizedError(StoreError, ValueError):
+    """A quantized model was given to quantize again (mlx-lm would keep its weights as they
+    are and the new name would claim a quantization it does not have)."""
+
+
 class ModelInUseError(StoreError):
     """A model another process (or this one) has loaded would be removed.
 

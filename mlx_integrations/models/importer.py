@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import shutil
+import struct
 from pathlib import Path
 
-from mlx_integrations.models.errors import ModelNotFoundError
+from mlx_integrations.models.errors import IntegrityError, ModelNotFoundError
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub import MODEL_FILE_PATTERNS, dtype_of, quantization_of
 from mlx_integrations.models.manifest import Manifest, ModelSource, hash_files, model_files
@@ -65,6 +67,9 @@ def import_model(
             f"{src} has no config.json and *.safetensors weights.",
             hint="Convert PyTorch checkpoints first (mlx_lm.convert), or import a .gguf file.",
         )
+    for rel in files:
+        if rel.endswith(".safetensors"):
+            _check_safetensors(src / rel)
     total = float(sum((src / f).stat().st_size for f in files))
     with store.building(name, overwrite=overwrite) as build:
         done = 0.0
@@ -83,6 +88,28 @@ def import_model(
             dtype=dtype_of(config),
         )
         return build.commit(manifest)
+
+
+def _check_safetensors(path: Path) -> None:
+    """Refuse a weights file cut short (an interrupted copy or download) before it is
+    stored: its manifest would record the broken file's sha256 and `mlxi verify` pass."""
+    size = path.stat().st_size
+    end = None
+    try:
+        with path.open("rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length <= size - 8:
+                header = json.loads(fh.read(length))
+                ends = (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__")
+                end = 8 + length + max(ends, default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        end = None
+    if end is None or end > size:
+        needs = f" of the {end:,} its header needs" if end is not None else ""
+        raise IntegrityError(
+            f"{path} is not a whole safetensors file ({size:,} bytes{needs}).",
+            hint="Copy, download or convert the model again, then import it.",
+        )
 
 
 def _import_gguf(

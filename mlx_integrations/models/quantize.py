@@ -10,15 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.models.errors import AlreadyQuantizedError
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hashing import FinishedFilesHasher
 from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
 from mlx_integrations.models.manifest import model_files as list_model_files
-from mlx_integrations.models.names import is_valid_name, validate_name
+from mlx_integrations.models.names import is_valid_name, looks_like_path, validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
 from mlx_integrations.models.resolve import resolve_model
 from mlx_integrations.models.store import ModelStore, StoredModel, default_store
@@ -114,10 +116,21 @@ def quantize_model(
     group = check_quantization(bits, group_size, mode, recipe, dtype)
     store = store or default_store()
     name = validate_name(name or default_quantized_name(str(source), bits, mode, recipe))
-    src_path = resolve_model(source, store=store)
-    convert, extra = _converter(src_path)
+    gguf = _gguf_file(source)
+    src_path = gguf or resolve_model(source, store=store)
+    if gguf is None:
+        _refuse_quantized(source, src_path, store)
 
     with store.building(name, overwrite=overwrite) as build:
+        if gguf is not None:
+            # Converted inside the build, which goes with it: a GGUF source leaves no
+            # unquantized copy in the store (resolve_model would keep one).
+            from mlx_integrations.models.gguf import convert_gguf, read_supported_gguf
+
+            src_path = build.path / "gguf-source"
+            src_path.mkdir()
+            convert_gguf(read_supported_gguf(gguf), src_path, dtype="float32")
+        convert, extra = _converter(src_path)
         out = build.path / "converted"
         report(progress, "quantize", f"Quantizing to {bits} bits", 0, 1, "step")
         # mlx-lm writes the weight shards, then their index, then config and tokenizer:
@@ -130,16 +143,55 @@ def quantize_model(
         for item in out.iterdir():
             os.rename(item, build.path / item.name)
         out.rmdir()
+        if gguf is not None:
+            shutil.rmtree(src_path)
         report(progress, "quantize", f"Quantizing to {bits} bits", 1, 1, "step", done=True)
         files = list_model_files(build.path)
         manifest = Manifest(
             name=name,
-            source=ModelSource(kind="quantize", base=str(source), path=str(src_path)),
+            source=ModelSource(kind="quantize", base=_base(source), path=str(gguf or src_path)),
             files=hash_files(build.path, files, known=weights.entries(build.path, files)),
             quantization=quantization,
             dtype=dtype or _dtype(build.path),
         )
         return build.commit(manifest)
+
+
+def _base(source: str | Path) -> str:
+    """What ``source`` is recorded as: a name as given, a path made absolute."""
+    if isinstance(source, str) and not looks_like_path(source):
+        return source
+    return str(Path(source).expanduser().resolve())
+
+
+def _gguf_file(source: str | Path) -> Path | None:
+    """The GGUF file ``source`` names, read as :func:`resolve_model` reads it, or None."""
+    text = str(source)
+    if not (isinstance(source, Path) or looks_like_path(text) or not is_valid_name(text)):
+        return None
+    path = Path(text).expanduser()
+    return path.resolve() if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
+def _refuse_quantized(source: str | Path, folder: Path, store: ModelStore) -> None:
+    """Refuse a source that is quantized already: mlx-lm would copy its quantized layers
+    as they are, and the result would claim a quantization its weights do not have."""
+    from mlx_integrations.models.hub import quantization_of
+
+    q = quantization_of(read_json_object(folder / "config.json"))
+    if q is None:
+        return
+    origin = None
+    if isinstance(source, str) and store.contains(source):
+        stored = store.get(source).manifest.source
+        origin = stored.base if stored.kind == "quantize" else None
+    raise AlreadyQuantizedError(
+        f"{str(source)!r} is already quantized ({q.bits} bits, group {q.group_size}, "
+        f"{q.mode}); quantizing it again would leave its weights at {q.bits} bits.",
+        hint=f"Quantize the model it was made from: mlxi quantize {origin} --bits N"
+        if origin
+        else "Quantize the unquantized (float16, bfloat16 or float32) original instead.",
+    )
 
 
 def _converter(path: Path) -> tuple[Any, dict[str, Any]]:

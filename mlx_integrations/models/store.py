@@ -379,7 +379,7 @@ class ModelStore:
         if not overwrite and self.model_dir(name).exists():
             raise ModelExistsError(
                 f"Model {name!r} is already in the store.",
-                hint="Pass --force (overwrite=True) to replace it, or choose another --name.",
+                hint="Pass --force (overwrite=True) to replace it, or choose another name.",
             )
         self.ensure()
         tmp = self.models_dir / (

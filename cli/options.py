@@ -1,0 +1,39 @@
+"""Checks of option combinations that no single option's type can express, and the
+confirmation of commands that delete.
+
+Each check raises :class:`typer.BadParameter` naming the option, before any work starts, so
+that an option that would have no effect is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from mlx_integrations.cli.output import stdin_is_tty
+
+
+def confirm(question: str, yes: bool, dry_run: bool) -> bool:
+    """Ask only a person at a terminal; scripts (no TTY) and --yes go ahead."""
+    if yes or dry_run or not stdin_is_tty():
+        return True
+    return typer.confirm(question, default=False, err=True)
+
+
+def check_import_options(
+    source: Path, dtype: str | None, bits: int | None, group_size: int | None, mode: str | None
+) -> None:
+    """``mlxi import``: the quantization options need ``--q-bits``; ``--dtype`` needs a
+    GGUF file (whose weights it sets) or ``--q-bits`` (the weights left unquantized)."""
+    if bits is None and (group_size is not None or mode is not None):
+        given = "--q-group-size" if group_size is not None else "--q-mode"
+        raise typer.BadParameter(
+            f"{given} has no effect without --q-bits N (the bits to quantize to)",
+            param_hint=given,
+        )
+    if dtype is not None and bits is None and source.suffix.lower() != ".gguf":
+        raise typer.BadParameter(
+            f"{source} is copied as it is; --dtype applies to a .gguf file, or with --q-bits "
+            "to the weights left unquantized",
+            param_hint="--dtype",
+        )

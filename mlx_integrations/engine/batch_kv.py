@@ -17,6 +17,9 @@ quantized path (``quantized_scaled_dot_product_attention``).
 Every row of a shared batch is quantized, so ``BatchedEngine`` quantizes a request's
 cache from its first token (``quantized_kv_start=0``, see
 :func:`~mlx_integrations.engine.kv_quantization.check_batched_kv_options`).
+
+:func:`roll_back_rows` drops each row's last positions from a batch cache of either
+kind (what speculation in the batch rejected).
 """
 
 from __future__ import annotations
@@ -206,3 +209,29 @@ def request_cache(
         if type(layer) is QuantizedKVCache:
             cache[i] = MergeableQuantizedKVCache.from_state(layer.state)
     return cache
+
+
+def roll_back_rows(cache: list[Any], drop: list[int]) -> None:
+    """Drop the last ``drop[row]`` positions of each row of a batch KV cache.
+
+    Each row's drops beyond the common ones become left padding; once every row has
+    some (the row that kept the most changes from step to step), the padding all rows
+    share is cut off, as mlx-lm's ``filter`` does when rows leave, so the cache stays
+    as long as its longest row.
+    """
+    common = min(drop)
+    rest = [n - common for n in drop]
+    for layer in cache:
+        if common:
+            layer.trim(common)
+        if max(rest) > 0:
+            layer.prepare(right_padding=rest)
+            layer.finalize()
+    shared = min(cache[0].left_padding.tolist()) if cache and max(rest) > 0 else 0
+    if shared > 0:
+        for layer in cache:
+            for plane in getattr(layer, "_planes", [layer]):  # a quantized layer's parts
+                plane.keys = plane.keys[..., shared:, :]
+                plane.values = plane.values[..., shared:, :]
+                plane._idx -= shared
+                plane.left_padding = plane.left_padding - shared

@@ -1,11 +1,12 @@
-"""Prompt-lookup speculation for the requests that share ``BatchedEngine``'s batch.
+"""Speculation for the requests that share ``BatchedEngine``'s batch.
 
 mlx-lm's ``GenerationBatch`` keeps, for every row, the token it sampled last and has
 not fed yet (the *pending* token), and a ``BatchKVCache`` whose rows are aligned on
 the right (each with its own left padding). A speculative step feeds each row
 ``[pending, drafts...]``, right-padded to one width, where the drafts are the tokens
 that followed the latest earlier occurrence of the row's last n-gram
-(:class:`~mlx_integrations.engine.speculative.NgramIndex`, as for a request alone).
+(:class:`~mlx_integrations.engine.speculative.NgramIndex`, as for a request alone), or
+with ``draft_model``, the draft model's picks (:mod:`.batch_draft`).
 Each row's sampler picks a token at every position; the row keeps its drafts up to
 the first one that differs from the pick, and the pick there is its new pending
 token. The row's rejected drafts and padding are then dropped from the cache:
@@ -37,11 +38,12 @@ from typing import Any
 
 from mlx_lm.models.cache import BatchKVCache
 
-from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache
+from mlx_integrations.engine.batch_draft import BatchDrafter
+from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache, roll_back_rows
 from mlx_integrations.engine.batch_sampling import SeededSampler
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
-from mlx_integrations.engine.speculative import NgramIndex
+from mlx_integrations.engine.speculative import DraftModel, NgramIndex
 
 _ROLLBACK = (BatchKVCache, BatchQuantizedKVCache)
 """Batch caches whose rows can each drop their last positions (trim, then right padding
@@ -117,17 +119,28 @@ class DraftedResponse:
 
 
 class BatchSpeculation:
-    """Prompt-lookup drafting for the rows of a ``BatchGenerator``'s decode batch.
+    """Drafting (prompt lookup, or a draft model) for the rows of a ``BatchGenerator``'s
+    decode batch.
 
     Args:
         options: The engine's options: ``prompt_lookup`` tokens are drafted per row and
-            step (none with a draft model, which drafts only for a request alone), in a
-            plain batch cache or a quantized one (``kv_bits``: its packed values, scales
-            and biases drop positions together).
+            step, or ``num_draft_tokens`` by the draft model, in a plain batch cache or a
+            quantized one (``kv_bits``: its packed values, scales and biases drop
+            positions together).
+        draft: The engine's draft model (used when ``options.draft_model`` is set).
+        prefill_step_size: Tokens per forward pass when the draft model reads the
+            context of a row that joins.
     """
 
-    def __init__(self, options: EngineOptions):
-        self.max_draft = options.prompt_lookup
+    def __init__(
+        self, options: EngineOptions, draft: DraftModel | None = None, prefill_step_size: int = 512
+    ):
+        self._drafter = (
+            BatchDrafter(draft, options.num_draft_tokens, prefill_step_size)
+            if draft is not None and options.draft_model is not None
+            else None
+        )
+        self.max_draft = options.num_draft_tokens if self._drafter else options.prompt_lookup
         self._speculation = options.speculation
         self.plain_requests = 0
         """Requests in the batch without drafts though the options ask for speculation
@@ -158,6 +171,14 @@ class BatchSpeculation:
         plain = batch.next
         batch.next = lambda: self._next(batch, plain)
         self._indices.clear()  # a new generator numbers its sequences from 0 again
+        if self._drafter is not None:
+            self._drafter.reset()
+
+    def release(self) -> None:
+        """Drop the rows' n-gram indices and draft caches (the batch is gone)."""
+        self._indices.clear()
+        if self._drafter is not None:
+            self._drafter.reset()
 
     def fits(self, model: Any) -> bool:
         """Whether ``model``'s batch cache is one that speculation can roll back."""
@@ -165,6 +186,8 @@ class BatchSpeculation:
             from mlx_lm.models.cache import KVCache, make_prompt_cache
 
             plain = all(type(c) is KVCache for c in make_prompt_cache(model))
+            if self._drafter is not None:
+                plain = plain and self._drafter.fits()
             self._fits = (model, plain)
         return self._fits[1]
 
@@ -184,8 +207,14 @@ class BatchSpeculation:
         if self._worth_it(batch) and self.pace.wide():
             pending: list[int] = batch._next_tokens.tolist()
             drafts = self._drafts(batch, pending)
+            uids = list(batch.uids)  # rows that end in the step leave the batch
             if any(drafts):
                 responses = self._verify(batch, pending, drafts)
+            if self._drafter is not None:
+                emitted = dict.fromkeys(uids, 0)
+                for r in responses or []:
+                    emitted[r.uid] += 1
+                self._drafter.settle(emitted)
         wide = responses is not None
         if responses is None:  # the pending tokens may be computed; the step goes on as usual
             responses = plain()
@@ -219,11 +248,21 @@ class BatchSpeculation:
         hits = sum(
             1
             for row in range(rows)
-            if self._can_draft(batch, row) and self._index(batch, row).propose(1)
+            if self._can_draft(batch, row)
+            and (self._drafter is not None or self._index(batch, row).propose(1))
         )
         return hits > 0 and hits >= MIN_DRAFTING_SHARE * rows
 
     def _drafts(self, batch: Any, pending: Sequence[int]) -> list[list[int]]:
+        if self._drafter is not None:
+            # Leave room for the model's own token after the drafts.
+            limits = [
+                min(self.max_draft, batch.max_tokens[row] - batch._num_tokens[row] - 1)
+                if self._can_draft(batch, row)
+                else 0
+                for row in range(len(pending))
+            ]
+            return self._drafter.propose(batch, pending, limits)
         drafts: list[list[int]] = []
         for row, token in enumerate(pending):
             if not self._can_draft(batch, row):
@@ -283,7 +322,7 @@ class BatchSpeculation:
                 finished.append((row, len(responses) - 1, reason))
             next_tokens.append(pick[accepted])
             next_logprobs.append(logprobs[row, accepted])
-        _roll_back(batch.prompt_cache, drop)
+        roll_back_rows(batch.prompt_cache, drop)
         for row, at, reason in finished:
             last = responses[at]
             last.finish_reason = reason
@@ -362,29 +401,3 @@ def _sample(batch: Any, logprobs: Any, counts: list[int]) -> list[list[int]]:
             picks[row] = values[start : start + counts[row]]
             start += counts[row]
     return picks
-
-
-def _roll_back(cache: list[Any], drop: list[int]) -> None:
-    """Drop the last ``drop[row]`` positions of each row of a batch KV cache.
-
-    Each row's drops beyond the common ones become left padding; once every row has
-    some (the row that kept the most changes from step to step), the padding all rows
-    share is cut off, as mlx-lm's ``filter`` does when rows leave, so the cache stays
-    as long as its longest row.
-    """
-    common = min(drop)
-    rest = [n - common for n in drop]
-    for layer in cache:
-        if common:
-            layer.trim(common)
-        if max(rest) > 0:
-            layer.prepare(right_padding=rest)
-            layer.finalize()
-    shared = min(cache[0].left_padding.tolist()) if cache and max(rest) > 0 else 0
-    if shared > 0:
-        for layer in cache:
-            for plane in getattr(layer, "_planes", [layer]):  # a quantized layer's parts
-                plane.keys = plane.keys[..., shared:, :]
-                plane.values = plane.values[..., shared:, :]
-                plane._idx -= shared
-                plane.left_padding = plane.left_padding - shared

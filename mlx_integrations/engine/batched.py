@@ -85,8 +85,8 @@ class BatchedEngine(MLXEngine):
     repeated. The last request of a batch goes on alone too (unless it is seeded or has
     logits processors). With ``prompt_lookup=N`` or ``draft_model=...`` (loaded with
     the model, vocabulary checked as in :class:`SimpleEngine`) the lone request drafts
-    (greedy replies unchanged). In a shared batch rows draft by prompt lookup only
-    (:mod:`.batch_spec`; a draft model's cache is dropped there); rows with logits
+    (greedy replies unchanged). In a shared batch rows draft too, by prompt lookup or
+    the draft model (:mod:`.batch_spec`, :mod:`.batch_draft`); rows with logits
     processors or a seeded sampler decode plainly (``speculation_off_requests``). A quantized
     KV cache (``kv_bits``) holds a request from its first token, alone or in the batch
     (:mod:`.batch_kv`), greedy replies as ``SimpleEngine``'s; ``quantized_kv_start`` above
@@ -160,8 +160,9 @@ class BatchedEngine(MLXEngine):
         self._active: dict[int, _Active] = {}
         self._samplers = SharedSamplers()
         self._solo: tuple[_Active, SoloDecode] | None = None
-        self._draft = DraftModel(self._options.draft_model)  # drafts for a request alone
-        self._spec = BatchSpeculation(self._options)  # prompt lookup in the batch
+        self._draft = DraftModel(self._options.draft_model)
+        # Drafts in the batch: prompt lookup, or the draft model.
+        self._spec = BatchSpeculation(self._options, self._draft, self._prefill_step_size)
         # Under the state lock.
         self._solo_requests = 0
         self._solo_tokens = 0
@@ -615,6 +616,7 @@ class BatchedEngine(MLXEngine):
         if self._generator is not None:
             self._generator.close()
             self._generator = None
+        self._spec.release()
 
 
 def _run_call(fn: Callable[[], Any], future: Future[Any]) -> None:

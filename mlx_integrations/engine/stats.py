@@ -124,8 +124,8 @@ class BatchedEngineStats(EngineStats):
     speculation_off_requests: int
     """With ``prompt_lookup`` or ``draft_model`` on: requests that joined the shared batch
     and decode there without drafts: they have logits processors or a seeded sampler,
-    or the batch cannot draft (a draft model drafts only for a request alone; a
-    quantized or sliding-window batch cache)."""
+    or the batch cannot draft (a sliding-window or state-space batch cache, or a draft
+    model whose own cache cannot drop positions)."""
 
 
 class ClearStats(TypedDict):

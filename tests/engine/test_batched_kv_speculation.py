@@ -16,9 +16,6 @@ whole level's step and can change a near-tied greedy token, so here the check is
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from mlx_integrations.engine import BatchedEngine
 from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache
 from mlx_integrations.runtime import quantized_attention_error
 from tests.support.batch_drafting import record_wide_steps
+from tests.support.reference_blas import in_reference_blas
 from tests.support.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -71,13 +69,13 @@ def check_exact(target: str, bits: int) -> None:
     from mlx_integrations.engine import batch_spec
 
     batch_spec.StepPace.wide = lambda self: True  # type: ignore[method-assign]
-    roll_back, kinds = batch_spec._roll_back, set()
+    roll_back, kinds = batch_spec.roll_back_rows, set()
 
     def seen(cache, drop):
         kinds.update(type(layer) for layer in cache)
         roll_back(cache, drop)
 
-    batch_spec._roll_back = seen  # type: ignore[assignment]
+    batch_spec.roll_back_rows = seen  # type: ignore[assignment]
     (refs, _), (outs, stats) = [asyncio.run(replies(target, bits, n, 64)) for n in (0, 4)]
     assert [o.tokens for o in outs] == [r.tokens for r in refs]
     assert sum(o.mtp_accepted for o in outs) > 0
@@ -87,18 +85,7 @@ def check_exact(target: str, bits: int) -> None:
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_on_the_reference_blas_a_quantized_batch_is_exact(model64: Path, bits: int) -> None:
-    root = Path(__file__).resolve().parents[2]
-    code = (
-        "from mlx_integrations import runtime; assert runtime._preloaded is None; "
-        "from tests.engine.test_batched_kv_speculation import check_exact; "
-        f"check_exact({str(model64)!r}, {bits})"
-    )
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "MLXI_BLAS": "off", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    in_reference_blas(__name__, f"check_exact({str(model64)!r}, {bits})")
 
 
 async def test_rows_draft_in_a_quantized_batch(model64: Path, monkeypatch) -> None:

@@ -218,7 +218,8 @@ async def test_a_draft_model_drafts_alone_and_hands_over_to_the_batch(target, pl
         assert (rest or [first])[-1].tokens == refs[1]
         assert (await joined).tokens == refs[0]
         stats = eng.get_stats()
-        assert stats["peak_batch_size"] >= 2 and stats["speculation_off_requests"] >= 1
+        # In the batch both rows can draft with the draft model: none decodes plainly.
+        assert stats["peak_batch_size"] >= 2 and stats["speculation_off_requests"] == 0
     finally:
         await eng.stop()
 

@@ -1,8 +1,10 @@
-"""Prompt lookup for requests that share BatchedEngine's batch: greedy tokens are exact.
+"""Speculation for requests that share BatchedEngine's batch: greedy tokens are exact.
 
 Every request in a shared batch must get, token for token, what the same requests get
 with speculation off: across stop strings, max_tokens, a request cancelled mid-draft,
 requests joining and leaving, and constrained or seeded requests beside drafting ones.
+Each test runs for both draft sources: prompt lookup, and a draft model (a copy of the
+model with noise on its output head, so it agrees on some tokens and not others).
 The model has its own output head (``tie_word_embeddings=False``), so greedy replies
 vary and repeat n-grams of the prompt: drafts are accepted (each test checks that wide
 batch steps accepted drafts, ``batch_accepted``, so none passes without speculating in
@@ -13,7 +15,8 @@ Why equality holds (float32 on MLX's CPU backend): a speculative step feeds a ro
 reference BLAS each matrix product accumulates every output over K in order whatever
 the number of rows, and a masked key adds an exact 0 to the attention sums, so the
 logits of the positions a row keeps are bit for bit those of one-token steps, and
-argmax must pick the same token (checked there, in a subprocess: ``in_reference_blas``).
+argmax must pick the same token (checked there, in a subprocess:
+tests/support/reference_blas.py).
 The OpenBLAS that ``mlx_integrations`` preloads on Linux picks kernels by shape, so
 there a wide step's logits differ in the last bits (about 6e-7 on the tiny model); the
 tests in this process check that greedy tokens are still equal, which holds while no
@@ -30,6 +33,8 @@ import pytest
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from tests.support.event_loop import wait_until
 from tests.support.prompts import BRIEF, FOX
+from tests.support.reference_blas import in_reference_blas
+from tests.support.tiny_models import noisy_copy
 
 # Replies that copy their prompt: drafts are found and accepted.
 PROMPTS = [
@@ -58,9 +63,22 @@ def plain(target: Path):
     asyncio.run(eng.stop())
 
 
+@pytest.fixture(scope="module")
+def draft(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return noisy_copy(target, tmp_path_factory.mktemp("noisy") / "draft")
+
+
+@pytest.fixture(params=["prompt_lookup", "draft_model"])
+def source(request: pytest.FixtureRequest, draft: Path) -> dict:
+    """The options of one draft source."""
+    if request.param == "prompt_lookup":
+        return {"prompt_lookup": 4}
+    return {"draft_model": str(draft), "num_draft_tokens": 3}
+
+
 @pytest.fixture
-def spec(target: Path):
-    eng = BatchedEngine(target, prompt_lookup=4, cache_memory_mb=0)
+def spec(target: Path, source: dict):
+    eng = BatchedEngine(target, cache_memory_mb=0, **source)
     yield eng
     asyncio.run(eng.stop())
 
@@ -107,7 +125,7 @@ def check_wide_step(target: str) -> None:
     from mlx_lm.generate import _merge_caches
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.batch_spec import _roll_back
+    from mlx_integrations.engine.batch_kv import roll_back_rows
 
     model, _ = mlx_lm.load(target)
     caches = []
@@ -131,7 +149,7 @@ def check_wide_step(target: str) -> None:
     wide_logits = model(feed, cache=wide)
     assert mx.array_equal(wide_logits, narrow_logits)
     # Drop each row's rejected positions, then feed every row what follows its kept ones.
-    _roll_back(wide, [5 - k for k in kept])
+    roll_back_rows(wide, [5 - k for k in kept])
     again = mx.array([[20 + r, 1, 2] for r in range(len(kept))])
     after_wide = model(again, cache=wide)
     rows = []
@@ -143,69 +161,43 @@ def check_wide_step(target: str) -> None:
     assert mx.array_equal(after_wide, mx.stack(rows))
 
 
-def check_shared_batch(target: str) -> None:
-    """Greedy tokens of requests sharing a batch, prompt lookup on and off (every step
-    that can draft goes wide, as with the ``batch_accepted`` fixture)."""
+def check_shared_batch(target: str, draft: str) -> None:
+    """Greedy tokens of requests sharing a batch, speculation off, by prompt lookup and
+    by a draft model (every step that can draft goes wide, as with ``batch_accepted``)."""
     from mlx_integrations.engine.batch_spec import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
 
     async def run() -> None:
-        engines = [BatchedEngine(target, prompt_lookup=n, cache_memory_mb=0) for n in (0, 4)]
+        sources: list[dict] = [{}, {"prompt_lookup": 4}, {"draft_model": draft}]
+        engines = [BatchedEngine(target, cache_memory_mb=0, **kw) for kw in sources]
         requests = [(m, {"max_tokens": 64}) for m in PROMPTS]
         requests += [(PROMPTS[i % 3], {"max_tokens": n}) for i, n in enumerate((1, 3, 8))]
         try:
-            refs, outs = [await together(eng, requests) for eng in engines]
+            refs, *outs = [await together(eng, requests) for eng in engines]
             steps = [eng.get_stats()["steps_executed"] for eng in engines]
         finally:
             for eng in engines:
                 await eng.stop()
-        assert [o.tokens for o in outs] == [r.tokens for r in refs]
-        assert sum(o.mtp_accepted for o in outs) > 0
-        assert steps[1] < steps[0]  # drafts were accepted in batch steps
+        for drafted, step_count in zip(outs, steps[1:], strict=True):
+            assert [o.tokens for o in drafted] == [r.tokens for r in refs]
+            assert sum(o.mtp_accepted for o in drafted) > 0
+            assert step_count < steps[0]  # drafts were accepted in batch steps
 
     asyncio.run(run())
 
 
-def in_reference_blas(call: str) -> None:
-    """Run ``call`` (a function of this module) in a process on MLX's own reference BLAS.
-
-    On Linux ``mlx_integrations`` preloads OpenBLAS (this test process runs on it),
-    whose float32 kernels depend on the shape: the same row of ``x @ W.T`` rounds
-    differently with 16 rows than with 20 (0.3.21 on AVX-512, hidden 64: about 6e-7),
-    so a wide step's logits differ from a plain step's in the last bits there, and
-    greedy tokens stay equal only while no two top logits are that close. The
-    reference BLAS accumulates each output over K in order whatever the shape, so
-    there the equality must hold, and is checked bit for bit.
-    """
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    code = (
-        "from mlx_integrations import runtime; assert runtime._preloaded is None; "
-        f"from tests.engine.test_batched_speculation import *; {call}"
-    )
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "MLXI_BLAS": "off", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
 def test_a_wide_step_gives_the_logits_of_one_token_steps(target):
-    in_reference_blas(f"check_wide_step({str(target)!r})")
+    in_reference_blas(__name__, f"check_wide_step({str(target)!r})")
 
 
-def test_on_the_reference_blas_a_shared_batch_is_exact(target):
-    in_reference_blas(f"check_shared_batch({str(target)!r})")
+def test_on_the_reference_blas_a_shared_batch_is_exact(target, draft):
+    in_reference_blas(__name__, f"check_shared_batch({str(target)!r}, {str(draft)!r})")
 
 
 @pytest.mark.parametrize("max_tokens", [24, 64])
 async def test_a_shared_batch_decodes_the_tokens_of_plain_decoding(
-    plain, spec, batch_accepted, max_tokens
+    plain, spec, source, batch_accepted, max_tokens
 ):
     requests = [(m, {"max_tokens": max_tokens}) for m in PROMPTS]
     refs = await together(plain, requests)
@@ -219,7 +211,7 @@ async def test_a_shared_batch_decodes_the_tokens_of_plain_decoding(
     assert sum(o.mtp_accepted for o in outs) > 0 and sum(batch_accepted) > 0
     assert after["speculation_off_requests"] == before["speculation_off_requests"]
     rate = after["speculative"]
-    assert rate["mode"] == "prompt_lookup" and rate["drafted_tokens"] > 0
+    assert rate["mode"] == next(iter(source)) and rate["drafted_tokens"] > 0
     assert rate["acceptance_rate"] == pytest.approx(
         rate["accepted_tokens"] / rate["drafted_tokens"]
     )
@@ -245,8 +237,10 @@ async def test_stop_strings_and_max_tokens_end_where_plain_decoding_does(
     assert sum(batch_accepted) > 0
 
 
-async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(target, simple, batch_accepted):
-    eng = BatchedEngine(target, prompt_lookup=4)  # with its prefix cache
+async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(
+    target, source, simple, batch_accepted
+):
+    eng = BatchedEngine(target, **source)  # with its prefix cache
     try:
         pair = PROMPTS[1:3]
         refs = [(await simple.chat(m, max_tokens=200, temperature=0)).tokens for m in pair]
@@ -336,11 +330,19 @@ async def test_a_constrained_request_shares_the_batch_plainly(plain, spec, batch
 
 
 async def test_a_step_speculates_only_when_half_the_rows_can_draft(plain, spec, batch_accepted):
-    # Three constrained rows and one free: never enough drafting rows for a wide step.
-    requests = [(PROMPTS[0], {"max_tokens": 16})]
-    requests += [(PROMPTS[0], {"max_tokens": 24, "logit_bias": {118: -1.0 - i}}) for i in range(3)]
-    refs = await together(plain, requests)
-    outs = await together(spec, requests)
+    # Three constrained rows decode; a free one joins them and ends first: never enough
+    # drafting rows for a wide step.
+    constrained = [
+        (PROMPTS[0], {"max_tokens": 40, "logit_bias": {118: -1.0 - i}}) for i in range(3)
+    ]
+    free = (PROMPTS[0], {"max_tokens": 16})
+    refs = await together(plain, [free, *constrained])
+    assert all(r.completion_tokens == 40 for r in refs[1:])  # none ends before the free one
+    running = asyncio.ensure_future(together(spec, constrained))
+    await wait_until(
+        lambda: spec.get_stats()["steps_executed"] > 1, "the constrained rows decode", timeout=120.0
+    )
+    outs = [await spec.chat(free[0], temperature=0, **free[1]), *(await running)]
     assert [o.tokens for o in outs] == [r.tokens for r in refs]
     assert batch_accepted == []  # not one wide step
 
@@ -376,14 +378,14 @@ async def test_the_batch_cache_stays_as_long_as_its_longest_row(
     # its longest row with each such step.
     from mlx_integrations.engine import batch_spec
 
-    roll_back = batch_spec._roll_back
+    roll_back = batch_spec.roll_back_rows
     extra: list[int] = []  # positions of the cache beyond its longest row, per wide step
 
     def measured(cache, drop):
         roll_back(cache, drop)
         extra.append(cache[0]._idx - max(cache[0].offset.tolist()))
 
-    monkeypatch.setattr(batch_spec, "_roll_back", measured)
+    monkeypatch.setattr(batch_spec, "roll_back_rows", measured)
     requests = [(m, {"max_tokens": 160}) for m in PROMPTS * 2]
     refs = await together(plain, requests)
     outs = await together(spec, requests)

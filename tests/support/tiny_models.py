@@ -201,6 +201,27 @@ def save_model(out_dir: Path, model: Any, config: dict[str, Any], dtype: str) ->
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def noisy_copy(source: Path, out_dir: Path, scale: float = 0.5, seed: int = 1) -> Path:
+    """A copy of a tiny model whose output head has noise added (``scale`` times the
+    head's standard deviation): a draft model that agrees with ``source`` on some
+    tokens and not others, with the same tokenizer."""
+    import shutil
+
+    import mlx.core as mx
+
+    shutil.copytree(source, out_dir)
+    path = out_dir / "model.safetensors"
+    weights = mx.load(str(path))
+    assert isinstance(weights, dict)
+    head = "lm_head.weight"
+    assert head in weights, f"{source} ties its output head to the embedding"
+    mx.random.seed(seed)
+    w = weights[head]
+    weights[head] = w + scale * mx.std(w) * mx.random.normal(w.shape, dtype=w.dtype)
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    return out_dir
+
+
 def added_tokens_decoder(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
     """tokenizer_config.json's entries for special tokens, ``{token: id}``."""
     flags = {"special": True, "lstrip": False, "rstrip": False, "normalized": False}

@@ -10,7 +10,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_messages
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import (
@@ -336,9 +336,10 @@ class ChatMLX(ChatSettings, BaseChatModel):
         """
         if not messages:
             return 0
+        messages = convert_to_messages(messages)  # ("human", "hi") tuples and dicts too
         engine = self._served_engine()
         render = getattr(engine, "render_prompt", None)
-        neutral = to_neutral_messages(list(messages))
+        neutral = to_neutral_messages(messages)
         tokenizer = engine.tokenizer  # loads the model, so the template is known
         if self.custom_get_token_ids is None and render is not None:
             template_kwargs = dict(self.chat_template_kwargs)

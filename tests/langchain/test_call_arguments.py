@@ -83,6 +83,13 @@ def test_message_token_count_is_the_prompt_the_call_reports(llm):
     counted = llm.get_num_tokens_from_messages(messages, tools=[get_weather])
     assert counted == with_tools.usage_metadata["input_tokens"] > reported
     assert llm.get_num_tokens_from_messages([]) == 0
+    as_tuples = [
+        ("system", "Be brief."),
+        ("human", "hello there"),
+        ("ai", "hi"),
+        ("human", "what now?"),
+    ]
+    assert llm.get_num_tokens_from_messages(as_tuples) == reported
 
 
 def test_trim_messages_counts_with_the_model(llm):

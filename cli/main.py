@@ -442,7 +442,7 @@ def prune(
             raise typer.Exit(1)
         report = store.prune()
     else:
-        report = preview if dry_run or not preview.items else store.prune()
+        report = dataclasses.replace(preview, dry_run=dry_run)  # a dry run, or nothing to do
     lines = [f"{item.kind:20} {item.path} {item.detail}".rstrip() for item in report.items]
     verb = "would free" if report.dry_run else "freed"
     lines.append(f"{len(report.items)} items, {verb} {human_size(report.freed_bytes)}")

@@ -190,9 +190,11 @@ def pull(
     if not any(f.endswith(".safetensors") for f in files) or "config.json" not in files:
         raise RemoteFileMissingError(
             f"{repo_id}@{commit[:12]} has no MLX/safetensors model files "
-            f"(found: {', '.join(files) or 'nothing'}).",
+            f"(found: {', '.join(files) or 'no config, weights or tokenizer files'}).",
             hint="For a GGUF repository, download the .gguf file and run: mlxi import FILE NAME",
         )
+    if existing is not None and _unchanged(existing, repo_id, requested, commit, files):
+        return PullResult(existing, downloaded=False)  # --update: the branch did not move
 
     with store.building(name, overwrite=existing is not None) as build:
         for rel in files:
@@ -256,6 +258,18 @@ def _existing(store: ModelStore, name: str) -> StoredModel | None:
         return store.get(name)
     except ModelNotFoundError:
         return None
+
+
+def _unchanged(
+    model: StoredModel, repo_id: str, revision: str, commit: str, files: list[str]
+) -> bool:
+    """True when ``model`` already is that revision's pull: same pin, commit and files."""
+    src = model.manifest.source
+    return (
+        (src.kind, src.repo_id, src.revision, src.commit) == ("hub", repo_id, revision, commit)
+        and {f.path for f in model.manifest.files} == set(files)
+        and _complete(model)
+    )
 
 
 def _complete(model: StoredModel) -> bool:

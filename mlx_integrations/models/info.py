@@ -91,7 +91,10 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
     config = read_json_object(path / "config.json")
     if not config:
         raise ModelNotFoundError(
-            f"{path} has no readable config.json.", hint="Pull or import the model again."
+            f"{path} has no readable config.json.",
+            hint="Pull or import the model again."
+            if manifest is not None
+            else "Pass a model folder (config.json + *.safetensors) or a .gguf file.",
         )
     if manifest is not None:
         files = manifest.files

@@ -166,3 +166,31 @@ def test_a_closed_stdout_ends_the_command_quietly(env, tiny_llama):
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141
     assert err == ""
+
+
+def test_pull_update_keeps_a_model_whose_branch_did_not_move(hub, env, tiny_llama, tiny_qwen2):
+    hub.add_repo("org/tiny", tiny_llama)
+    first = json.loads(mlxi("pull", "org/tiny", "--json").stdout)
+    same = mlxi("pull", "org/tiny", "--update", "--json")
+    assert same.exit_code == 0, same.stderr
+    kept = json.loads(same.stdout)
+    assert kept["downloaded"] is False and kept["modified"] == first["modified"]
+    assert "org/tiny is up to date" in mlxi("pull", "org/tiny", "--update").stdout
+    moved = hub.add_repo("org/tiny", tiny_qwen2)
+    updated = json.loads(mlxi("pull", "org/tiny", "--update", "--json").stdout)
+    assert updated["downloaded"] is True and updated["commit"] == moved
+
+
+def test_show_of_a_folder_that_is_no_model_says_what_to_pass(env, tmp_path):
+    (tmp_path / "notes").mkdir()
+    result = mlxi("show", str(tmp_path / "notes"))
+    assert result.exit_code == 1
+    assert "has no readable config.json" in result.stderr
+    assert "Pass a model folder (config.json + *.safetensors) or a .gguf file." in result.stderr
+
+
+def test_prune_with_nothing_to_remove_is_no_dry_run(env):
+    result = mlxi("prune", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {"dry_run": False, "freed_bytes": 0, "items": []}
+    assert mlxi("prune").stdout == "0 items, freed 0 B\n"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_messages
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
@@ -28,7 +28,7 @@ from langchain_core.runnables import (
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
@@ -51,6 +51,13 @@ from mlx_integrations.langchain.messages import (
     to_lc_tool_call,
     to_neutral_messages,
     tool_call_chunk,
+)
+from mlx_integrations.langchain.structured import (
+    areject_truncated,
+    plain_schema,
+    reject_truncated,
+    unwrap,
+    wrapping_tool,
 )
 
 _PROVIDER = "mlx"
@@ -173,6 +180,39 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "kv_group_size": self.kv_group_size,
             "quantized_kv_start": self.quantized_kv_start,
         }
+
+    @model_validator(mode="after")
+    def _profile_of_the_served_model(self) -> Self:
+        # LangChain's own validator asks for the profile before the engine is made.
+        if self.profile is None:
+            self.profile = self._resolve_model_profile()
+        return self
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the served model takes and does (LangChain reads it, e.g. to pick a
+        structured-output strategy or the context window a summary must fit)."""
+        engine = self.engine
+        if engine is None:
+            return None
+        vision = bool(engine.is_mllm)
+        profile = ModelProfile(
+            text_inputs=True,
+            image_inputs=vision,
+            image_url_inputs=vision,
+            video_inputs=vision,
+            image_tool_message=vision,
+            pdf_inputs=False,
+            audio_inputs=False,
+            text_outputs=True,
+            tool_calling=True,
+            tool_choice=True,
+            tool_call_streaming=True,
+            structured_output=True,
+        )
+        window = getattr(engine, "context_length", None)
+        if isinstance(window, int) and window > 0:
+            profile["max_input_tokens"] = window
+        return profile
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
@@ -442,17 +482,17 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "kwargs": {"method": method, "strict": strict},
             "schema": schema,
         }
-        scalar = _plain_schema(schema) if not is_pydantic else None
+        scalar = plain_schema(schema) if not is_pydantic else None
         if method == "function_calling":
             if schema is None:
                 raise ValueError("method='function_calling' needs a schema")
             if scalar is not None and scalar.get("type") != "object" and "properties" not in scalar:
                 # Tool arguments are an object: a value of another type travels wrapped.
-                tool = _wrapping_tool(scalar)
+                tool = wrapping_tool(scalar)
                 name = tool["function"]["name"]
                 parser: Runnable = JsonOutputKeyToolsParser(
                     key_name=name, first_tool_only=True
-                ) | RunnableLambda(_unwrap)
+                ) | RunnableLambda(unwrap)
             else:
                 tool = convert_to_openai_tool(schema)
                 name = tool["function"]["name"]
@@ -486,7 +526,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
             )
         # A generator, so that a stream's chunks flow on to the parser (a JSON parser
         # yields partial objects as they grow) and only a cut-off end raises.
-        parser = RunnableGenerator(_reject_truncated, _areject_truncated) | parser
+        parser = RunnableGenerator(reject_truncated, areject_truncated) | parser
         if include_raw:
             with_parsed = RunnablePassthrough.assign(
                 parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
@@ -498,77 +538,11 @@ class ChatMLX(ChatSettings, BaseChatModel):
         return llm | parser
 
 
-_JSON_SCHEMA_KEYS = ("type", "anyOf", "oneOf", "allOf", "enum", "const", "$ref", "properties")
-
-
-def _plain_schema(schema: Any) -> dict[str, Any] | None:
-    """A JSON schema dict taken as it is (any top-level type), or None for other forms.
-
-    OpenAI tool dicts, pydantic classes and TypedDicts go through LangChain's converters;
-    a plain schema such as ``{"title": "Flag", "type": "boolean"}`` must keep its type.
-    """
-    if not isinstance(schema, dict) or "function" in schema or "parameters" in schema:
-        return None
-    return dict(schema) if any(k in schema for k in _JSON_SCHEMA_KEYS) else None
-
-
-_WRAPPED = "value"
-
-
-def _wrapping_tool(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool whose one argument ``value`` holds a value of a non-object schema."""
-    inner = {k: v for k, v in schema.items() if k not in ("title", "description")}
-    return {
-        "type": "function",
-        "function": {
-            "name": str(schema.get("title") or "answer"),
-            "description": str(schema.get("description") or "Give the answer."),
-            "parameters": {
-                "type": "object",
-                "properties": {_WRAPPED: inner},
-                "required": [_WRAPPED],
-            },
-        },
-    }
-
-
-def _unwrap(arguments: Any) -> Any:
-    return arguments.get(_WRAPPED) if isinstance(arguments, dict) else arguments
-
-
 def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:
     """Unless told, a forced tool choice makes one call (small models repeat calls)."""
     if parallel_tool_calls is not None:
         return bool(parallel_tool_calls)
     return tool_choice in (None, "auto", "none", False)
-
-
-def _reject_truncated(messages: Iterator[BaseMessage]) -> Iterator[BaseMessage]:
-    """Pass the reply (or its chunks) on; raise where it ended at max_tokens."""
-    text = ""
-    for message in messages:
-        text = _check_complete(message, text)
-        yield message
-
-
-async def _areject_truncated(messages: AsyncIterator[BaseMessage]) -> AsyncIterator[BaseMessage]:
-    text = ""
-    async for message in messages:
-        text = _check_complete(message, text)
-        yield message
-
-
-def _check_complete(message: BaseMessage, text: str) -> str:
-    """The reply's text so far; an OutputParserException if it was cut off."""
-    if isinstance(message.content, str):
-        text += message.content
-    if message.response_metadata.get("finish_reason") == "length":
-        raise OutputParserException(
-            "The structured output was cut off at max_tokens before it was complete; "
-            "raise max_tokens",
-            llm_output=text,
-        )
-    return text
 
 
 def _usage(event: Finished) -> UsageMetadata:

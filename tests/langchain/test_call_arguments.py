@@ -1,5 +1,6 @@
-"""ChatMLX and LangChain's own call arguments: stop as one string, ``stream`` and
-``stream_usage``, and token counts in the model's tokenizer (no GPT-2 download)."""
+"""ChatMLX and what LangChain asks of a chat model besides replies: its call arguments
+(stop as one string, ``stream``, ``stream_usage``, ``strict``), token counts in the
+model's tokenizer (no GPT-2 download), cache keys and the model profile."""
 
 from __future__ import annotations
 
@@ -134,3 +135,13 @@ def test_llm_cache_tells_apart_settings_that_change_replies(tiny_llama):
         llm.invoke("Hi")
     # One entry per variant: none of them was served another one's reply.
     assert len(cache._cache) == len(variants)
+
+
+def test_profile_describes_the_served_model(llm):
+    profile = llm.profile
+    assert profile is not None
+    assert profile["max_input_tokens"] == llm.engine.context_length == 4096
+    assert profile["tool_calling"] and profile["tool_choice"] and profile["structured_output"]
+    assert profile["image_inputs"] is False  # a text model
+    mine = ChatMLX(engine=llm.engine, profile={"max_input_tokens": 100})
+    assert mine.profile == {"max_input_tokens": 100}  # a given profile is kept

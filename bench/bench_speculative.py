@@ -10,6 +10,8 @@
    requests, prefill included), and whether every greedy reply is identical.
 2. The same shared-batch comparison on a tiny random model (hidden 256, own head)
    with prompts its replies copy from.
+   Then the tiny model's batch with a draft model: the model itself as its draft
+   (every draft kept) and a copy with noise on its output head (some kept).
 3. Draft-model overhead on a tiny random model (hidden 256, own output head): the
    model as its own draft (every draft accepted) and a different-seed draft (few
    accepted), each divided by plain decoding; the replies must be identical.
@@ -162,11 +164,13 @@ async def batch_run(engine: MLXEngine, batch: list[list[dict]], tokens: int):
 
 
 def bench_shared_batch(
-    label: str, path: Path, batch: list[list[dict]], rounds: int, tokens: int, lookup: int
+    label: str, path: Path, batch: list[list[dict]], rounds: int, tokens: int, options: dict
 ) -> float:
-    """``len(batch)`` requests in one BatchedEngine batch, prompt lookup off and on."""
+    """``len(batch)`` requests in one BatchedEngine batch, speculation off and on
+    (``options``: ``prompt_lookup`` or ``draft_model`` and ``num_draft_tokens``)."""
     plain = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch))
-    fast = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch), prompt_lookup=lookup)
+    fast = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch), **options)
+    source = ", ".join(f"{k}={Path(str(v)).name}" for k, v in options.items())
     try:
         for engine in (plain, fast):  # warm up
             asyncio.run(batch_run(engine, batch, 8))
@@ -194,13 +198,13 @@ def bench_shared_batch(
         return (after[id(engine)][key] - before[id(engine)][key]) / rounds
 
     print(
-        f"{label}: batch tok/s plain {statistics.median(base):7.1f}  prompt_lookup={lookup} "
+        f"{label}: batch tok/s plain {statistics.median(base):7.1f}  {source} "
         f"{statistics.median(spec):7.1f}  ratio {ratio:.2f}  acceptance {rate:.2f} "
         f"({accepted}/{drafted})  {completion} tokens/round  identical greedy: {same}\n"
         f"  decode steps per round: plain {per_round(plain, 'steps_executed'):.0f}, "
-        f"lookup {per_round(fast, 'steps_executed'):.0f}; tokens of a request left alone "
+        f"drafting {per_round(fast, 'steps_executed'):.0f}; tokens of a request left alone "
         f"per round: plain {per_round(plain, 'solo_tokens'):.0f}, "
-        f"lookup {per_round(fast, 'solo_tokens'):.0f}"
+        f"drafting {per_round(fast, 'solo_tokens'):.0f}"
     )
     return ratio
 
@@ -249,14 +253,22 @@ def main() -> None:
         if not args.only_batch:
             bench_prompt_lookup(smollm, args.rounds, args.tokens, args.lookup)
         label = f"SmolLM2-135M, {c} RAG quotes in one BatchedEngine batch"
-        bench_shared_batch(label, smollm, rag_batch(c), args.rounds, args.tokens, args.lookup)
-    from tests.support.tiny_models import build_tiny_model
+        lookup = {"prompt_lookup": args.lookup}
+        bench_shared_batch(label, smollm, rag_batch(c), args.rounds, args.tokens, lookup)
+    from tests.support.tiny_models import build_tiny_model, noisy_copy
 
     with tempfile.TemporaryDirectory() as tmp:
         kwargs = {"hidden_size": 256, "num_hidden_layers": 4, "tie_word_embeddings": False}
         tiny = build_tiny_model(Path(tmp) / "tiny", **kwargs)
         label = f"tiny (hidden 256), {c} copying prompts in one BatchedEngine batch"
-        bench_shared_batch(label, tiny, tiny_batch(c), args.rounds, args.tokens, 4)
+        batch = tiny_batch(c)
+        bench_shared_batch(label, tiny, batch, args.rounds, args.tokens, {"prompt_lookup": 4})
+        # A draft model in the batch: the model itself (every draft kept: the upper
+        # bound) and a copy with noise on its output head (some kept).
+        noisy = noisy_copy(tiny, Path(tmp) / "noisy")
+        for draft in (tiny, noisy):
+            options = {"draft_model": str(draft), "num_draft_tokens": args.num_draft}
+            bench_shared_batch(label, tiny, batch, args.rounds, args.tokens, options)
     if not args.only_batch:
         bench_draft_model(args.rounds, args.tokens, args.num_draft)
 

@@ -31,6 +31,7 @@ step, untouched. Owner thread only.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,12 +65,17 @@ class StepPace:
     work, but where steps that can draft never come two in a row it is the only
     measure there is). Steps that could draft go
     the faster way; every ``probe_every`` of them (times the lead's ratio, up to 8),
-    the other kind runs ``run`` steps to measure it again. Only the choice depends on
-    timing, never a token.
+    the other kind runs ``run`` steps to measure it again, and no more often than keeps
+    the probes' time under ``probe_share`` of the time: where a slower step costs much
+    more than a faster one (a draft model as large as the model, a wide step on the
+    CPU), probes come rarer still. Only the choice depends on timing, never a token.
     """
 
-    def __init__(self, probe_every: int = 32, run: int = 3):
+    def __init__(self, probe_every: int = 32, run: int = 3, probe_share: float = 0.05):
         self.rate: dict[bool, float | None] = {False: None, True: None}
+        self.step_s: dict[bool, float | None] = {False: None, True: None}
+        """Each kind's seconds per step (moving average)."""
+        self._probe_share = probe_share
         self._probe_every, self._run = probe_every, run
         self._probe_left = 0
         self._since_probe = 0
@@ -87,8 +93,15 @@ class StepPace:
         best = wide >= plain
         # The clearer the lead, the rarer the probes (up to 8 times rarer).
         lead = max(wide, plain) / max(min(wide, plain), 1e-9)
+        every = self._probe_every * min(8, max(1, round(lead)))
+        # A run of probes costs about run * (its step time) of the way not taken.
+        probe_s, step_s = self.step_s[not best], self.step_s[best]
+        if probe_s is not None and step_s is not None:
+            every = max(
+                every, math.ceil(self._run * probe_s / self._probe_share / max(step_s, 1e-9))
+            )
         self._since_probe += 1
-        if self._since_probe > self._probe_every * min(8, max(1, round(lead))):
+        if self._since_probe > every:
             self._since_probe, self._probe_left, self._probe = 0, self._run - 1, not best
             return not best
         return best
@@ -98,6 +111,8 @@ class StepPace:
         if seconds > 0 and (self._last == wide or self.rate[wide] is None):
             old, now = self.rate[wide], tokens / seconds
             self.rate[wide] = now if old is None else old + 0.25 * (now - old)
+            took = self.step_s[wide]
+            self.step_s[wide] = seconds if took is None else took + 0.25 * (seconds - took)
         self._last = wide
 
 

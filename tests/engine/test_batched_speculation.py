@@ -416,6 +416,21 @@ def test_the_pace_goes_the_faster_way_and_probes_the_other():
     assert 0 < fast[4:].count(False) <= 3 * (len(fast[4:]) // 43 + 1)
 
 
+def test_the_pace_keeps_costly_probes_to_a_small_share_of_the_time():
+    from mlx_integrations.engine.batch_spec import StepPace
+
+    # A wide step takes 20 times a plain one and emits 3 times its tokens (a draft model
+    # as large as the model): wide loses, and its probes must stay rare.
+    pace, spent = StepPace(probe_every=8, run=3, probe_share=0.05), {True: 0.0, False: 0.0}
+    for _ in range(3000):
+        wide = pace.wide()
+        seconds = 0.2 if wide else 0.01
+        pace.record(wide, 12 if wide else 4, seconds)
+        spent[wide] += seconds
+    assert pace.rate[False] > pace.rate[True]  # type: ignore[operator]
+    assert spent[True] / (spent[True] + spent[False]) < 0.08
+
+
 def test_the_pace_measures_steps_that_can_draft_only_every_other_step():
     from mlx_integrations.engine.batch_spec import StepPace
 

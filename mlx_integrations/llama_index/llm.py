@@ -24,6 +24,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.types import PydanticProgramMode
+from pydantic import field_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
@@ -112,6 +113,25 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
     """Constraint applied to calls that set none: ``{'type': 'json_object'}``,
     ``{'type': 'json_schema', ...}`` or ``{'type': 'grammar', 'grammar': <lark>}`` (see
     ``react_response_format`` for ReAct agents)."""
+
+    @field_validator("context_window")
+    @classmethod
+    def _positive_window(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"context_window must be a positive number of tokens, got {value!r}; "
+                "leave it None to read it from the model's config"
+            )
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_response_format(cls, value: Any) -> Any:
+        if value is not None and not callable(value):
+            from mlx_integrations.chat.constraints import response_format_constraint
+
+            response_format_constraint(value)  # raises naming what is wrong, before any call
+        return value
 
     @classmethod
     def class_name(cls) -> str:

@@ -110,3 +110,30 @@ def test_no_tool_call_names_the_fix(llm):
         [tool], user_msg="Weather in Paris?", tool_required=True, max_tokens=40
     )
     assert forced.sources[0].tool_name == "get_weather"
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"context_window": -5}, "context_window must be a positive number of tokens, got -5"),
+        ({"context_window": 0}, "context_window must be a positive number of tokens, got 0"),
+        ({"response_format": {"type": "bogus"}}, "response_format type 'bogus' is unknown"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+            "not a valid JSON schema",
+        ),
+        ({"response_format": {"type": "grammar", "grammar": "start: ((("}}, "grammar is not valid"),
+    ],
+)
+def test_bad_fields_fail_at_construction(tiny_llama, fields, match):
+    # Not at every later call (a negative window also broke LlamaIndex's prompt packing).
+    with pytest.raises(ValueError, match=match):
+        MLXLLM(model=str(tiny_llama), **fields)
+
+
+def test_good_fields_are_kept(tiny_llama):
+    llm = MLXLLM(
+        model=str(tiny_llama), context_window=2048, response_format={"type": "json_object"}
+    )
+    assert llm.metadata.context_window == 2048
+    assert llm.response_format == {"type": "json_object"}

@@ -242,9 +242,13 @@ def list_(
     json_output: bool = JSON_OPTION,
 ) -> Result:
     """List the models of the store."""
-    from mlx_integrations.models.store import list_models
+    from mlx_integrations.models.store import default_store, list_models
 
     models = list_models(prefix)
+    for bad in default_store().damaged():  # not listed: say so rather than hide them
+        typer.echo(
+            f"Warning: the manifest of {bad!r} is damaged; mlxi rm {bad} removes it", err=True
+        )
     rows = []
     for m in models:
         s = m.summary()
@@ -396,7 +400,7 @@ def rm(
         # Fails before removing anything when a name is unknown (or, with --purge, has
         # no files left in the Hugging Face cache either).
         preview = store.remove(n, dry_run=True, purge_hf_cache=purge)
-        if not force and not dry_run and preview.kind == "model" and store.users(n):
+        if not force and not dry_run and preview.in_use_by:
             store.remove(n)  # in use: fails with the holders and the hint, before asking
     if not confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)

@@ -56,6 +56,7 @@ _EXPORTS = {
     "ModelNotFoundError": "errors",
     "ModelExistsError": "errors",
     "AlreadyQuantizedError": "errors",
+    "ManifestError": "errors",
     "ModelInUseError": "errors",
     "HubError": "errors",
     "RepoNotFoundError": "errors",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlx_integrations.models.errors import ModelInUseError, ModelNotFoundError
+from mlx_integrations.models.errors import ManifestError, ModelInUseError, ModelNotFoundError
 from mlx_integrations.models.folders import (
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -108,19 +108,9 @@ def remove(
         try:
             model = store.get(name)
         except ModelNotFoundError as exc:
-            # What an earlier `mlxi rm` (without --purge) left in the Hugging Face cache.
-            leftovers = _unused_revisions(store, name) if is_repo_id(name) else []
-            if not leftovers or not purge_hf_cache:
-                hint = "See what is there: mlxi list"
-                if leftovers:
-                    hint = f"Its files are still in the Hugging Face cache: mlxi rm {name} --purge"
-                raise ModelNotFoundError(str(exc), hint=hint) from None
-            cached = sum(links.bytes for links in leftovers)
-            purged = cached if dry_run else sum(_purge_revision(links) for links in leftovers)
-            return RemoveResult(
-                name, "hf_cache", None, 0, dry_run=dry_run, hf_cache_bytes=cached,
-                hf_cache_freed=purged,
-            )  # fmt: skip
+            return _remove_hf_leftovers(store, name, exc, dry_run, purge_hf_cache)
+        except ManifestError:
+            model = _damaged(store, name, aliases)  # what `show` and `verify` hint at
         freed = disk_usage(model.path)
         users = holders(store.home, model.path, clean=not dry_run)
         if users and not force and not dry_run:
@@ -162,6 +152,35 @@ def remove(
             result = dataclasses.replace(result, hf_cache_freed=_purge_revision(links))
     discard(trash)
     return result
+
+
+def _remove_hf_leftovers(
+    store: ModelStore, name: str, exc: ModelNotFoundError, dry_run: bool, purge: bool
+) -> RemoveResult:
+    """``rm REPO --purge`` of a repo no longer stored: the revisions an earlier ``rm``
+    (without ``--purge``) left in the Hugging Face cache; else ``exc``, with a hint."""
+    leftovers = _unused_revisions(store, name) if is_repo_id(name) else []
+    if not leftovers or not purge:
+        hint = "See what is there: mlxi list"
+        if leftovers:
+            hint = f"Its files are still in the Hugging Face cache: mlxi rm {name} --purge"
+        raise ModelNotFoundError(str(exc), hint=hint) from None
+    cached = sum(links.bytes for links in leftovers)
+    purged = cached if dry_run else sum(_purge_revision(links) for links in leftovers)
+    return RemoveResult(
+        name, "hf_cache", None, 0, dry_run=dry_run, hf_cache_bytes=cached, hf_cache_freed=purged
+    )
+
+
+def _damaged(store: ModelStore, name: str, aliases: dict[str, str]) -> StoredModel:
+    """A model folder whose manifest cannot be read, as a model without files to remove."""
+    from mlx_integrations.models.manifest import ModelSource
+    from mlx_integrations.models.store import StoredModel
+
+    canonical = aliases.get(name, name)
+    manifest = Manifest(name=canonical, source=ModelSource(kind="local"))
+    names = tuple(sorted(a for a, t in aliases.items() if t == canonical))
+    return StoredModel(canonical, store.model_dir(canonical), manifest, names)
 
 
 def _sharing(store: ModelStore, model: StoredModel, links: _HubLinks) -> list[str]:

@@ -30,6 +30,10 @@ class ModelExistsError(StoreError):
     """A store name is already taken and overwriting was not asked for."""
 
 
+class ManifestError(StoreError):
+    """A stored model whose manifest cannot be read (damaged, or written by hand)."""
+
+
 class AlreadyQuantizedError(StoreError, ValueError):
     """A quantized model was given to quantize again (mlx-lm would keep its weights as they
     are and the new name would claim a quantization it does not have)."""

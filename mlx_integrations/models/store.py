@@ -35,6 +35,7 @@ from mlx_integrations.models.cleanup import PruneItem, PruneReport, RemoveResult
 from mlx_integrations.models.errors import (
     InvalidNameError,
     JSONFileError,
+    ManifestError,
     ModelExistsError,
     ModelInUseError,
     ModelNotFoundError,
@@ -328,8 +329,9 @@ class ModelStore:
                 hint=f"Run: mlxi pull {name}" if "/" in name else "See what is there: mlxi list",
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(
-                f"The manifest of {name!r} is damaged: {exc}.",
+            what = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ManifestError(
+                f"The manifest of {name!r} is damaged: {what}.",
                 hint=f"Pull or import the model again, or remove it: mlxi rm {name}",
             ) from exc
         aliases = tuple(sorted(a for a, t in self.aliases().items() if t == canonical))
@@ -342,6 +344,21 @@ class ModelStore:
         except (ModelNotFoundError, InvalidNameError):
             return False
         return True
+
+    def damaged(self) -> list[str]:
+        """Names of the model folders whose manifest cannot be read (:meth:`list` skips
+        them; :meth:`remove` removes them)."""
+        if not self.models_dir.is_dir():
+            return []
+        names = []
+        for folder in sorted(self.models_dir.iterdir()):
+            if folder.name.startswith(".") or not (folder / MANIFEST_FILE).is_file():
+                continue
+            try:
+                Manifest.read(folder)
+            except (OSError, ValueError, KeyError, TypeError):
+                names.append(folder.name.replace("--", "/", 1))
+        return names
 
     def list(self, prefix: str | None = None) -> list[StoredModel]:
         """All stored models, sorted by name; ``prefix`` keeps names that start with it."""

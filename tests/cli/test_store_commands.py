@@ -194,3 +194,22 @@ def test_prune_with_nothing_to_remove_is_no_dry_run(env):
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {"dry_run": False, "freed_bytes": 0, "items": []}
     assert mlxi("prune").stdout == "0 items, freed 0 B\n"
+
+
+def test_a_model_with_a_damaged_manifest_is_named_by_list_and_removed_by_rm(env, tiny_llama):
+    for name in ("good", "bad"):
+        assert mlxi("import", str(tiny_llama), name).exit_code == 0
+    assert mlxi("tag", "bad", "bad-alias").exit_code == 0
+    folder = Path(env["MLXI_HOME"]) / "models" / "bad"
+    (folder / "mlxi-manifest.json").write_text('{"x": 1}')
+    shown = mlxi("show", "bad")
+    assert shown.exit_code == 1 and "damaged: it lacks 'name'" in shown.stderr
+    assert "mlxi rm bad" in shown.stderr
+    listed = mlxi("list", "--json")
+    assert [m["name"] for m in json.loads(listed.stdout)] == ["good"]
+    assert "the manifest of 'bad' is damaged; mlxi rm bad removes it" in listed.stderr
+    removed = mlxi("rm", "bad")
+    assert removed.exit_code == 0, removed.stderr
+    assert "deleted 'bad'" in removed.stdout and "aliases bad-alias" in removed.stdout
+    assert not folder.exists() and names() == ["good"]
+    assert "damaged" not in mlxi("list").stderr

@@ -7,6 +7,7 @@ that an option that would have no effect is never silently dropped.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -17,7 +18,15 @@ def confirm(question: str, yes: bool, dry_run: bool) -> bool:
     """Ask only a person at a terminal; scripts (no TTY) and --yes go ahead."""
     if yes or dry_run or not stdin_is_tty():
         return True
-    return typer.confirm(question, default=False, err=True)
+    # Not typer.confirm: it turns Ctrl-C into "Aborted!" and exit code 1, where every
+    # other command exits 130 (KeyboardInterrupt reaches handle_errors from here).
+    sys.stderr.write(f"{question} [y/N]: ")
+    sys.stderr.flush()
+    try:
+        answer = input()
+    except EOFError:
+        return False
+    return answer.strip().lower() in {"y", "yes"}
 
 
 def check_import_options(

@@ -1,7 +1,10 @@
 """``mlxi run`` given input it cannot use: the error names it (and the option), before the
-model loads where it can; an answer cut short of its JSON is not passed off as whole."""
+model loads where it can; an answer cut short of its JSON is not passed off as whole.
+Ctrl-C at ``mlxi rm``'s question exits as an interrupt."""
 
 from __future__ import annotations
+
+import signal
 
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
@@ -60,3 +63,18 @@ def test_an_unknown_session_command_is_not_sent_to_the_model(home):
         term.read_until(">>> ", start=mark)
         term.send("/bye")
         assert term.close() == 0
+
+
+def test_ctrl_c_at_rms_question_exits_130_and_keeps_the_model(home):
+    with Terminal(["rm", "tiny"]) as term:
+        term.read_until("Remove tiny? [y/N]: ")
+        term.proc.send_signal(signal.SIGINT)
+        term.read_until("Interrupted.")
+        assert term.close() == 130
+    with Terminal(["rm", "tiny"]) as term:
+        term.read_until("Remove tiny? [y/N]: ")
+        term.send("n")
+        term.read_until("Nothing removed.")
+        assert term.close() == 1
+    listed = CliRunner().invoke(app, ["list", "-q"])
+    assert listed.stdout == "tiny\n"

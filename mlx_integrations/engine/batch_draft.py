@@ -24,6 +24,7 @@ distribution (sampling), whatever the drafts. Owner thread only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,10 +49,18 @@ class BatchDrafter:
         self._uids: list[int] = []  # the draft cache's rows, in order
         self._held: dict[int, int] = {}  # uid -> context tokens its draft row holds
         self._round: tuple[list[int], list[int]] | None = None  # (uids, held) at drafting
+        self.prefill_s = 0.0
+        """Seconds the last :meth:`propose` spent reading the context of rows that joined
+        (a row's one-off cost, which :class:`~.batch_spec.StepPace` leaves out of the
+        step's time)."""
 
     def reset(self) -> None:
         """Forget every row (a new batch, or the engine unloads)."""
         self._cache, self._uids, self._held, self._round = None, [], {}, None
+
+    def holds(self) -> bool:
+        """Whether any row has a draft cache."""
+        return bool(self._uids) or self._cache is not None
 
     def fits(self) -> bool:
         """Whether the draft model is loaded and its cache can roll rows back."""
@@ -65,6 +74,7 @@ class BatchDrafter:
         import mlx.core as mx
 
         model = self._draft.model
+        self.prefill_s = 0.0
         self._sync(batch)
         assert self._cache is not None
         rows = len(batch.uids)
@@ -118,6 +128,7 @@ class BatchDrafter:
         self._held = {u: self._held[u] for u in self._uids}
         joining = [r for r, u in enumerate(live) if u not in self._held]
         if joining:
+            start = time.perf_counter()
             rows = []
             for r in joining:
                 cache = make_prompt_cache(model)
@@ -132,6 +143,7 @@ class BatchDrafter:
             for r in joining:
                 self._uids.append(live[r])
                 self._held[live[r]] = len(batch.tokens[r])
+            self.prefill_s = time.perf_counter() - start
         if self._uids != live:
             where = {u: i for i, u in enumerate(self._uids)}
             order = [where[u] for u in live]

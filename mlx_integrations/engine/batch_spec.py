@@ -195,6 +195,18 @@ class BatchSpeculation:
         if self._drafter is not None:
             self._drafter.reset()
 
+    def settled(self, generator: Any) -> None:
+        """Release once ``generator``'s decode batch has no row left.
+
+        Rows also leave outside a step (``generator.remove``: stop strings, aborts, the
+        last row going on alone), and an empty batch has no next step to drop them at:
+        the draft cache would keep every row's KV while the engine idles or a request
+        decodes alone.
+        """
+        if generator is not None and not generator._generation_batch.uids:
+            if self._indices or (self._drafter is not None and self._drafter.holds()):
+                self.release()
+
     def fits(self, model: Any) -> bool:
         """Whether ``model``'s batch cache is one that speculation can roll back."""
         if self._fits is None or self._fits[0] is not model:
@@ -219,9 +231,12 @@ class BatchSpeculation:
     def _next(self, batch: Any, plain: Callable[[], list[Any]]) -> list[Any]:
         start = time.perf_counter()
         responses: list[Any] | None = None
+        prefill_s = 0.0  # the draft model reading rows that joined: once per row
         if self._worth_it(batch) and self.pace.wide():
             pending: list[int] = batch._next_tokens.tolist()
             drafts = self._drafts(batch, pending)
+            if self._drafter is not None:
+                prefill_s = self._drafter.prefill_s
             uids = list(batch.uids)  # rows that end in the step leave the batch
             if any(drafts):
                 responses = self._verify(batch, pending, drafts)
@@ -233,7 +248,7 @@ class BatchSpeculation:
         wide = responses is not None
         if responses is None:  # the pending tokens may be computed; the step goes on as usual
             responses = plain()
-        self.pace.record(wide, len(responses), time.perf_counter() - start)
+        self.pace.record(wide, len(responses), time.perf_counter() - start - prefill_s)
         return responses
 
     def _index(self, batch: Any, row: int) -> NgramIndex:

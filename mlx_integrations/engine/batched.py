@@ -290,6 +290,7 @@ class BatchedEngine(MLXEngine):
                         self._solo_step()
                     elif self._active:
                         self._step()
+                    self._spec.settled(self._generator)  # an empty batch keeps no draft KV
                 except BaseException as exc:  # keep serving: only the batch in flight is lost
                     self._reset(exc)
         except BaseException:

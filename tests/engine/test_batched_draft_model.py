@@ -138,3 +138,79 @@ async def test_with_itself_as_draft_nearly_every_draft_is_kept(
     assert spec["acceptance_rate"] >= 0.95, spec
     assert all(o.mtp_drafts == 0 for o in outs[2:5])  # constrained rows never draft
     assert stats["speculation_off_requests"] == 3
+
+
+def drafter_rows(engine: BatchedEngine) -> tuple[list[int], bool]:
+    """The rows the batch's draft model keeps a cache for, and whether it holds one
+    (read once the engine is idle: the owner thread is not stepping)."""
+    drafter = engine._spec._drafter
+    assert drafter is not None
+    return list(drafter._uids), drafter._cache is not None
+
+
+@pytest.mark.parametrize("last", ["alone", "aborted"])
+async def test_the_draft_cache_goes_with_the_batch(
+    target: Path, monkeypatch: pytest.MonkeyPatch, last: str
+) -> None:
+    """Once the batch is empty the draft model holds no row: not while the last row
+    decodes alone (it left by generator.remove, with no step of the batch after), nor
+    once a constrained row, which never goes on alone, is aborted (generator.remove
+    again) or ends."""
+    wide = record_wide_steps(monkeypatch)
+    eng = BatchedEngine(target, draft_model=str(target), num_draft_tokens=3, cache_memory_mb=0)
+    try:
+        kw = {} if last == "alone" else {"logit_bias": {118: -1.0}}
+        stream = eng.stream_chat(PROMPTS[0], max_tokens=80, temperature=0, **kw)
+        short = asyncio.ensure_future(eng.chat(PROMPTS[1], max_tokens=12, temperature=0))
+        async for _ in stream:
+            if short.done():
+                break
+        await short
+        if last == "aborted":
+            await stream.aclose()
+        else:
+            async for _ in stream:
+                pass
+        await wait_until(
+            lambda: eng.get_stats()["num_running"] == 0, "the engine is idle", timeout=120.0
+        )
+        assert sum(wide.accepted) > 0  # the draft model drafted in the batch
+        assert drafter_rows(eng) == ([], False)
+        if last == "alone":
+            assert eng.get_stats()["solo_requests"] >= 1
+    finally:
+        await eng.stop()
+
+
+async def test_a_wide_step_is_timed_without_the_draft_models_prefill(
+    target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's context is read by the draft model once, in the first wide step after it
+    joined; that one-off cost is not what a wide step costs, so the step pace leaves it
+    out (else the first wide step of every batch, which reads every row, makes wide
+    steps look slow and probes of them rare). The draft model's prefill is made to take
+    1000 s of a shifted clock; the wide steps' time must not include it."""
+    import time
+
+    from mlx_integrations.engine import batch_draft
+
+    record_wide_steps(monkeypatch)
+    shift = [0.0]
+    real_clock, real_prefill = time.perf_counter, batch_draft.prefill
+
+    def slow_prefill(*args, **kwargs):
+        real_prefill(*args, **kwargs)
+        shift[0] += 1000.0
+
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + shift[0])
+    monkeypatch.setattr(batch_draft, "prefill", slow_prefill)
+    eng = BatchedEngine(target, draft_model=str(target), num_draft_tokens=3, cache_memory_mb=0)
+    try:
+        await asyncio.gather(
+            *[eng.chat(m, temperature=0, max_tokens=24) for m in PROMPTS[:2]],
+        )
+        pace = eng._spec.pace
+    finally:
+        await eng.stop()
+    assert shift[0] >= 2000.0  # both rows were read by the draft model
+    assert pace.step_s[True] is not None and pace.step_s[True] < 100.0, pace.step_s

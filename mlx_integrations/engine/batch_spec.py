@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,7 +163,8 @@ class BatchSpeculation:
         (``speculation_off_requests``); written on the owner thread only."""
         self._indices: dict[int, NgramIndex] = {}  # uid -> the row's context
         self.pace = StepPace()
-        self._fits: tuple[Any, bool] | None = None  # (model, its cache can roll back)
+        # (the model, weakly: an unloaded model is freed; whether its cache can roll back)
+        self._fits: tuple[weakref.ref[Any], bool] | None = None
 
     # ------------------------------------------------------- the engine's side
 
@@ -209,13 +211,13 @@ class BatchSpeculation:
 
     def fits(self, model: Any) -> bool:
         """Whether ``model``'s batch cache is one that speculation can roll back."""
-        if self._fits is None or self._fits[0] is not model:
+        if self._fits is None or self._fits[0]() is not model:
             from mlx_lm.models.cache import KVCache, make_prompt_cache
 
             plain = all(type(c) is KVCache for c in make_prompt_cache(model))
             if self._drafter is not None:
                 plain = plain and self._drafter.fits()
-            self._fits = (model, plain)
+            self._fits = (weakref.ref(model), plain)
         return self._fits[1]
 
     def decodes_plainly(self, model: Any, p: SamplingParams, constrained: bool) -> bool:

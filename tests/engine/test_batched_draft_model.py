@@ -214,3 +214,19 @@ async def test_a_wide_step_is_timed_without_the_draft_models_prefill(
         await eng.stop()
     assert shift[0] >= 2000.0  # both rows were read by the draft model
     assert pace.step_s[True] is not None and pace.step_s[True] < 100.0, pace.step_s
+
+
+@pytest.mark.parametrize("source", ["draft_model", "prompt_lookup"])
+async def test_stop_frees_the_models(target: Path, source: str) -> None:
+    """Once the engine stops, neither the model nor the draft model is held by what
+    the batch's speculation remembers of them (whether the model's cache can roll back)."""
+    import gc
+    import weakref
+
+    kw = {"draft_model": str(target)} if source == "draft_model" else {"prompt_lookup": 4}
+    eng = BatchedEngine(target, cache_memory_mb=0, **kw)
+    await asyncio.gather(*[eng.chat(m, temperature=0, max_tokens=8) for m in PROMPTS[:2]])
+    models = [weakref.ref(m) for m in (eng._model, eng._draft.model) if m is not None]
+    await eng.stop()
+    gc.collect()
+    assert [m() for m in models] == [None] * len(models)

@@ -3,8 +3,10 @@
 1. Prompt lookup on SmolLM2-135M-Instruct, with a copy-heavy RAG prompt (a passage
    and the instruction to quote it): decode tokens/s with ``prompt_lookup=N`` divided
    by plain decoding, the acceptance rate, and whether the greedy replies are identical;
-   then the same for ``BatchedEngine(prompt_lookup=N)``, which drafts for a request
-   that runs alone, against plain ``SimpleEngine``; then ``--concurrency`` RAG
+   then the same on a story, whose reply quotes nothing (the cost of prompt lookup
+   where it cannot pay: rounds only where a match is expected to pay, plain steps
+   pipelined elsewhere); then both for ``BatchedEngine(prompt_lookup=N)``, which drafts
+   for a request that runs alone, against plain ``SimpleEngine``; then ``--concurrency`` RAG
    requests sharing one ``BatchedEngine`` batch, prompt lookup on and off: tokens/s
    of the whole batch (completion tokens over the wall time of the gathered
    requests, prefill included), and whether every greedy reply is identical.
@@ -20,7 +22,7 @@ Runs alternate (plain, speculative, plain, ...) in one process and the medians a
 compared, so load from other programs hits both sides alike.
 
 Run: python bench/bench_speculative.py [--rounds 5] [--tokens 160] [--lookup 8]
-     [--concurrency 4] [--skip-smollm]
+     [--concurrency 4] [--skip-smollm] [--only-batch | --only-alone]
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ RAG_MESSAGES = [
         "role": "user",
         "content": f"Passage:\n{PASSAGE}\n\nQuote the passage above word for word, then stop.",
     },
+]
+STORY_MESSAGES = [
+    {"role": "user", "content": "Write a short story about a dragon who learns to bake bread."}
 ]
 TINY_MESSAGES = [{"role": "user", "content": "Write about the weather in Paris and Rome."}]
 # Requests of one batch: the same passage, each asked to quote it in its own words.
@@ -121,24 +126,26 @@ def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> No
     # BatchedEngine drafts for a request that runs alone.
     batched = BatchedEngine(path, cache_memory_mb=0, prompt_lookup=lookup)
     try:
-        compare(
-            f"SmolLM2-135M, RAG quote, prompt_lookup={lookup}",
-            plain,
-            fast,
-            RAG_MESSAGES,
-            rounds,
-            tokens,
-        )
-        reply = asyncio.run(fast.chat(RAG_MESSAGES, max_tokens=tokens, temperature=0))
-        print(f"  reply begins: {reply.text[:100]!r}")
-        compare(
-            f"SmolLM2-135M, RAG quote, BatchedEngine prompt_lookup={lookup} / plain Simple",
-            plain,
-            batched,
-            RAG_MESSAGES,
-            rounds,
-            tokens,
-        )
+        for what, messages in (("RAG quote", RAG_MESSAGES), ("story", STORY_MESSAGES)):
+            compare(
+                f"SmolLM2-135M, {what}, prompt_lookup={lookup}",
+                plain,
+                fast,
+                messages,
+                rounds,
+                tokens,
+            )
+            reply = asyncio.run(fast.chat(messages, max_tokens=tokens, temperature=0))
+            print(f"  reply begins: {reply.text[:100]!r}")
+        for what, messages in (("RAG quote", RAG_MESSAGES), ("story", STORY_MESSAGES)):
+            compare(
+                f"SmolLM2-135M, {what}, BatchedEngine prompt_lookup={lookup} / plain Simple",
+                plain,
+                batched,
+                messages,
+                rounds,
+                tokens,
+            )
     finally:
         for engine in (plain, fast, batched):
             asyncio.run(engine.stop())
@@ -243,6 +250,7 @@ def main() -> None:
     parser.add_argument("--num-draft", type=int, default=3, help="num_draft_tokens (tiny)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in one batch")
     parser.add_argument("--only-batch", action="store_true", help="the shared-batch parts only")
+    parser.add_argument("--only-alone", action="store_true", help="SmolLM2 alone, no batch")
     parser.add_argument("--skip-smollm", action="store_true")
     args = parser.parse_args()
     c = args.concurrency
@@ -252,6 +260,8 @@ def main() -> None:
         smollm = ensure_smollm2()
         if not args.only_batch:
             bench_prompt_lookup(smollm, args.rounds, args.tokens, args.lookup)
+        if args.only_alone:
+            return
         label = f"SmolLM2-135M, {c} RAG quotes in one BatchedEngine batch"
         lookup = {"prompt_lookup": args.lookup}
         bench_shared_batch(label, smollm, rag_batch(c), args.rounds, args.tokens, lookup)

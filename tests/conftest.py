@@ -28,6 +28,19 @@ if (_tiktoken_cache := _llama_index_tiktoken_cache()) is not None:
     os.environ["TIKTOKEN_CACHE_DIR"] = _tiktoken_cache
 
 
+@pytest.fixture
+def lookup_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request decoding alone verifies drafts wherever its context has a match.
+
+    Otherwise its ``LookupPace`` picks rounds or plain steps by timing, and which steps
+    draft (the counts that tests check) would depend on the machine's speed; the pace
+    itself is tested in tests/engine/test_lookup_pace.py.
+    """
+    from mlx_integrations.engine.step_pace import LookupPace
+
+    monkeypatch.setattr(LookupPace, "worth", lambda self, n: True)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama-shaped model (hidden 64) with a tool-aware ChatML template."""

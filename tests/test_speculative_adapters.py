@@ -11,6 +11,9 @@ from mlx_integrations.langchain import ChatMLX
 from mlx_integrations.llama_index import MLXLLM
 from tests.support.tiny_models import build_tiny_model
 
+# Which steps draft must not depend on the machine's speed (see conftest).
+pytestmark = pytest.mark.usefixtures("lookup_rounds")
+
 FIGURES = {"draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Repeat it: The quick"
 

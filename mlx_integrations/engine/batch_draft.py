@@ -51,7 +51,7 @@ class BatchDrafter:
         self._round: tuple[list[int], list[int]] | None = None  # (uids, held) at drafting
         self.prefill_s = 0.0
         """Seconds the last :meth:`propose` spent reading the context of rows that joined
-        (a row's one-off cost, which :class:`~.batch_spec.StepPace` leaves out of the
+        (a row's one-off cost, which :class:`~.step_pace.StepPace` leaves out of the
         step's time)."""
 
     def reset(self) -> None:

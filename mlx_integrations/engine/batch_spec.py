@@ -23,7 +23,7 @@ runs beside it. It is fed its pending token alone in a speculative step, its
 processors run on that position exactly as in mlx-lm's step.
 
 A step speculates only when at least half the rows can draft and wide steps have been
-emitting tokens faster than plain ones (:class:`StepPace`); otherwise (and always for
+emitting tokens faster than plain ones (:class:`~.step_pace.StepPace`); otherwise (and always for
 models whose batch cache is neither a plain ``BatchKVCache`` nor the quantized one of
 :mod:`.batch_kv`: sliding windows, state-space layers) the batch runs mlx-lm's own
 step, untouched. Owner thread only.
@@ -31,7 +31,6 @@ step, untouched. Owner thread only.
 
 from __future__ import annotations
 
-import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from mlx_integrations.engine.batch_sampling import SeededSampler
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
 from mlx_integrations.engine.speculative import DraftModel, NgramIndex
+from mlx_integrations.engine.step_pace import StepPace
 
 _ROLLBACK = (BatchKVCache, BatchQuantizedKVCache)
 """Batch caches whose rows can each drop their last positions (trim, then right padding
@@ -53,68 +53,6 @@ rolled to the left)."""
 
 MIN_DRAFTING_SHARE = 0.5
 """A step speculates when at least this share of the batch's rows has drafts."""
-
-
-class StepPace:
-    """Which kind of step emits tokens faster on this machine and model: wide or plain.
-
-    A wide step feeds every row several positions; where the model's cost grows with
-    the tokens fed (a small model on the CPU), it can emit fewer tokens per second
-    than plain steps do despite accepted drafts. Each kind's tokens per second is a
-    moving average over runs of its own steps (the first step of a run is timed only
-    while its kind has no figure yet: it pays for, or skips, the other kind's pipelined
-    work, but where steps that can draft never come two in a row it is the only
-    measure there is). Steps that could draft go
-    the faster way; every ``probe_every`` of them (times the lead's ratio, up to 8),
-    the other kind runs ``run`` steps to measure it again, and no more often than keeps
-    the probes' time under ``probe_share`` of the time: where a slower step costs much
-    more than a faster one (a draft model as large as the model, a wide step on the
-    CPU), probes come rarer still. Only the choice depends on timing, never a token.
-    """
-
-    def __init__(self, probe_every: int = 32, run: int = 3, probe_share: float = 0.05):
-        self.rate: dict[bool, float | None] = {False: None, True: None}
-        self.step_s: dict[bool, float | None] = {False: None, True: None}
-        """Each kind's seconds per step (moving average)."""
-        self._probe_share = probe_share
-        self._probe_every, self._run = probe_every, run
-        self._probe_left = 0
-        self._since_probe = 0
-        self._last: bool | None = None
-        self._probe = False
-
-    def wide(self) -> bool:
-        """Whether a step where enough rows have drafts goes wide."""
-        if self._probe_left > 0:
-            self._probe_left -= 1
-            return self._probe
-        plain, wide = self.rate[False], self.rate[True]
-        if wide is None or plain is None:
-            return wide is None  # measure wide steps first, then plain ones
-        best = wide >= plain
-        # The clearer the lead, the rarer the probes (up to 8 times rarer).
-        lead = max(wide, plain) / max(min(wide, plain), 1e-9)
-        every = self._probe_every * min(8, max(1, round(lead)))
-        # A run of probes costs about run * (its step time) of the way not taken.
-        probe_s, step_s = self.step_s[not best], self.step_s[best]
-        if probe_s is not None and step_s is not None:
-            every = max(
-                every, math.ceil(self._run * probe_s / self._probe_share / max(step_s, 1e-9))
-            )
-        self._since_probe += 1
-        if self._since_probe > every:
-            self._since_probe, self._probe_left, self._probe = 0, self._run - 1, not best
-            return not best
-        return best
-
-    def record(self, wide: bool, tokens: int, seconds: float) -> None:
-        """A step of the given kind emitted ``tokens`` in ``seconds``."""
-        if seconds > 0 and (self._last == wide or self.rate[wide] is None):
-            old, now = self.rate[wide], tokens / seconds
-            self.rate[wide] = now if old is None else old + 0.25 * (now - old)
-            took = self.step_s[wide]
-            self.step_s[wide] = seconds if took is None else took + 0.25 * (seconds - took)
-        self._last = wide
 
 
 @dataclass

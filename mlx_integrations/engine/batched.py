@@ -43,6 +43,7 @@ from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.solo import SoloDecode
 from mlx_integrations.engine.speculative import DraftModel, Step
 from mlx_integrations.engine.stats import BatchedEngineStats, ClearStats
+from mlx_integrations.engine.step_pace import LookupPace
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ class BatchedEngine(MLXEngine):
         self._draft = DraftModel(self._options.draft_model)
         # Drafts in the batch: prompt lookup, or the draft model.
         self._spec = BatchSpeculation(self._options, self._draft, self._prefill_step_size)
+        self._solo_pace = LookupPace()  # prompt lookup for a request alone
         # Under the state lock.
         self._solo_requests = 0
         self._solo_tokens = 0
@@ -438,6 +440,8 @@ class BatchedEngine(MLXEngine):
         from mlx_lm.sample_utils import make_sampler
 
         trim, opts = can_trim_prompt_cache(cache), self._options
+        p = act.job.params
+        seeded = p.seed is not None and p.temperature > 0  # drafts by its tokens alone
         draft, fed = None, 0
         if trim and self._draft.model is not None and not fresh:
             draft, fed = self._draft.cache.take_shared(self._draft.model, context[:-1])
@@ -454,6 +458,7 @@ class BatchedEngine(MLXEngine):
             num_draft_tokens=opts.num_draft_tokens,
             draft_cache=draft,
             draft_fed=fed,
+            pace=None if seeded else self._solo_pace,
         )
 
     def _solo_step(self) -> None:

@@ -26,6 +26,7 @@ from mlx_integrations.engine.speculative import (
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
+from mlx_integrations.engine.step_pace import LookupPace
 from mlx_integrations.engine.vision import (
     VisionInputs,
     VisionRun,
@@ -99,6 +100,8 @@ class SimpleEngine(MLXEngine):
     def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
         super().__init__(model, options=options, **kwargs)
         self._draft = DraftModel(self._options.draft_model)
+        # Whether prompt lookup's rounds or plain steps emit faster here (owner thread).
+        self._pace = LookupPace()
         # Vision models: the last request's tokens and KV (mlx-vlm's PromptCacheState).
         self._vision_turn: Any = None
         self._turn_media: list[str] = []  # the digests of its images and videos
@@ -314,6 +317,8 @@ class SimpleEngine(MLXEngine):
                 cache,
                 max_draft=opts.prompt_lookup,
                 quantize=self._quantize(),
+                # A seeded sampled request drafts by its tokens alone, never by timing.
+                pace=None if p.seed is not None and p.temperature > 0 else self._pace,
                 **limits,
             )
             return steps, None

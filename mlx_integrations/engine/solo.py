@@ -21,6 +21,7 @@ from mlx_integrations.engine.speculative import (
     prefill,
     prompt_lookup_steps,
 )
+from mlx_integrations.engine.step_pace import LookupPace
 
 # Decode steps between two returns of MLX's buffer pool (mlx-lm's generate_step: 256).
 _CLEAR_EVERY = 256
@@ -42,6 +43,8 @@ class SoloDecode:
             cache is prefilled beside the target's, a piece per turn); None for none.
         draft_cache: The draft model's cache holding ``prompt[:draft_fed]`` (an earlier
             request's, see ``DraftCache``); None starts it empty.
+        pace: Picks rounds or plain steps for prompt lookup, by timing (see
+            :func:`~.speculative.prompt_lookup_steps`); None always drafts.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class SoloDecode:
         num_draft_tokens: int = 3,
         draft_cache: list[Any] | None = None,
         draft_fed: int = 0,
+        pace: LookupPace | None = None,
     ):
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -70,6 +74,7 @@ class SoloDecode:
         self._max_tokens = max_tokens
         self._step_size = prefill_step_size
         self._lookup = prompt_lookup
+        self._pace = pace
         self._fed = reused  # context tokens the cache holds, while prefilling
         self._produced = 0
         self._next: Any = None  # the sampled token not yet handed out (plain decoding)
@@ -186,6 +191,7 @@ class SoloDecode:
                 max_tokens=self._max_tokens - self._produced,
                 sampler=self._sampler,
                 prefill_step_size=self._step_size,
+                pace=self._pace,
             )
         steps: list[Step] = []
         for step in self._rounds:

@@ -10,7 +10,9 @@ ones plain decoding gives:
   that shares the target's vocabulary.
 - ``prompt_lookup``: no second model; the tokens that followed the latest earlier
   occurrence of the context's last n-gram (3, 2, then 1 tokens) are proposed. Cheap,
-  and it pays off where the reply copies its input (RAG quotes, code edits).
+  and it pays off where the reply copies its input (RAG quotes, code edits). A round
+  runs where a :class:`~.step_pace.LookupPace` expects it to pay; between rounds the
+  loop decodes plain steps, pipelined as mlx-lm's are.
 
 Both yield ``(token, drafted, accepted)``: the token, how many tokens were drafted
 for the verification round this token opens (0 on the round's other tokens), and
@@ -23,12 +25,14 @@ own distribution (a seeded request draws differently from plain decoding, though
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.prefix_cache import cache_offset, common_prefix_len
+from mlx_integrations.engine.step_pace import LookupPace
 
 Step = tuple[int, int, bool]
 """``(token, tokens drafted for the round this token opens, accepted draft)``."""
@@ -102,15 +106,20 @@ class NgramIndex:
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the longest n-gram ending the sequence."""
+        return self.match(limit)[1]
+
+    def match(self, limit: int) -> tuple[int, list[int]]:
+        """``(n, tokens)``: the longest n-gram ending the sequence that occurred before,
+        and up to ``limit`` tokens that followed it; ``(0, [])`` for none."""
         if limit <= 0:
-            return []
+            return 0, []
         end = len(self.tokens)
         for n in self._sizes:
             if end >= n:
                 start = self._follower.get(tuple(self.tokens[end - n :]))
                 if start is not None:
-                    return self.tokens[start : start + limit]
-        return []
+                    return n, self.tokens[start : start + limit]
+        return 0, []
 
 
 def prefill(
@@ -147,8 +156,21 @@ def prompt_lookup_steps(
     sampler: Callable[[Any], Any],
     prefill_step_size: int,
     quantize: Callable[[list[Any]], None] | None = None,
+    pace: LookupPace | None = None,
 ) -> Generator[Step, None, None]:
     """Decode with drafts looked up in the context (prompt and reply so far).
+
+    Where the context has a match, a round verifies ``[last token, drafts...]`` in one
+    forward pass. Elsewhere the loop decodes as mlx-lm's does, one token a step, each
+    step started before the previous token is read, so the host builds the next step
+    while the device computes this one. ``pace`` tells whether a round pays for the
+    match at hand (:class:`~.step_pace.LookupPace`); None drafts wherever a match
+    exists, so which steps draft depends on the tokens alone (a seeded request's draws
+    are reproducible).
+
+    On close, ``cache`` holds the context but the last token yielded (positions fed
+    beyond it, by a step whose pick is unread or by drafts kept but not yet yielded,
+    are dropped).
 
     Args:
         model: The target model.
@@ -161,34 +183,113 @@ def prompt_lookup_steps(
         prefill_step_size: Prompt tokens per forward pass.
         quantize: Run on ``cache`` after each forward pass: it may replace layers in
             place with quantized ones (a quantized KV cache).
+        pace: Whether a round pays, by timing and by how well matches were followed.
     """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
     from mlx_lm.models.cache import trim_prompt_cache
 
+    def forward(tokens: list[int] | Any) -> Any:
+        """Log-probabilities at every position of ``tokens``, fed into ``cache``."""
+        fed = mx.array(tokens, mx.uint32) if isinstance(tokens, list) else tokens
+        logits = model(fed[None], cache=cache)[0]
+        if quantize is not None:
+            quantize(cache)
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def plain_step(token: list[int] | Any) -> Any:
+        """Feed one token (maybe still being computed) and start sampling the next."""
+        sampled = sampler(forward(token))
+        mx.async_eval(sampled)
+        return sampled
+
     index = NgramIndex(context)
-    last = context[-1]
+    last = context[-1]  # the newest token, not fed yet
     produced = 0
+    ahead = 0  # positions the cache holds beyond the context before the last token yielded
+    shadow: tuple[int, list[int], int] | None = None  # (n, drafts, matched): a round not run
+    mark = time.perf_counter()  # when the last step (or the prefill) ended
+
+    def timed(round_: bool) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        if pace is not None:
+            pace.timed(round_, now - mark)
+        mark = now
+
+    def follow(token: int) -> None:
+        """A plain step's token, checked against the drafts of the round not run."""
+        nonlocal shadow
+        if shadow is None or pace is None:
+            return
+        n, drafts, matched = shadow
+        if token == drafts[matched]:
+            matched += 1
+            if matched < len(drafts):
+                shadow = (n, drafts, matched)
+                return
+        pace.observe(n, matched + 1)  # a round emits its agreed drafts and one more
+        shadow = None
+
     with mx.stream(generation_stream):
         prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
-        while produced < max_tokens:
-            # Leave room for the target's own token after the drafts.
-            drafts = index.propose(min(max_draft, max_tokens - produced - 1))
-            logits = model(mx.array([last, *drafts], mx.uint32)[None], cache=cache)[0]
-            if quantize is not None:
-                quantize(cache)
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            chosen: list[int] = sampler(logprobs).tolist()
-            accepted = 0
-            while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
-                accepted += 1
-            # The cache now holds the last token and every draft: drop the rejected ones.
-            trim_prompt_cache(cache, len(drafts) - accepted)
-            for i, token in enumerate(chosen[: accepted + 1]):
-                index.append(token)
-                produced += 1
-                yield token, len(drafts) if i == 0 else 0, i < accepted
-            last = chosen[accepted]
+        mark = time.perf_counter()
+        try:
+            while produced < max_tokens:
+                # Leave room for the model's own token after the drafts.
+                n, drafts = index.match(min(max_draft, max_tokens - produced - 1))
+                if drafts and (pace is None or pace.worth(n)):
+                    shadow = None
+                    chosen: list[int] = sampler(forward([last, *drafts])).tolist()
+                    accepted = 0
+                    while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
+                        accepted += 1
+                    # The cache now holds the last token and every draft: drop the rejected.
+                    trim_prompt_cache(cache, len(drafts) - accepted)
+                    timed(True)
+                    if pace is not None:
+                        pace.observe(n, accepted + 1)
+                    for i, token in enumerate(chosen[: accepted + 1]):
+                        index.append(token)
+                        produced += 1
+                        ahead = accepted - i  # the kept drafts from this one on
+                        yield token, len(drafts) if i == 0 else 0, i < accepted
+                    last = chosen[accepted]
+                    continue
+                if drafts and shadow is None:
+                    shadow = (n, drafts, 0)
+                # Plain steps, each started before the last one's token is read, until
+                # the context has a match worth a round.
+                pending = plain_step([last])
+                while True:
+                    following = None
+                    if produced + 1 < max_tokens:
+                        following = plain_step(pending)
+                    ahead = int(following is not None)  # it fed ``token``
+                    token = int(pending.item())
+                    timed(False)
+                    follow(token)
+                    index.append(token)
+                    produced += 1
+                    yield token, 0, False
+                    if following is None:
+                        return
+                    n, drafts = index.match(min(max_draft, max_tokens - produced - 1))
+                    if drafts and (pace is None or pace.worth(n)):
+                        # The step in flight fed ``token``; its pick opens the next round.
+                        last, ahead = int(following.item()), 0
+                        timed(False)
+                        follow(last)
+                        index.append(last)
+                        produced += 1
+                        yield last, 0, False
+                        break
+                    if drafts and shadow is None:
+                        shadow = (n, drafts, 0)
+                    pending = following
+        finally:
+            if ahead:
+                trim_prompt_cache(cache, ahead)
 
 
 def draft_model_steps(

@@ -6,6 +6,9 @@ import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
+# Which steps draft must not depend on the machine's speed (see conftest).
+pytestmark = pytest.mark.usefixtures("lookup_rounds")
+
 ARGS = ["run", "tiny", "Repeat: the lazy dog, the lazy dog", "-t", "0", "-m", "24"]
 
 

@@ -65,7 +65,7 @@ def check_proposals(target: str, draft: str) -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlx_integrations.engine import batch_draft
-    from mlx_integrations.engine.batch_spec import StepPace
+    from mlx_integrations.engine.step_pace import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
     model, _ = mlx_lm.load(draft)

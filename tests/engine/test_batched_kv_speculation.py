@@ -67,8 +67,9 @@ async def replies(target: str | Path, bits: int, lookup: int, max_tokens: int):
 def check_exact(target: str, bits: int) -> None:
     """Lookup on and off give the same greedy tokens; wide steps ran on quantized rows."""
     from mlx_integrations.engine import batch_spec
+    from mlx_integrations.engine.step_pace import StepPace
 
-    batch_spec.StepPace.wide = lambda self: True  # type: ignore[method-assign]
+    StepPace.wide = lambda self: True  # type: ignore[method-assign]
     roll_back, kinds = batch_spec.roll_back_rows, set()
 
     def seen(cache, drop):

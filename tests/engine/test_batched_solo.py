@@ -18,6 +18,9 @@ from mlx_integrations.engine.solo import SoloDecode
 from tests.support.event_loop import wait_until
 from tests.support.prompts import CHAT_PROMPTS
 
+# Which steps draft must not depend on the machine's speed (see conftest).
+pytestmark = pytest.mark.usefixtures("lookup_rounds")
+
 PROMPTS = CHAT_PROMPTS
 
 

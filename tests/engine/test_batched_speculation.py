@@ -164,7 +164,7 @@ def check_wide_step(target: str) -> None:
 def check_shared_batch(target: str, draft: str) -> None:
     """Greedy tokens of requests sharing a batch, speculation off, by prompt lookup and
     by a draft model (every step that can draft goes wide, as with ``batch_accepted``)."""
-    from mlx_integrations.engine.batch_spec import StepPace
+    from mlx_integrations.engine.step_pace import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
 
@@ -395,7 +395,7 @@ async def test_the_batch_cache_stays_as_long_as_its_longest_row(
 
 
 def test_the_pace_goes_the_faster_way_and_probes_the_other():
-    from mlx_integrations.engine.batch_spec import StepPace
+    from mlx_integrations.engine.step_pace import StepPace
 
     def run(pace: StepPace, steps: int, tokens: dict[bool, int], seconds: float) -> list[bool]:
         kinds = []
@@ -417,7 +417,7 @@ def test_the_pace_goes_the_faster_way_and_probes_the_other():
 
 
 def test_the_pace_keeps_costly_probes_to_a_small_share_of_the_time():
-    from mlx_integrations.engine.batch_spec import StepPace
+    from mlx_integrations.engine.step_pace import StepPace
 
     # A wide step takes 20 times a plain one and emits 3 times its tokens (a draft model
     # as large as the model): wide loses, and its probes must stay rare.
@@ -432,7 +432,7 @@ def test_the_pace_keeps_costly_probes_to_a_small_share_of_the_time():
 
 
 def test_the_pace_measures_steps_that_can_draft_only_every_other_step():
-    from mlx_integrations.engine.batch_spec import StepPace
+    from mlx_integrations.engine.step_pace import StepPace
 
     # Rows have n-gram matches on every other step, so no two wide steps are adjacent;
     # a wide step emits 3 tokens in 1 s, a plain one 4 tokens in 10 ms.

@@ -22,10 +22,14 @@ from tests.support.pool_keys import assert_pool_keys_by
 from tests.support.prompts import CHAT_PROMPTS
 from tests.support.tiny_models import build_tiny_model
 
-pytestmark = pytest.mark.skipif(
-    quantized_attention_error("float32", 64, 8, 64) is not None,
-    reason="this MLX backend has no kernel for attention over a quantized KV cache",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        quantized_attention_error("float32", 64, 8, 64) is not None,
+        reason="this MLX backend has no kernel for attention over a quantized KV cache",
+    ),
+    # Which steps draft must not depend on the machine's speed (see conftest).
+    pytest.mark.usefixtures("lookup_rounds"),
+]
 
 PROMPTS = CHAT_PROMPTS
 HISTORY = [

@@ -15,6 +15,9 @@ from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from tests.support.pool_keys import assert_pool_keys_by
 from tests.support.tiny_models import build_tiny_model
 
+# Which steps draft must not depend on the machine's speed (see conftest).
+pytestmark = pytest.mark.usefixtures("lookup_rounds")
+
 PROMPTS = [
     [{"role": "user", "content": "What is the weather in Paris?"}],
     [

@@ -13,6 +13,9 @@ from mlx_integrations.langchain import ChatMLX
 from mlx_integrations.llama_index import MLXLLM
 from tests.support.tiny_models import cached_tiny_model
 
+# Which steps draft must not depend on the machine's speed (see conftest).
+pytestmark = pytest.mark.usefixtures("lookup_rounds")
+
 QUOTE = (
     "Repeat exactly: the red fox jumps over the lazy dog. the red fox jumps over the "
     "lazy dog. the red fox jumps over the lazy dog."

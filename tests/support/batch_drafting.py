@@ -21,7 +21,8 @@ class WideSteps:
 
 
 def record_wide_steps(monkeypatch: pytest.MonkeyPatch) -> WideSteps:
-    from mlx_integrations.engine.batch_spec import BatchSpeculation, StepPace
+    from mlx_integrations.engine.batch_spec import BatchSpeculation
+    from mlx_integrations.engine.step_pace import StepPace
 
     monkeypatch.setattr(StepPace, "wide", lambda self: True)
     steps = WideSteps()

@@ -1,0 +1,132 @@
+"""Which kind of decode step emits tokens faster here: wide (drafts verified) or plain.
+
+Speculation pays only where a verification pass over several positions costs less than
+the tokens it gains: on a GPU, where a step's time is mostly fixed host work, it usually
+does; on a CPU with a small model, where the cost grows with the tokens fed, it often
+does not. ``BatchedEngine``'s shared batch asks a :class:`StepPace` before a step
+that could draft; a request decoding alone with prompt lookup asks a
+:class:`LookupPace`, which also weighs how far the match it would draft from has been
+followed.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class StepPace:
+    """Which kind of step emits tokens faster on this machine and model: wide or plain.
+
+    A wide step feeds every row several positions; where the model's cost grows with
+    the tokens fed (a small model on the CPU), it can emit fewer tokens per second
+    than plain steps do despite accepted drafts. Each kind's tokens per second is a
+    moving average over runs of its own steps (the first step of a run is timed only
+    while its kind has no figure yet: it pays for, or skips, the other kind's pipelined
+    work, but where steps that can draft never come two in a row it is the only
+    measure there is). Steps that could draft go
+    the faster way; every ``probe_every`` of them (times the lead's ratio, up to 8),
+    the other kind runs ``run`` steps to measure it again, and no more often than keeps
+    the probes' time under ``probe_share`` of the time: where a slower step costs much
+    more than a faster one (a draft model as large as the model, a wide step on the
+    CPU), probes come rarer still. Only the choice depends on timing, never a token.
+    """
+
+    def __init__(self, probe_every: int = 32, run: int = 3, probe_share: float = 0.05):
+        self.rate: dict[bool, float | None] = {False: None, True: None}
+        self.step_s: dict[bool, float | None] = {False: None, True: None}
+        """Each kind's seconds per step (moving average)."""
+        self._probe_share = probe_share
+        self._probe_every, self._run = probe_every, run
+        self._probe_left = 0
+        self._since_probe = 0
+        self._last: bool | None = None
+        self._probe = False
+
+    def wide(self) -> bool:
+        """Whether a step where enough rows have drafts goes wide."""
+        if self._probe_left > 0:
+            self._probe_left -= 1
+            return self._probe
+        plain, wide = self.rate[False], self.rate[True]
+        if wide is None or plain is None:
+            return wide is None  # measure wide steps first, then plain ones
+        best = wide >= plain
+        # The clearer the lead, the rarer the probes (up to 8 times rarer).
+        lead = max(wide, plain) / max(min(wide, plain), 1e-9)
+        every = self._probe_every * min(8, max(1, round(lead)))
+        # A run of probes costs about run * (its step time) of the way not taken.
+        probe_s, step_s = self.step_s[not best], self.step_s[best]
+        if probe_s is not None and step_s is not None:
+            every = max(
+                every, math.ceil(self._run * probe_s / self._probe_share / max(step_s, 1e-9))
+            )
+        self._since_probe += 1
+        if self._since_probe > every:
+            self._since_probe, self._probe_left, self._probe = 0, self._run - 1, not best
+            return not best
+        return best
+
+    def record(self, wide: bool, tokens: int, seconds: float) -> None:
+        """A step of the given kind emitted ``tokens`` in ``seconds``."""
+        if seconds > 0 and (self._last == wide or self.rate[wide] is None):
+            old, now = self.rate[wide], tokens / seconds
+            self.rate[wide] = now if old is None else old + 0.25 * (now - old)
+            took = self.step_s[wide]
+            self.step_s[wide] = seconds if took is None else took + 0.25 * (seconds - took)
+        self._last = wide
+
+
+class LookupPace:
+    """Whether a prompt-lookup round pays for a request decoding alone.
+
+    A round verifies ``[last token, drafts...]`` in one forward pass and emits the
+    drafts the model agrees with plus its own next token; it is one host sync, while
+    plain steps are pipelined. So a round pays when the tokens it is expected to emit
+    outnumber the plain steps that take as long as it does: ``expected > round_s /
+    step_s``. The expectation is kept per length of the n-gram the drafts follow (a
+    3-token match in a quoted passage is followed far more often than a 1-token one in
+    free text), as a moving average over real rounds and over *shadow* rounds: while
+    decoding plainly, the drafts a round would have verified are compared with the
+    tokens the model then picks, at no cost, so the figure stays current where rounds
+    are not run. Seconds per round and per plain step are moving averages of timed
+    ones. Only the choice depends on timing, never a token.
+    """
+
+    def __init__(self, weight: float = 0.3):
+        self._weight = weight
+        self.expected: dict[int, float] = {}
+        """n-gram length -> tokens a round drafting from such a match emits (average)."""
+        self.round_s: float | None = None
+        self.step_s: float | None = None
+        self._last_kind: bool | None = None  # whether the last timed step was a round
+
+    def worth(self, n: int) -> bool:
+        """Whether to verify drafts that follow an ``n``-token match now."""
+        if self.round_s is None:
+            return True  # measure a round first
+        if self.step_s is None:
+            return False  # then a plain step
+        expected = self.expected.get(n)
+        return expected is None or expected * self.step_s > self.round_s
+
+    def observe(self, n: int, emitted: int) -> None:
+        """A round drafting from an ``n``-token match emitted (or would have) ``emitted``."""
+        old = self.expected.get(n)
+        self.expected[n] = emitted if old is None else old + self._weight * (emitted - old)
+
+    def timed(self, round_: bool, seconds: float) -> None:
+        """A round (or a plain step) took ``seconds``, from the end of the one before.
+
+        The first plain step after a round is not pipelined (nothing ran ahead of it):
+        it counts only while plain steps have no figure yet.
+        """
+        first_plain = not round_ and self._last_kind is True
+        self._last_kind = round_
+        if seconds <= 0 or (first_plain and self.step_s is not None):
+            return
+        old = self.round_s if round_ else self.step_s
+        new = seconds if old is None else old + 0.25 * (seconds - old)
+        if round_:
+            self.round_s = new
+        else:
+            self.step_s = new

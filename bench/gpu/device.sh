@@ -75,7 +75,7 @@ while [ $# -gt 0 ]; do
         ls -la "$MLXI_TEST_CACHE"
         ;;
     doctor)
-        $python -m mlx_integrations.cli.main doctor --json | tee "$OUT/doctor.json" || true
+        $python -m mlx_integrations.cli doctor --json | tee "$OUT/doctor.json" || true
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/nvidia-smi.csv" || true
         ;;
     test)

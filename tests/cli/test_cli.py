@@ -225,6 +225,13 @@ def test_help_imports_no_heavy_module():
     assert out.stdout.strip() == ""
 
 
+def test_python_dash_m_runs_the_command(env):
+    """Where no ``mlxi`` script is on the PATH (a --target install), ``python -m`` runs it."""
+    args = [sys.executable, "-m", "mlx_integrations.cli", "doctor", "--json"]
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["store"] == env["MLXI_HOME"]
+
+
 def test_version_and_doctor(env):
     assert mlxi("--version").stdout.startswith("mlxi ")
     doctor = ok_json("doctor")

@@ -6,7 +6,8 @@ with 16 rows than with 20 (0.3.21 on AVX-512, hidden 64: about 6e-7), so a step 
 feeds several positions per row gives logits that differ from one-position steps in
 the last bits, and greedy tokens stay equal only while no two top logits are that
 close. The reference BLAS accumulates each output over K in order whatever the shape,
-so there such equalities must hold bit for bit.
+so there such equalities must hold bit for bit. The child runs on MLX's CPU device on a
+GPU machine too: GPU kernels pick their tiling by shape as OpenBLAS does.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from pathlib import Path
 
 def in_reference_blas(module: str, call: str) -> None:
     """Run ``call`` (an expression over the names of test module ``module``, e.g.
-    ``"tests.engine.test_x"``) in a child process with OpenBLAS off; fail with its
-    error output if it raises."""
+    ``"tests.engine.test_x"``) in a child process on the CPU with OpenBLAS off; fail
+    with its error output if it raises."""
     root = Path(__file__).resolve().parents[2]
     code = (
         "from mlx_integrations import runtime; assert runtime._preloaded is None; "
+        # Before mlx_lm makes its generation stream on the default device.
+        "import mlx.core as mx; mx.set_default_device(mx.cpu); "
         f"from {module} import *; {call}"
     )
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))

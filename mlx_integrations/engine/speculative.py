@@ -163,10 +163,11 @@ def prompt_lookup_steps(
     Where the context has a match, a round verifies ``[last token, drafts...]`` in one
     forward pass. Elsewhere the loop decodes as mlx-lm's does, one token a step, each
     step started before the previous token is read, so the host builds the next step
-    while the device computes this one. ``pace`` tells whether a round pays for the
-    match at hand (:class:`~.step_pace.LookupPace`); None drafts wherever a match
-    exists, so which steps draft depends on the tokens alone (a seeded request's draws
-    are reproducible).
+    while the device computes this one; where a match turns up there, the step already
+    running checks its first draft, and a round verifies the rest. ``pace`` tells
+    whether a round pays for the match at hand (:class:`~.step_pace.LookupPace`); None
+    drafts wherever a match exists, so which steps draft depends on the tokens alone (a
+    seeded request's draws are reproducible).
 
     On close, ``cache`` holds the context but the last token yielded (positions fed
     beyond it, by a step whose pick is unread or by drafts kept but not yet yielded,
@@ -207,84 +208,108 @@ def prompt_lookup_steps(
     last = context[-1]  # the newest token, not fed yet
     produced = 0
     ahead = 0  # positions the cache holds beyond the context before the last token yielded
-    shadow: tuple[int, list[int], int] | None = None  # (n, drafts, matched): a round not run
+    # A round not run, followed over the tokens that come: (n, drafts, agreed so far).
+    shadow: tuple[int, list[int], int] | None = None
     mark = time.perf_counter()  # when the last step (or the prefill) ended
 
-    def timed(round_: bool) -> None:
+    def match() -> tuple[int, list[int], bool]:
+        """The drafts after the context, their n-gram's length, and whether the
+        tokens left did not cut them (only such rounds tell how far a match is
+        followed)."""
+        room = min(max_draft, max_tokens - produced - 1)  # the model's token comes after
+        n, drafts = index.match(room)
+        return n, drafts, room == max_draft
+
+    def timed(kind: str) -> None:
         nonlocal mark
         now = time.perf_counter()
         if pace is not None:
-            pace.timed(round_, now - mark)
+            pace.timed(kind, now - mark)
         mark = now
 
+    def observe(n: int, emitted: int, full: bool) -> None:
+        if pace is not None and full:
+            pace.observe(n, emitted)
+
     def follow(token: int) -> None:
-        """A plain step's token, checked against the drafts of the round not run."""
+        """A token the model picked, checked against the drafts of the round not run."""
         nonlocal shadow
-        if shadow is None or pace is None:
+        if shadow is None:
             return
-        n, drafts, matched = shadow
-        if token == drafts[matched]:
-            matched += 1
-            if matched < len(drafts):
-                shadow = (n, drafts, matched)
+        n, drafts, agreed = shadow
+        if token == drafts[agreed]:
+            agreed += 1
+            if agreed < len(drafts):
+                shadow = (n, drafts, agreed)
                 return
-        pace.observe(n, matched + 1)  # a round emits its agreed drafts and one more
+        observe(n, agreed + 1, True)  # a round emits its agreed drafts and one more
         shadow = None
 
     with mx.stream(generation_stream):
         prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
         mark = time.perf_counter()
         try:
+            # A round whose first draft the step in flight confirmed: (n, rest, full).
+            opened: tuple[int, list[int], bool] | None = None
             while produced < max_tokens:
-                # Leave room for the model's own token after the drafts.
-                n, drafts = index.match(min(max_draft, max_tokens - produced - 1))
-                if drafts and (pace is None or pace.worth(n)):
-                    shadow = None
+                kept = 0
+                if opened is not None:
+                    (n, drafts, full), opened, kept = opened, None, 1
+                else:
+                    n, drafts, full = match()
+                    if drafts and not (pace is None or pace.worth(n)):
+                        if shadow is None and full:
+                            shadow = (n, drafts, 0)
+                        drafts = []
+                if drafts or kept:
                     chosen: list[int] = sampler(forward([last, *drafts])).tolist()
                     accepted = 0
                     while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
                         accepted += 1
                     # The cache now holds the last token and every draft: drop the rejected.
                     trim_prompt_cache(cache, len(drafts) - accepted)
-                    timed(True)
-                    if pace is not None:
-                        pace.observe(n, accepted + 1)
+                    timed("round" if drafts else "step")
+                    observe(n, kept + accepted + 1, full)
                     for i, token in enumerate(chosen[: accepted + 1]):
+                        follow(token)
                         index.append(token)
                         produced += 1
                         ahead = accepted - i  # the kept drafts from this one on
-                        yield token, len(drafts) if i == 0 else 0, i < accepted
+                        yield token, len(drafts) if i == 0 and not kept else 0, i < accepted
                     last = chosen[accepted]
                     continue
-                if drafts and shadow is None:
-                    shadow = (n, drafts, 0)
-                # Plain steps, each started before the last one's token is read, until
-                # the context has a match worth a round.
-                pending = plain_step([last])
+                # Plain steps, each started before the last one's token is read.
+                pending, pipelined = plain_step([last]), False
                 while True:
                     following = None
                     if produced + 1 < max_tokens:
                         following = plain_step(pending)
                     ahead = int(following is not None)  # it fed ``token``
                     token = int(pending.item())
-                    timed(False)
+                    timed("pipelined" if pipelined else "step")
+                    pipelined = True
                     follow(token)
                     index.append(token)
                     produced += 1
                     yield token, 0, False
                     if following is None:
                         return
-                    n, drafts = index.match(min(max_draft, max_tokens - produced - 1))
+                    n, drafts, full = match()
                     if drafts and (pace is None or pace.worth(n)):
-                        # The step in flight fed ``token``; its pick opens the next round.
+                        # The step in flight picks the token the first draft guesses.
                         last, ahead = int(following.item()), 0
-                        timed(False)
+                        timed("pipelined")
                         follow(last)
                         index.append(last)
                         produced += 1
-                        yield last, 0, False
+                        if last == drafts[0]:
+                            opened = (n, drafts[1:], full)  # a round verifies the rest
+                            yield last, len(drafts), True
+                        else:
+                            observe(n, 1, full)
+                            yield last, 1, False
                         break
-                    if drafts and shadow is None:
+                    if drafts and shadow is None and full:
                         shadow = (n, drafts, 0)
                     pending = following
         finally:

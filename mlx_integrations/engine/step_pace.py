@@ -88,17 +88,22 @@ class LookupPace:
     free text), as a moving average over real rounds and over *shadow* rounds: while
     decoding plainly, the drafts a round would have verified are compared with the
     tokens the model then picks, at no cost, so the figure stays current where rounds
-    are not run. Seconds per round and per plain step are moving averages of timed
-    ones. Only the choice depends on timing, never a token.
+    are not run. Seconds per round and per pipelined plain step are moving averages of
+    timed ones, each from the end of the step before (so the caller's handling of the
+    tokens in between is counted too). After ``probe_every`` declined matches in a
+    row a round runs anyway, so that one round timed in a busy moment cannot rule
+    rounds out for good. Only the choice depends on timing, never a token.
     """
 
-    def __init__(self, weight: float = 0.3):
+    def __init__(self, weight: float = 0.3, probe_every: int = 64):
         self._weight = weight
+        self._probe_every = probe_every
         self.expected: dict[int, float] = {}
         """n-gram length -> tokens a round drafting from such a match emits (average)."""
         self.round_s: float | None = None
         self.step_s: float | None = None
-        self._last_kind: bool | None = None  # whether the last timed step was a round
+        """Seconds per pipelined plain step."""
+        self._declined = 0
 
     def worth(self, n: int) -> bool:
         """Whether to verify drafts that follow an ``n``-token match now."""
@@ -107,26 +112,29 @@ class LookupPace:
         if self.step_s is None:
             return False  # then a plain step
         expected = self.expected.get(n)
-        return expected is None or expected * self.step_s > self.round_s
+        if expected is None or expected * self.step_s > self.round_s:
+            self._declined = 0
+            return True
+        self._declined += 1
+        if self._declined >= self._probe_every:
+            self._declined = 0
+            return True
+        return False
 
     def observe(self, n: int, emitted: int) -> None:
         """A round drafting from an ``n``-token match emitted (or would have) ``emitted``."""
         old = self.expected.get(n)
         self.expected[n] = emitted if old is None else old + self._weight * (emitted - old)
 
-    def timed(self, round_: bool, seconds: float) -> None:
-        """A round (or a plain step) took ``seconds``, from the end of the one before.
-
-        The first plain step after a round is not pipelined (nothing ran ahead of it):
-        it counts only while plain steps have no figure yet.
-        """
-        first_plain = not round_ and self._last_kind is True
-        self._last_kind = round_
-        if seconds <= 0 or (first_plain and self.step_s is not None):
+    def timed(self, kind: str, seconds: float) -> None:
+        """A step took ``seconds``: ``"round"``, ``"pipelined"`` (a plain step started
+        before the one before it was read) or ``"step"`` (a plain step nothing ran
+        ahead of, which counts only while pipelined ones have no figure yet)."""
+        if seconds <= 0 or (kind == "step" and self.step_s is not None):
             return
-        old = self.round_s if round_ else self.step_s
-        new = seconds if old is None else old + 0.25 * (seconds - old)
-        if round_:
-            self.round_s = new
+        if kind == "round":
+            old = self.round_s
+            self.round_s = seconds if old is None else old + 0.25 * (seconds - old)
         else:
-            self.step_s = new
+            old = self.step_s
+            self.step_s = seconds if old is None else old + 0.25 * (seconds - old)

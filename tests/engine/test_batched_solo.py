@@ -65,6 +65,9 @@ def handoffs_match_alone(model: Any, prompt: list[int], n: int, turns: range, **
         run, tokens = fresh(), []
         for _ in range(stop_after):
             tokens += [token for token, _, _ in run.step()]
+        if len(tokens) >= n:  # it ended alone, in fewer turns
+            assert tokens[:n] == reference, stop_after
+            continue
         steps, rest, cached = run.handoff()
         tokens += [token for token, _, _ in steps]
         assert cached + rest == prompt + tokens  # nothing lost, nothing repeated

@@ -1,8 +1,9 @@
 """What the rows of ``BatchedEngine``'s shared batch drafted, step by step.
 
-:func:`record_wide_steps` makes every step where enough rows can draft go wide (else
-``StepPace`` picks the kind of step by timing, and which steps draft would depend on the
-machine's speed) and records, for each wide step, the drafts each row kept or cut.
+:func:`record_wide_steps` makes every step where enough rows can draft go wide, and a
+row left alone draft wherever its context has a match (else ``StepPace`` and
+``LookupPace`` pick by timing, and which steps draft would depend on the machine's
+speed), and records, for each wide step, the drafts each row kept or cut.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ class WideSteps:
 
 def record_wide_steps(monkeypatch: pytest.MonkeyPatch) -> WideSteps:
     from mlx_integrations.engine.batch_spec import BatchSpeculation
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.step_pace import LookupPace, StepPace
 
     monkeypatch.setattr(StepPace, "wide", lambda self: True)
+    # A row left alone drafts by its own pace: wherever its context has a match.
+    monkeypatch.setattr(LookupPace, "worth", lambda self, n: True)
     steps = WideSteps()
     verify = BatchSpeculation._verify
 

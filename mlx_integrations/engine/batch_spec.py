@@ -163,8 +163,7 @@ class BatchSpeculation:
         engine's options ask for (``speculation_off_requests`` counts them)."""
         if self._speculation == "off":
             return False
-        seeded = p.seed is not None and p.temperature > 0
-        return not self.max_draft or constrained or seeded or not self.fits(model)
+        return not self.max_draft or constrained or p.seeded_sampling or not self.fits(model)
 
     # ------------------------------------------------------- a step
 

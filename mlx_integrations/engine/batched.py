@@ -440,8 +440,6 @@ class BatchedEngine(MLXEngine):
         from mlx_lm.sample_utils import make_sampler
 
         trim, opts = can_trim_prompt_cache(cache), self._options
-        p = act.job.params
-        seeded = p.seed is not None and p.temperature > 0  # drafts by its tokens alone
         draft, fed = None, 0
         if trim and self._draft.model is not None and not fresh:
             draft, fed = self._draft.cache.take_shared(self._draft.model, context[:-1])
@@ -458,7 +456,7 @@ class BatchedEngine(MLXEngine):
             num_draft_tokens=opts.num_draft_tokens,
             draft_cache=draft,
             draft_fed=fed,
-            pace=None if seeded else self._solo_pace,
+            pace=None if act.job.params.seeded_sampling else self._solo_pace,
         )
 
     def _solo_step(self) -> None:

@@ -53,6 +53,12 @@ class SamplingParams:
     logits_processors: list[Callable[..., Any]] = field(default_factory=list)
     request_id: str = ""
 
+    @property
+    def seeded_sampling(self) -> bool:
+        """Sampling with a seed: its draws must depend on its tokens alone (never on
+        timing or on the requests beside it), so speculation adapts nothing to it."""
+        return self.seed is not None and self.temperature > 0
+
 
 def _number(name: str, value: Any) -> float:
     """A finite real number; inf and nan are refused (they make sampling meaningless)."""

@@ -317,8 +317,7 @@ class SimpleEngine(MLXEngine):
                 cache,
                 max_draft=opts.prompt_lookup,
                 quantize=self._quantize(),
-                # A seeded sampled request drafts by its tokens alone, never by timing.
-                pace=None if p.seed is not None and p.temperature > 0 else self._pace,
+                pace=None if p.seeded_sampling else self._pace,
                 **limits,
             )
             return steps, None

@@ -17,7 +17,7 @@ import pytest
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.speculative import prompt_lookup_steps
 from mlx_integrations.engine.step_pace import LookupPace
-from tests.support.prompts import CHAT_PROMPTS, conversation
+from tests.support.prompts import CHAT_PROMPTS, RAG_MESSAGES, conversation
 
 
 class ScriptedPace(LookupPace):
@@ -319,29 +319,16 @@ async def test_smollm2_drafts_where_its_reply_quotes_and_hardly_elsewhere(
     monkeypatch.setattr(
         LookupPace, "timed", lambda self, round_, s: timed(self, round_, 2.0 if round_ else 1.0)
     )
-    passage = (
-        "The Great Barrier Reef is the world's largest coral reef system, composed of over "
-        "2,900 individual reefs and 900 islands stretching for over 2,300 kilometres over an "
-        "area of approximately 344,400 square kilometres. The reef is located in the Coral "
-        "Sea, off the coast of Queensland, Australia."
-    )
-    quote = [
-        {"role": "system", "content": "You answer from the given passage only."},
-        {
-            "role": "user",
-            "content": f"Passage:\n{passage}\n\nQuote the passage above word for word, then stop.",
-        },
-    ]
     story = [{"role": "user", "content": "Write a short story about a dragon who bakes bread."}]
     plain = SimpleEngine(smollm2_path, cache_memory_mb=0)
     fast = SimpleEngine(smollm2_path, cache_memory_mb=0, prompt_lookup=8)
     try:
-        for messages in (quote, story):
+        for messages in (RAG_MESSAGES, story):
             ref = await plain.chat(messages, max_tokens=60, temperature=0)
             out = await fast.chat(messages, max_tokens=60, temperature=0)
             assert out.tokens == ref.tokens
-            if messages is quote:
-                assert out.mtp_accepted >= 0.8 * out.mtp_drafts
+            if messages is RAG_MESSAGES:
+                assert out.mtp_accepted >= 0.7 * out.mtp_drafts
                 assert out.mtp_accepted >= 0.5 * out.completion_tokens, out.text
             else:
                 assert out.mtp_drafts <= 4 * 8, out.text  # a few measuring rounds

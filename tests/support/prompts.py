@@ -23,3 +23,23 @@ def conversation(reply: str) -> list[dict[str, str]]:
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "Again."},
     ]
+
+
+PASSAGE = (
+    "The Great Barrier Reef is the world's largest coral reef system, composed of over "
+    "2,900 individual reefs and 900 islands stretching for over 2,300 kilometres over an "
+    "area of approximately 344,400 square kilometres. The reef is located in the Coral "
+    "Sea, off the coast of Queensland, Australia. It can be seen from outer space and is "
+    "the world's biggest single structure made by living organisms. This reef structure "
+    "is composed of and built by billions of tiny organisms, known as coral polyps. It "
+    "supports a wide diversity of life and was selected as a World Heritage Site in 1981."
+)
+RAG_MESSAGES = [
+    {"role": "system", "content": "You answer from the given passage only."},
+    {
+        "role": "user",
+        "content": f"Passage:\n{PASSAGE}\n\nQuote the passage above word for word, then stop.",
+    },
+]
+"""A passage and the request to quote it: SmolLM2-135M-Instruct quotes it word for word,
+so prompt lookup drafts most of the reply."""

@@ -23,10 +23,10 @@ runs beside it. It is fed its pending token alone in a speculative step, its
 processors run on that position exactly as in mlx-lm's step.
 
 A step speculates only when at least half the rows can draft and wide steps have been
-emitting tokens faster than plain ones (:class:`~.step_pace.StepPace`); otherwise (and always for
-models whose batch cache is neither a plain ``BatchKVCache`` nor the quantized one of
-:mod:`.batch_kv`: sliding windows, state-space layers) the batch runs mlx-lm's own
-step, untouched. Owner thread only.
+emitting tokens faster than plain ones (:class:`~.step_pace.StepPace`); otherwise (and
+always for models whose batch cache is neither a plain ``BatchKVCache`` nor the
+quantized one of :mod:`.batch_kv`: sliding windows, state-space layers) the batch runs
+mlx-lm's own step, untouched. Owner thread only.
 """
 
 from __future__ import annotations

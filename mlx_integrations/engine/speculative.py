@@ -32,7 +32,7 @@ from typing import Any
 
 from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
 from mlx_integrations.engine.prefix_cache import cache_offset, common_prefix_len
-from mlx_integrations.engine.step_pace import LookupPace
+from mlx_integrations.engine.step_pace import LookupPace, StepKind
 
 Step = tuple[int, int, bool]
 """``(token, tokens drafted for the round this token opens, accepted draft)``."""
@@ -220,7 +220,7 @@ def prompt_lookup_steps(
         n, drafts = index.match(room)
         return n, drafts, room == max_draft
 
-    def timed(kind: str) -> None:
+    def timed(kind: StepKind) -> None:
         nonlocal mark
         now = time.perf_counter()
         if pace is not None:
@@ -230,6 +230,12 @@ def prompt_lookup_steps(
     def observe(n: int, emitted: int, full: bool) -> None:
         if pace is not None and full:
             pace.observe(n, emitted)
+
+    def skipped(n: int, drafts: list[int], full: bool) -> None:
+        """A match the pace declined: follow its drafts, unless one is followed already."""
+        nonlocal shadow
+        if drafts and shadow is None and full:
+            shadow = (n, drafts, 0)
 
     def follow(token: int) -> None:
         """A token the model picked, checked against the drafts of the round not run."""
@@ -258,8 +264,7 @@ def prompt_lookup_steps(
                 else:
                     n, drafts, full = match()
                     if drafts and not (pace is None or pace.worth(n)):
-                        if shadow is None and full:
-                            shadow = (n, drafts, 0)
+                        skipped(n, drafts, full)
                         drafts = []
                 if drafts or kept:
                     chosen: list[int] = sampler(forward([last, *drafts])).tolist()
@@ -309,8 +314,7 @@ def prompt_lookup_steps(
                             observe(n, 1, full)
                             yield last, 1, False
                         break
-                    if drafts and shadow is None and full:
-                        shadow = (n, drafts, 0)
+                    skipped(n, drafts, full)
                     pending = following
         finally:
             if ahead:

@@ -12,6 +12,16 @@ followed.
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+StepKind = Literal["round", "pipelined", "step"]
+"""A timed step of a request alone: a verification round, a plain step started before
+the one before it was read, or a plain step nothing ran ahead of."""
+
+
+def _average(old: float | None, new: float, weight: float = 0.25) -> float:
+    """A moving average: ``new`` alone while there is none yet."""
+    return new if old is None else old + weight * (new - old)
 
 
 class StepPace:
@@ -69,10 +79,8 @@ class StepPace:
     def record(self, wide: bool, tokens: int, seconds: float) -> None:
         """A step of the given kind emitted ``tokens`` in ``seconds``."""
         if seconds > 0 and (self._last == wide or self.rate[wide] is None):
-            old, now = self.rate[wide], tokens / seconds
-            self.rate[wide] = now if old is None else old + 0.25 * (now - old)
-            took = self.step_s[wide]
-            self.step_s[wide] = seconds if took is None else took + 0.25 * (seconds - took)
+            self.rate[wide] = _average(self.rate[wide], tokens / seconds)
+            self.step_s[wide] = _average(self.step_s[wide], seconds)
         self._last = wide
 
 
@@ -123,18 +131,15 @@ class LookupPace:
 
     def observe(self, n: int, emitted: int) -> None:
         """A round drafting from an ``n``-token match emitted (or would have) ``emitted``."""
-        old = self.expected.get(n)
-        self.expected[n] = emitted if old is None else old + self._weight * (emitted - old)
+        self.expected[n] = _average(self.expected.get(n), emitted, self._weight)
 
-    def timed(self, kind: str, seconds: float) -> None:
+    def timed(self, kind: StepKind, seconds: float) -> None:
         """A step took ``seconds``: ``"round"``, ``"pipelined"`` (a plain step started
         before the one before it was read) or ``"step"`` (a plain step nothing ran
         ahead of, which counts only while pipelined ones have no figure yet)."""
         if seconds <= 0 or (kind == "step" and self.step_s is not None):
             return
         if kind == "round":
-            old = self.round_s
-            self.round_s = seconds if old is None else old + 0.25 * (seconds - old)
+            self.round_s = _average(self.round_s, seconds)
         else:
-            old = self.step_s
-            self.step_s = seconds if old is None else old + 0.25 * (seconds - old)
+            self.step_s = _average(self.step_s, seconds)

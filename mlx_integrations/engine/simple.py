@@ -20,9 +20,11 @@ from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.prefix_cache import cache_nbytes
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.speculative import (
+    CLEAR_EVERY,
     DraftModel,
     Step,
     draft_model_steps,
+    prefill,
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.stats import ClearStats
@@ -323,12 +325,11 @@ class SimpleEngine(MLXEngine):
             return steps, None
         steps = plain_steps(
             self._model,
-            job.tokens[reused:],
+            job.tokens,
+            len(job.tokens) - reused,
             cache,
             processors=processors,
-            kv_bits=opts.kv_bits,
-            kv_group_size=opts.kv_group_size,
-            quantized_kv_start=opts.quantized_kv_start,
+            quantize=self._quantize(),
             **limits,
         )
         return steps, None
@@ -348,35 +349,76 @@ class SimpleEngine(MLXEngine):
 
 def plain_steps(
     model: Any,
-    tokens: list[int],
+    context: list[int],
+    new_tokens: int,
     cache: list[Any],
     *,
     processors: list[Callable[..., Any]],
     max_tokens: int,
     sampler: Callable[[Any], Any],
     prefill_step_size: int,
-    kv_bits: int | None,
-    kv_group_size: int,
-    quantized_kv_start: int,
+    quantize: Callable[[list[Any]], None] | None = None,
 ) -> Generator[Step, None, None]:
-    """mlx-lm's decode loop over the prompt's new ``tokens``, one step per token."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
+    """Decode one token a step, with the forward passes of mlx-lm's ``generate_step``.
 
-    steps = generate_step(
-        mx.array(tokens),
-        model,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        logits_processors=processors or None,
-        prompt_cache=cache,
-        prefill_step_size=prefill_step_size,
-        kv_bits=kv_bits,
-        kv_group_size=kv_group_size,
-        quantized_kv_start=quantized_kv_start,
-    )
-    try:
-        for token, _ in steps:
-            yield int(token), 0, False
-    finally:
-        steps.close()
+    The same pieces of prompt, the same one-token steps, the same processors and KV
+    quantization, so the tokens are mlx-lm's; each step is started before the previous
+    token is read, so the host builds the next step while the device computes this
+    one. Two things differ: the first token is read and handed out before the second
+    step is started, not after (starting a step, building its graph and launching its
+    kernels, costs the host as long as the step itself where decoding is host-bound,
+    as with small models on a GPU, so the first token comes out a step earlier); and
+    no step is started after the last token, which the cache then does not hold.
+
+    Args:
+        model: The model.
+        context: The whole prompt; its last ``new_tokens`` are not in ``cache`` yet.
+        new_tokens: Prompt tokens left to prefill (at least one).
+        cache: The KV cache holding the rest of the prompt.
+        processors: mlx-lm logits processors, called with the whole context so far
+            (the prompt from its first token, cached or not, then the reply) and the
+            logits, as ``generate_step`` calls them on a prompt it prefills itself.
+        max_tokens: Tokens to generate.
+        sampler: Picks a token from a row of log-probabilities.
+        prefill_step_size: Prompt tokens per forward pass.
+        quantize: Run on ``cache`` after each forward pass (a quantized KV cache).
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    # What processors see: the context up to the token a step feeds, then that token.
+    seen: Any = mx.array(context[:-1], mx.uint32) if processors else None
+
+    def step(fed: Any) -> Any:
+        """Feed one token (maybe still being computed) and start sampling the next."""
+        nonlocal seen
+        logits = model(fed[None], cache=cache)[:, -1, :]
+        if processors:
+            seen = mx.concatenate([seen, fed])
+            for processor in processors:
+                logits = processor(seen, logits)
+        if quantize is not None:
+            quantize(cache)
+        # Over the whole (1, vocabulary) row as mlx-lm writes it: the same kernels.
+        sampled = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        mx.async_eval(sampled)
+        return sampled
+
+    if max_tokens < 1:
+        return
+    with mx.stream(generation_stream):
+        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
+        pending = step(mx.array(context[-1:], mx.uint32))
+        produced = 0
+        while True:
+            # The next step starts before this token is read, but for the first token,
+            # which goes out as soon as it is computed, and the last, never fed back.
+            following = step(pending) if 0 < produced < max_tokens - 1 else None
+            token = int(pending.item())
+            produced += 1
+            yield token, 0, False
+            if produced == max_tokens:
+                return
+            if produced % CLEAR_EVERY == 0:
+                mx.clear_cache()
+            pending = following if following is not None else step(pending)

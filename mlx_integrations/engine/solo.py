@@ -16,15 +16,13 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from mlx_integrations.engine.speculative import (
+    CLEAR_EVERY,
     Step,
     draft_model_steps,
     prefill,
     prompt_lookup_steps,
 )
 from mlx_integrations.engine.step_pace import LookupPace
-
-# Decode steps between two returns of MLX's buffer pool (mlx-lm's generate_step: 256).
-_CLEAR_EVERY = 256
 
 
 class SoloDecode:
@@ -111,11 +109,12 @@ class SoloDecode:
         if self._lookup or self._draft_cache is not None:
             return self._draft_round()
         with mx.stream(generation_stream):
-            if self._next is None:  # the first token, from the prompt's last one
+            if self._next is None:  # from the prompt's last token, or the reply's first
                 self._next = self._sample(mx.array([self.context[-1]], mx.uint32))
             token_array = self._next
-            if self._produced + 1 < self._max_tokens:
-                # Feed the token and start the next step before reading this one.
+            if 0 < self._produced < self._max_tokens - 1:
+                # Feed the token and start the next step before reading this one (the
+                # first token goes out as soon as it is computed; the last is not fed).
                 self._next = self._sample(token_array)
             else:
                 self._next = None
@@ -208,5 +207,5 @@ class SoloDecode:
 
         self.context.append(token)
         self._produced += 1
-        if self._produced % _CLEAR_EVERY == 0:
+        if self._produced % CLEAR_EVERY == 0:
             mx.clear_cache()

@@ -37,6 +37,9 @@ from mlx_integrations.engine.step_pace import LookupPace, StepKind
 Step = tuple[int, int, bool]
 """``(token, tokens drafted for the round this token opens, accepted draft)``."""
 
+CLEAR_EVERY = 256
+"""Decode steps between two returns of MLX's buffer pool (as mlx-lm's ``generate_step``)."""
+
 NGRAM_SIZES = (3, 2, 1)
 """n-gram lengths tried by prompt lookup, longest first."""
 
@@ -283,11 +286,12 @@ def prompt_lookup_steps(
                         yield token, len(drafts) if i == 0 and not kept else 0, i < accepted
                     last = chosen[accepted]
                     continue
-                # Plain steps, each started before the last one's token is read.
+                # Plain steps, each started before the last one's token is read (but
+                # the reply's first token, handed out as soon as it is computed).
                 pending, pipelined = plain_step([last]), False
                 while True:
                     following = None
-                    if produced + 1 < max_tokens:
+                    if 0 < produced < max_tokens - 1:
                         following = plain_step(pending)
                     ahead = int(following is not None)  # it fed ``token``
                     token = int(pending.item())
@@ -298,7 +302,10 @@ def prompt_lookup_steps(
                     produced += 1
                     yield token, 0, False
                     if following is None:
-                        return
+                        if produced == max_tokens:
+                            return
+                        last = token  # the first token: not fed yet
+                        break
                     n, drafts, full = match()
                     if drafts and (pace is None or pace.worth(n)):
                         # The step in flight picks the token the first draft guesses.

@@ -20,12 +20,12 @@ from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.prefix_cache import cache_nbytes
 from mlx_integrations.engine.random_state import repair_random_state
 from mlx_integrations.engine.speculative import (
-    CLEAR_EVERY,
     DraftModel,
     Step,
     draft_model_steps,
     prefill,
     prompt_lookup_steps,
+    return_buffers,
 )
 from mlx_integrations.engine.stats import ClearStats
 from mlx_integrations.engine.step_pace import LookupPace
@@ -419,6 +419,5 @@ def plain_steps(
             yield token, 0, False
             if produced == max_tokens:
                 return
-            if produced % CLEAR_EVERY == 0:
-                mx.clear_cache()
+            return_buffers(produced)
             pending = following if following is not None else step(pending)

@@ -16,11 +16,11 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from mlx_integrations.engine.speculative import (
-    CLEAR_EVERY,
     Step,
     draft_model_steps,
     prefill,
     prompt_lookup_steps,
+    return_buffers,
 )
 from mlx_integrations.engine.step_pace import LookupPace
 
@@ -203,9 +203,6 @@ class SoloDecode:
         return steps
 
     def _advance(self, token: int) -> None:
-        import mlx.core as mx
-
         self.context.append(token)
         self._produced += 1
-        if self._produced % CLEAR_EVERY == 0:
-            mx.clear_cache()
+        return_buffers(self._produced)

@@ -40,6 +40,16 @@ Step = tuple[int, int, bool]
 CLEAR_EVERY = 256
 """Decode steps between two returns of MLX's buffer pool (as mlx-lm's ``generate_step``)."""
 
+
+def return_buffers(produced: int) -> None:
+    """Give MLX's buffer pool back after the reply's first token (the prefill's
+    temporaries) and every ``CLEAR_EVERY`` tokens after it, as mlx-lm does."""
+    import mlx.core as mx
+
+    if produced % CLEAR_EVERY == 1:
+        mx.clear_cache()
+
+
 NGRAM_SIZES = (3, 2, 1)
 """n-gram lengths tried by prompt lookup, longest first."""
 
@@ -134,7 +144,8 @@ def prefill(
 ) -> None:
     """Feed ``tokens`` into ``cache`` in pieces of ``step_size``.
 
-    ``quantize`` (if given) runs on the cache after each piece, as mlx-lm does.
+    ``quantize`` (if given) runs on the cache after each piece, and MLX's buffer pool
+    is given back after each, as mlx-lm does.
     """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
@@ -146,6 +157,7 @@ def prefill(
             if quantize is not None:
                 quantize(cache)
             mx.eval([c.state for c in cache])
+            mx.clear_cache()
 
 
 def prompt_lookup_steps(
@@ -284,6 +296,7 @@ def prompt_lookup_steps(
                         produced += 1
                         ahead = accepted - i  # the kept drafts from this one on
                         yield token, len(drafts) if i == 0 and not kept else 0, i < accepted
+                        return_buffers(produced)
                     last = chosen[accepted]
                     continue
                 # Plain steps, each started before the last one's token is read (but
@@ -301,6 +314,7 @@ def prompt_lookup_steps(
                     index.append(token)
                     produced += 1
                     yield token, 0, False
+                    return_buffers(produced)
                     if following is None:
                         if produced == max_tokens:
                             return
@@ -320,6 +334,7 @@ def prompt_lookup_steps(
                         else:
                             observe(n, 1, full)
                             yield last, 1, False
+                        return_buffers(produced)
                         break
                     skipped(n, drafts, full)
                     pending = following

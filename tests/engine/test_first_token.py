@@ -279,3 +279,44 @@ async def test_engines_reply_as_mlx_lm_over_turns(tiny_llama, engine_class, look
             messages.append({"role": "assistant", "content": out.text})
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize("loop", ["plain", "prompt lookup", "lone batched request"])
+def test_the_prefills_buffers_go_back_to_the_system_after_the_first_token(loaded, loop):
+    """mlx-lm returns MLX's buffer pool after each prefill piece and the first token:
+    a long prompt's attention buffers (17 MiB here) are not kept for the whole reply."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    model, _ = loaded
+    prompt = distinct_prompt(1200)
+    cache, greedy = make_prompt_cache(model), make_sampler(0.0)
+    steps: Iterator[tuple[int, int, bool]]
+    if loop == "plain":
+        steps = plain_steps(
+            model, prompt, len(prompt), cache, processors=[], max_tokens=4,
+            sampler=greedy, prefill_step_size=256,
+        )  # fmt: skip
+    elif loop == "prompt lookup":
+        steps = prompt_lookup_steps(
+            model, prompt, len(prompt), cache, max_draft=4, max_tokens=4,
+            sampler=greedy, prefill_step_size=256,
+        )  # fmt: skip
+    else:
+        solo = SoloDecode(
+            model, prompt, 0, cache, sampler=greedy, max_tokens=4, prefill_step_size=256
+        )
+        steps = (step for _ in range(20) for step in solo.step())  # prefill pieces first
+    # The same pieces' buffers, kept: what the pool held before it was given back.
+    mx.clear_cache()
+    other = make_prompt_cache(model)
+    for start in range(0, len(prompt), 256):
+        model(mx.array(prompt[start : start + 256])[None], cache=other)
+        mx.eval([c.state for c in other])
+    kept = mx.get_cache_memory()
+    mx.clear_cache()
+    next(steps)
+    next(steps)
+    assert kept > 8 * 2**20
+    assert mx.get_cache_memory() < kept / 10

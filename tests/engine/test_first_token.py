@@ -11,6 +11,7 @@ by comparing with mlx-lm's ``generate_step``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -87,8 +88,9 @@ def plain(model: Any, prompt: list[int], n: int, **kwargs: Any) -> Iterator[tupl
     cache = kwargs.pop("cache", None) or make_prompt_cache(model)
     kwargs.setdefault("sampler", make_sampler(0.0))
     kwargs.setdefault("processors", [])
+    new_tokens = kwargs.pop("new_tokens", len(prompt))
     return plain_steps(
-        model, prompt, len(prompt), cache, max_tokens=n, prefill_step_size=STEP, **kwargs
+        model, prompt, new_tokens, cache, max_tokens=n, prefill_step_size=STEP, **kwargs
     )
 
 
@@ -320,3 +322,40 @@ def test_the_prefills_buffers_go_back_to_the_system_after_the_first_token(loaded
     next(steps)
     assert kept > 8 * 2**20
     assert mx.get_cache_memory() < kept / 10
+
+
+@pytest.mark.parametrize("loop", ["plain", "prompt lookup"])
+@pytest.mark.parametrize("stop", [1, 2, 5, 16, 17])
+def test_a_reply_stopped_early_leaves_a_cache_the_next_turn_can_use(loaded, loop, stop):
+    """Closed after its first tokens (a stop string, a cancelled request), the loop
+    leaves a cache that holds a prefix of prompt + reply, and the next turn decoded
+    from that cache says what a cold run of the whole context says."""
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlx_integrations.engine.prefix_cache import cache_offset
+
+    model, _ = loaded
+    prompt = (distinct_prompt(12) * 4)[:40]  # repeated n-grams: prompt lookup drafts
+    cache, greedy = make_prompt_cache(model), make_sampler(0.0)
+    if loop == "plain":
+        steps = plain(model, prompt, 30, cache=cache)
+    else:
+        steps = prompt_lookup_steps(
+            model, prompt, len(prompt), cache, max_draft=4, max_tokens=30,
+            sampler=greedy, prefill_step_size=STEP,
+        )  # fmt: skip
+    reply = [token for token, _, _ in itertools.islice(steps, stop)]
+    steps.close()
+    assert reply == reference(model, prompt, stop)
+    context = prompt + reply
+    held = cache_offset(cache)
+    assert len(prompt) <= held <= len(context)
+    if loop == "prompt lookup":  # rejected and unread drafts are dropped
+        assert held == len(context) - 1
+    # A turn feeds at least its last token, as the prefix cache leaves it.
+    trim_prompt_cache(cache, held - min(held, len(context) - 1))
+    following = plain(
+        model, context, 12, cache=cache, new_tokens=len(context) - cache_offset(cache)
+    )
+    assert [token for token, _, _ in following] == reference(model, context, 12)

@@ -1,7 +1,7 @@
 """DistributedEngine over 2 and 3 local ranks against one process, on SmolLM2-135M.
 
 1. Decode tokens/s of ``DistributedEngine`` (tensor parallel, ranks started by
-   ``mlx_integrations.engine.launch``) divided by ``SimpleEngine`` in one process, both
+   ``mlx_integrations.engine.distributed.launch``) divided by ``SimpleEngine`` in one process, both
    timed in rank 0's process, alternating (distributed, single, ...), medians compared.
    On one machine the ranks share its cores and add collectives, so the ratio is below
    1: the figure is the overhead, the point is a model larger than one machine.
@@ -97,7 +97,7 @@ def allsum_rank(hidden: int, count: int) -> None:
 
 def time_allsum(ranks: int, hidden: int) -> float:
     """One all_sum's seconds over ``ranks`` local processes (MLX's ring variables)."""
-    from mlx_integrations.engine.launch import free_ports
+    from mlx_integrations.engine.distributed.launch import free_ports
 
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = Path(tmp) / "hosts.json"
@@ -135,7 +135,7 @@ def main() -> None:
         rank0(args.model, args.rounds, args.tokens)
         return
 
-    from mlx_integrations.engine.launch import launch
+    from mlx_integrations.engine.distributed.launch import launch
 
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in args.ranks:

@@ -577,7 +577,7 @@ def _step_times(model: Any, tokenizer: Any, variant: str, n: int) -> dict[str, f
     from _compiled_step import CompiledDecoder
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.speculative import prefill
+    from mlx_integrations.engine.decoding import prefill
 
     ids = tokenizer.encode(words(32))
     cache = make_prompt_cache(model)

@@ -81,7 +81,7 @@ def bench_pull(model: Path, work: Path, repeat: int) -> tuple[list[float], list[
     """Seconds of a raw snapshot_download and of our pull, interleaved, cold caches each time."""
     from huggingface_hub import snapshot_download
 
-    from mlx_integrations.models.hub import MODEL_FILE_PATTERNS
+    from mlx_integrations.models.hub.pull import MODEL_FILE_PATTERNS
 
     size = sum(f.stat().st_size for f in model.iterdir() if f.is_file())
     raw, ours = [], []

@@ -253,7 +253,7 @@ def _stream(
     from mlx_integrations.chat.completion import ChatRequest, Finished, stream_chat_events
     from mlx_integrations.chat.output_parser import ReasoningDelta, TextDelta
     from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
-    from mlx_integrations.engine.sync import background_loop
+    from mlx_integrations.runtime.sync import background_loop
 
     request = ChatRequest(
         messages,
@@ -361,14 +361,14 @@ def _tool_results(answer: Answer) -> list[dict[str, Any]]:
 
 
 def _engine(model: str, opts: RunOptions) -> Any:
-    from mlx_integrations.engine.ranks import launched_ranks
+    from mlx_integrations.engine.distributed.ranks import launched_ranks
     from mlx_integrations.engine.simple import SimpleEngine
-    from mlx_integrations.engine.sync import run_sync
     from mlx_integrations.models.resolve import resolve_model
+    from mlx_integrations.runtime.sync import run_sync
 
     engine: Any
     if launched_ranks() > 1:  # rank 0 of `mlxi launch`: the model is sharded over the ranks
-        from mlx_integrations.engine.distributed import DistributedEngine
+        from mlx_integrations.engine.distributed.engine import DistributedEngine
 
         engine = DistributedEngine(resolve_model(model), **opts.engine_options)
     else:
@@ -378,7 +378,7 @@ def _engine(model: str, opts: RunOptions) -> Any:
 
 
 def _stop(engine: Any) -> None:
-    from mlx_integrations.engine.sync import run_sync
+    from mlx_integrations.runtime.sync import run_sync
 
     run_sync(engine.stop())
 

@@ -1,6 +1,6 @@
 """``mlxi launch``: start the ranks of a distributed program (parsing and rendering only).
 
-The work is :func:`mlx_integrations.engine.launch.launch`.
+The work is :func:`mlx_integrations.engine.distributed.launch.launch`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def launch_command(
     `mlxi run`. The exit status is non-zero when any rank fails; the others are
     stopped then.
     """
-    from mlx_integrations.engine.launch import launch
+    from mlx_integrations.engine.distributed.launch import launch
 
     result = launch(
         command,

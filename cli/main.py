@@ -99,7 +99,7 @@ def pull(
     """Download a model from the Hugging Face Hub into the store."""
     from mlx_integrations.cli.progress import progress_bars
 
-    from mlx_integrations.models.hub import pull as pull_model
+    from mlx_integrations.models.hub.pull import pull as pull_model
     from mlx_integrations.models.quantize import check_quantization
 
     if quantize_bits is not None:  # before the download, not after it

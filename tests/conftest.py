@@ -36,7 +36,7 @@ def lookup_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     draft (the counts that tests check) would depend on the machine's speed; the pace
     itself is tested in tests/engine/test_lookup_pace.py.
     """
-    from mlx_integrations.engine.step_pace import LookupPace
+    from mlx_integrations.engine.speculative.pace import LookupPace
 
     monkeypatch.setattr(LookupPace, "worth", lambda self, n: True)
 

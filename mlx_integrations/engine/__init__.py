@@ -1,5 +1,12 @@
 """Engines: the contract and its implementations on mlx-lm.
 
+The contract is :mod:`.base`; what every engine on mlx-lm shares sits beside it
+(:mod:`.mlx_engine`, :mod:`.options`, :mod:`.params`, :mod:`.jobs`, :mod:`.decoding`,
+:mod:`.generation`, :mod:`.stats`, :mod:`.pool`), with ``SimpleEngine`` in :mod:`.simple`.
+A package per concept holds the rest: :mod:`.batched`, :mod:`.speculative`,
+:mod:`.distributed`, :mod:`.vision` and :mod:`.cache`. ``EmbeddingEngine`` comes from
+:mod:`mlx_integrations.embeddings`, a layer of its own.
+
 Importing this package imports neither LangChain nor LlamaIndex, and no MLX until an
 engine loads a model.
 """
@@ -19,6 +26,7 @@ __all__ = [
     "BatchedEngine",
     "DistributedEngine",
     "DistributedError",
+    "EmbeddingEngine",
     "EngineBusy",
     "EngineOptions",
     "GenerationOutput",
@@ -32,9 +40,10 @@ __all__ = [
 __getattr__ = lazy_attributes(
     __name__,
     {
-        "BatchedEngine": "mlx_integrations.engine.batched",
-        "DistributedEngine": "mlx_integrations.engine.distributed",
-        "DistributedError": "mlx_integrations.engine.distributed",
+        "BatchedEngine": "mlx_integrations.engine.batched.engine",
+        "DistributedEngine": "mlx_integrations.engine.distributed.engine",
+        "DistributedError": "mlx_integrations.engine.distributed.engine",
+        "EmbeddingEngine": "mlx_integrations.embeddings.engine",
         "EngineOptions": "mlx_integrations.engine.options",
         "SimpleEngine": "mlx_integrations.engine.simple",
     },

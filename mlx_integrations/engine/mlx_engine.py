@@ -34,17 +34,10 @@ from mlx_integrations.engine.base import (
     GenerationOutput,
     run_blocking_startup_work,
 )
+from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
-from mlx_integrations.engine.loading import (
-    check_model_dir,
-    context_length,
-    lease_model,
-    resolve_model_path,
-    vocab_size,
-)
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.owner import close_at_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
     SamplingParams,
@@ -52,7 +45,6 @@ from mlx_integrations.engine.params import (
     validate_sampling,
     validate_template_kwargs,
 )
-from mlx_integrations.engine.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.stats import (
     ClearStats,
     EngineStats,
@@ -60,13 +52,21 @@ from mlx_integrations.engine.stats import (
     RequestTally,
     memory_stats,
 )
-from mlx_integrations.engine.vision import (
+from mlx_integrations.engine.vision.vlm import (
     LoadedVision,
     gather_media,
     is_vision_config,
     load_vision_model,
 )
+from mlx_integrations.models.resolve import (
+    check_model_dir,
+    context_length,
+    lease_model,
+    resolve_model_path,
+    vocab_size,
+)
 from mlx_integrations.models.warm import load_warm_caches
+from mlx_integrations.runtime.owner import close_at_exit, make_owner_thread, stop_owner_thread
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class MLXEngine(BaseEngine):
         self._name = str(model)
         self._path = resolve_model_path(model)
         self._config = check_model_dir(self._path)
-        # A vision-language model is served through mlx-vlm (see engine/vision.py).
+        # A vision-language model is served through mlx-vlm (see engine/vision/).
         self._vision = is_vision_config(self._config)
         self._loaded_vision: LoadedVision | None = None
         self._lease: Any = None  # a store model is marked in use while loaded

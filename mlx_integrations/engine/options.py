@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from mlx_integrations.chat.tool_formats import get_format
+from mlx_integrations.engine.cache.kv_quantization import validate_kv_options
 from mlx_integrations.engine.jobs import Admission
-from mlx_integrations.engine.kv_quantization import validate_kv_options
-from mlx_integrations.engine.media import MediaLimits
 from mlx_integrations.engine.params import validate_template_kwargs
-from mlx_integrations.engine.speculative import validate_speculative_options
 from mlx_integrations.engine.stats import SpeculativeStats
+from mlx_integrations.engine.vision.media import MediaLimits
 
 
 @dataclass(frozen=True)
@@ -199,3 +199,33 @@ def _check_media_limits(max_images: Any, max_media_mb: Any, timeout: Any) -> Non
             raise TypeError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def validate_speculative_options(
+    draft_model: Any, num_draft_tokens: Any, prompt_lookup: Any
+) -> None:
+    """Check the speculative decoding options of an engine.
+
+    Raises:
+        TypeError: A value of the wrong type. ValueError: out of range, or both sources.
+    """
+    if draft_model is not None and (
+        not isinstance(draft_model, (str, Path)) or not str(draft_model).strip()
+    ):
+        raise TypeError(
+            f"draft_model must be a model folder, store name or pulled Hub id, got "
+            f"{draft_model!r}; pass None to decode without a draft model"
+        )
+    for name, value, low, fix in (
+        ("num_draft_tokens", num_draft_tokens, 1, "2 to 5 is usual"),
+        ("prompt_lookup", prompt_lookup, 0, "0 turns prompt lookup off, 4 to 10 is usual"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r}; {fix}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}; {fix}")
+    if draft_model is not None and prompt_lookup:
+        raise ValueError(
+            f"draft_model={str(draft_model)!r} and prompt_lookup={prompt_lookup} are two "
+            "draft sources; pick one (prompt_lookup=0 or draft_model=None)"
+        )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.engine.loading import resolve_model_path
+from mlx_integrations.models.resolve import resolve_model_path
 
 
 @dataclass
@@ -106,8 +106,8 @@ def _slot_of(engine: BaseEngine) -> _Slot | None:
 # Engine kind -> "module:Class", imported on first use so the pool stays cheap to import.
 ENGINE_CLASSES: dict[str, str] = {
     "simple": "mlx_integrations.engine.simple:SimpleEngine",
-    "batched": "mlx_integrations.engine.batched:BatchedEngine",
-    "distributed": "mlx_integrations.engine.distributed:DistributedEngine",
+    "batched": "mlx_integrations.engine.batched.engine:BatchedEngine",
+    "distributed": "mlx_integrations.engine.distributed.engine:DistributedEngine",
 }
 
 
@@ -252,7 +252,7 @@ def _take_all() -> list[BaseEngine]:
 
 
 def _stop(engine: BaseEngine) -> None:
-    from mlx_integrations.engine.sync import run_sync
+    from mlx_integrations.runtime.sync import run_sync
 
     try:
         asyncio.get_running_loop()

@@ -9,27 +9,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
-from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.kv_quantization import (
+from mlx_integrations.engine.cache.kv_quantization import (
     check_kv_at_load,
     maybe_quantize,
 )
+from mlx_integrations.engine.cache.prefix_cache import cache_nbytes
+from mlx_integrations.engine.decoding import Step, plain_steps, repair_random_state
+from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
+from mlx_integrations.engine.jobs import Job, aborted_output
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.prefix_cache import cache_nbytes
-from mlx_integrations.engine.random_state import repair_random_state
-from mlx_integrations.engine.speculative import (
-    DraftModel,
-    Step,
-    draft_model_steps,
-    prefill,
-    prompt_lookup_steps,
-    return_buffers,
-)
+from mlx_integrations.engine.speculative.draft_model import DraftModel, draft_model_steps
+from mlx_integrations.engine.speculative.pace import LookupPace
+from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
 from mlx_integrations.engine.stats import ClearStats
-from mlx_integrations.engine.step_pace import LookupPace
-from mlx_integrations.engine.vision import (
+from mlx_integrations.engine.vision.vlm import (
     VisionInputs,
     VisionRun,
     prepare_vision_prompt,
@@ -58,13 +52,13 @@ class SimpleEngine(MLXEngine):
     Every chunk carries the cumulative ``mtp_drafts`` and ``mtp_accepted``.
 
     A vision-language model (a folder whose config.json has a ``vision_config``) is
-    served through mlx-vlm (:mod:`~mlx_integrations.engine.vision`): ``is_mllm`` is
+    served through mlx-vlm (:mod:`~mlx_integrations.engine.vision.vlm`): ``is_mllm`` is
     True, ``chat`` takes ``images``/``videos`` and image/video parts in messages, and the
     next turn about the same images reuses the previous turn's KV cache. Speculative
     decoding is refused for it.
 
     A quantized KV cache (``kv_bits=4`` or ``8``; see
-    :mod:`~mlx_integrations.engine.kv_quantization`) holds long contexts in a fraction
+    :mod:`~mlx_integrations.engine.cache.kv_quantization`) holds long contexts in a fraction
     of the memory; the prefix cache keeps and reuses quantized entries at their real
     size. It works with prompt lookup, and with a draft model when quantized from the
     first token (``quantized_kv_start=0``).
@@ -345,79 +339,3 @@ class SimpleEngine(MLXEngine):
             group_size=opts.kv_group_size,
             start=opts.quantized_kv_start,
         )
-
-
-def plain_steps(
-    model: Any,
-    context: list[int],
-    new_tokens: int,
-    cache: list[Any],
-    *,
-    processors: list[Callable[..., Any]],
-    max_tokens: int,
-    sampler: Callable[[Any], Any],
-    prefill_step_size: int,
-    quantize: Callable[[list[Any]], None] | None = None,
-) -> Generator[Step, None, None]:
-    """Decode one token a step, with the forward passes of mlx-lm's ``generate_step``.
-
-    The same pieces of prompt, the same one-token steps, the same processors and KV
-    quantization, so the tokens are mlx-lm's; each step is started before the previous
-    token is read, so the host builds the next step while the device computes this
-    one. Two things differ: the first token is read and handed out before the second
-    step is started, not after (starting a step, building its graph and launching its
-    kernels, costs the host as long as the step itself where decoding is host-bound,
-    as with small models on a GPU, so the first token comes out a step earlier); and
-    no step is started after the last token, which the cache then does not hold.
-
-    Args:
-        model: The model.
-        context: The whole prompt; its last ``new_tokens`` are not in ``cache`` yet.
-        new_tokens: Prompt tokens left to prefill (at least one).
-        cache: The KV cache holding the rest of the prompt.
-        processors: mlx-lm logits processors, called with the whole context so far
-            (the prompt from its first token, cached or not, then the reply) and the
-            logits, as ``generate_step`` calls them on a prompt it prefills itself.
-        max_tokens: Tokens to generate.
-        sampler: Picks a token from a row of log-probabilities.
-        prefill_step_size: Prompt tokens per forward pass.
-        quantize: Run on ``cache`` after each forward pass (a quantized KV cache).
-    """
-    import mlx.core as mx
-    from mlx_lm.generate import generation_stream
-
-    # What processors see: the context up to the token a step feeds, then that token.
-    seen: Any = mx.array(context[:-1], mx.uint32) if processors else None
-
-    def step(fed: Any) -> Any:
-        """Feed one token (maybe still being computed) and start sampling the next."""
-        nonlocal seen
-        logits = model(fed[None], cache=cache)[:, -1, :]
-        if processors:
-            seen = mx.concatenate([seen, fed])
-            for processor in processors:
-                logits = processor(seen, logits)
-        if quantize is not None:
-            quantize(cache)
-        # Over the whole (1, vocabulary) row as mlx-lm writes it: the same kernels.
-        sampled = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        mx.async_eval(sampled)
-        return sampled
-
-    if max_tokens < 1:
-        return
-    with mx.stream(generation_stream):
-        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
-        pending = step(mx.array(context[-1:], mx.uint32))
-        produced = 0
-        while True:
-            # The next step starts before this token is read, but for the first token,
-            # which goes out as soon as it is computed, and the last, never fed back.
-            following = step(pending) if 0 < produced < max_tokens - 1 else None
-            token = int(pending.item())
-            produced += 1
-            yield token, 0, False
-            if produced == max_tokens:
-                return
-            return_buffers(produced)
-            pending = following if following is not None else step(pending)

@@ -42,9 +42,7 @@ from mlx_integrations.chat.completion import (
     stream_chat_events,
 )
 from mlx_integrations.chat.tools import read_tool_request
-from mlx_integrations.engine.chat_settings import ChatSettings
-from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
-from mlx_integrations.engine.sync import iterate_sync
+from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.langchain.messages import (
     stop_list,
     to_lc_invalid_tool_call,
@@ -59,6 +57,9 @@ from mlx_integrations.langchain.structured import (
     unwrap,
     wrapping_tool,
 )
+from mlx_integrations.runtime.sync import iterate_sync
+from mlx_integrations.settings.chat import ChatSettings
+from mlx_integrations.settings.fields import validate_request_settings
 
 _PROVIDER = "mlx"
 

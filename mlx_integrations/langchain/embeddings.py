@@ -5,8 +5,8 @@ from __future__ import annotations
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, Field
 
-from mlx_integrations.engine.embedding import DEFAULT_BATCH_SIZE
-from mlx_integrations.engine.embedding_settings import EmbeddingSettings, Role
+from mlx_integrations.embeddings.engine import DEFAULT_BATCH_SIZE
+from mlx_integrations.settings.embeddings import EmbeddingSettings, Role
 
 
 class MLXEmbeddings(EmbeddingSettings, Embeddings):

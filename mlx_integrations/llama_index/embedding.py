@@ -7,8 +7,8 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from pydantic import Field
 
-from mlx_integrations.engine.embedding import DEFAULT_BATCH_SIZE
-from mlx_integrations.engine.embedding_settings import EmbeddingSettings, Role
+from mlx_integrations.embeddings.engine import DEFAULT_BATCH_SIZE
+from mlx_integrations.settings.embeddings import EmbeddingSettings, Role
 
 
 class MLXEmbedding(EmbeddingSettings, BaseEmbedding):

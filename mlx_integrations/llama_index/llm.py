@@ -38,12 +38,13 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.tools import read_tools
 from mlx_integrations.engine.base import GenerationOutput
-from mlx_integrations.engine.chat_settings import ChatSettings
-from mlx_integrations.engine.media import MediaLimits
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.params import validate_request_settings, validate_template_kwargs
-from mlx_integrations.engine.sync import iterate_sync
+from mlx_integrations.engine.params import validate_template_kwargs
+from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.llama_index.messages import to_neutral_messages
+from mlx_integrations.runtime.sync import iterate_sync
+from mlx_integrations.settings.chat import ChatSettings
+from mlx_integrations.settings.fields import validate_request_settings
 
 if TYPE_CHECKING:
     from llama_index.core.prompts import BasePromptTemplate

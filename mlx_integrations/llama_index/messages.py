@@ -20,7 +20,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.utils import resolve_binary
 
 from mlx_integrations.chat.media_parts import MediaKind, data_url, media_part
-from mlx_integrations.engine.media import MediaLimits, MiB
+from mlx_integrations.engine.vision.media import MediaLimits, MiB
 
 _ROLES = {
     MessageRole.SYSTEM: "system",

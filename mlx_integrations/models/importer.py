@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mlx_integrations.models.errors import IntegrityError, ModelNotFoundError
 from mlx_integrations.models.folders import read_json_object
-from mlx_integrations.models.hub import MODEL_FILE_PATTERNS, dtype_of, quantization_of
+from mlx_integrations.models.hub.pull import MODEL_FILE_PATTERNS, dtype_of, quantization_of
 from mlx_integrations.models.manifest import Manifest, ModelSource, hash_files, model_files
 from mlx_integrations.models.names import validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
@@ -120,7 +120,7 @@ def _import_gguf(
     dtype: str,
     progress: ProgressCallback | None,
 ) -> StoredModel:
-    from mlx_integrations.models.gguf import convert_gguf, read_supported_gguf
+    from mlx_integrations.models.gguf.convert import convert_gguf, read_supported_gguf
 
     st = src.stat()
     with store.building(name, overwrite=overwrite) as build:

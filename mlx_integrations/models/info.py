@@ -11,7 +11,7 @@ from typing import Any
 
 from mlx_integrations.models.errors import ModelNotFoundError
 from mlx_integrations.models.folders import read_json_object
-from mlx_integrations.models.hub import dtype_of, quantization_of
+from mlx_integrations.models.hub.pull import dtype_of, quantization_of
 from mlx_integrations.models.manifest import FileEntry, Manifest, ModelSource, QuantizationInfo
 from mlx_integrations.models.names import is_valid_name
 from mlx_integrations.models.resolve import resolve_model

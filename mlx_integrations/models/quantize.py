@@ -17,7 +17,7 @@ from typing import Any
 
 from mlx_integrations.models.errors import AlreadyQuantizedError
 from mlx_integrations.models.folders import read_json_object
-from mlx_integrations.models.hashing import FinishedFilesHasher
+from mlx_integrations.models.hub.hashing import FinishedFilesHasher
 from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
 from mlx_integrations.models.manifest import model_files as list_model_files
 from mlx_integrations.models.names import is_valid_name, looks_like_path, validate_name
@@ -125,7 +125,7 @@ def quantize_model(
         if gguf is not None:
             # Converted inside the build, which goes with it: a GGUF source leaves no
             # unquantized copy in the store (resolve_model would keep one).
-            from mlx_integrations.models.gguf import convert_gguf, read_supported_gguf
+            from mlx_integrations.models.gguf.convert import convert_gguf, read_supported_gguf
 
             src_path = build.path / "gguf-source"
             src_path.mkdir()
@@ -176,7 +176,7 @@ def _gguf_file(source: str | Path) -> Path | None:
 def _refuse_quantized(source: str | Path, folder: Path, store: ModelStore) -> None:
     """Refuse a source that is quantized already: mlx-lm would copy its quantized layers
     as they are, and the result would claim a quantization its weights do not have."""
-    from mlx_integrations.models.hub import quantization_of
+    from mlx_integrations.models.hub.pull import quantization_of
 
     q = quantization_of(read_json_object(folder / "config.json"))
     if q is None:
@@ -227,6 +227,6 @@ def _is_weights(name: str) -> bool:
 
 
 def _dtype(folder: Path) -> str | None:
-    from mlx_integrations.models.hub import dtype_of
+    from mlx_integrations.models.hub.pull import dtype_of
 
     return dtype_of(read_json_object(folder / "config.json"))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlx_integrations.engine.embedding import (
+from mlx_integrations.embeddings.engine import (
     EmbeddingEngine,
     EmbeddingTruncationWarning,
     SentenceEmbeddingConfig,
@@ -374,7 +374,7 @@ def test_closed_engine_refuses_work_and_pool_reloads(minilm_path: Path) -> None:
 
 EXIT_SCRIPT = """
 import mlx_integrations
-from mlx_integrations.engine.embedding import get_embedding_engine
+from mlx_integrations.embeddings.engine import get_embedding_engine
 engine = get_embedding_engine({path!r})
 for _ in range(3):
     engine.embed(["some text to embed so that MLX does real work"] * 32, batch_size=16)
@@ -396,7 +396,7 @@ def test_process_exits_cleanly_after_embedding(minilm_path: Path) -> None:
 
 def test_imported_into_the_store_keeps_its_pooling_config(minilm_path, tmp_path):
     """`mlxi import` of a sentence-transformers folder keeps 1_Pooling/ and still embeds."""
-    from mlx_integrations.engine.embedding import EmbeddingEngine
+    from mlx_integrations.embeddings.engine import EmbeddingEngine
     from mlx_integrations.models import ModelStore, import_model
 
     store = ModelStore(tmp_path / "store")

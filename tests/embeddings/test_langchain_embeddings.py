@@ -16,7 +16,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_tests.integration_tests import EmbeddingsIntegrationTests
 from pydantic import ValidationError
 
-from mlx_integrations.engine.embedding import EmbeddingTruncationWarning
+from mlx_integrations.embeddings.engine import EmbeddingTruncationWarning
 from mlx_integrations.langchain import MLXEmbeddings
 from tests.embeddings.conftest import ModelVariant
 from tests.embeddings.corpus import PASSAGES, QUESTIONS

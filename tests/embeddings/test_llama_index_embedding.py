@@ -14,7 +14,7 @@ from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import ValidationError
 
-from mlx_integrations.engine.embedding import EmbeddingTruncationWarning
+from mlx_integrations.embeddings.engine import EmbeddingTruncationWarning
 from mlx_integrations.llama_index import MLXEmbedding
 from tests.embeddings.conftest import ModelVariant
 from tests.embeddings.corpus import PASSAGES, QUESTIONS

@@ -16,7 +16,7 @@ from tests.support.tiny_roberta import CONFIG, INPUT_IDS, REFERENCE, write_tiny_
 def test_xlm_roberta_matches_transformers(tmp_path: Path, prefix: str) -> None:
     import mlx.core as mx
 
-    from mlx_integrations.engine.bert_encoder import load_bert
+    from mlx_integrations.embeddings.bert import load_bert
 
     model = load_bert(write_tiny_xlmr(tmp_path / "xlmr", prefix=prefix))
     ids = mx.array(INPUT_IDS)
@@ -32,7 +32,7 @@ def test_positions_start_after_the_padding_id(tmp_path: Path) -> None:
     """Numbering positions from 0, as BERT does, gives different vectors."""
     import mlx.core as mx
 
-    from mlx_integrations.engine.bert_encoder import BertConfig, load_bert
+    from mlx_integrations.embeddings.bert import BertConfig, load_bert
 
     folder = write_tiny_xlmr(tmp_path / "xlmr")
     model = load_bert(folder)

@@ -64,8 +64,8 @@ def check_proposals(target: str, draft: str) -> None:
     import mlx_lm
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine import batch_draft
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.batched import draft_model as batch_draft
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
     model, _ = mlx_lm.load(draft)
@@ -192,7 +192,7 @@ async def test_a_wide_step_is_timed_without_the_draft_models_prefill(
     1000 s of a shifted clock; the wide steps' time must not include it."""
     import time
 
-    from mlx_integrations.engine import batch_draft
+    from mlx_integrations.engine.batched import draft_model as batch_draft
 
     record_wide_steps(monkeypatch)
     shift = [0.0]

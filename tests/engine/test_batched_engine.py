@@ -525,7 +525,7 @@ def _kv_cache(n_tokens: int):
 
 
 def test_prefix_cache_put_keys_by_the_tokens_the_cache_holds():
-    from mlx_integrations.engine.prefix_cache import PrefixCache, cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
 
     pc = PrefixCache()
     # The last sampled token was never fed back: the entry holds 5 of the 6 tokens.
@@ -544,7 +544,7 @@ def test_prefix_cache_put_keys_by_the_tokens_the_cache_holds():
 def test_prefix_cache_partial_match_copies_and_keeps_the_entry():
     import mlx.core as mx
 
-    from mlx_integrations.engine.prefix_cache import PrefixCache, cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
 
     pc = PrefixCache()
     pc.put([1, 2, 3, 4, 5], _kv_cache(5))

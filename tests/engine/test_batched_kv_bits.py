@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
-from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache, MergeableQuantizedKVCache
+from mlx_integrations.engine.batched.kv_cache import (
+    BatchQuantizedKVCache,
+    MergeableQuantizedKVCache,
+)
 from mlx_integrations.runtime import quantized_attention_error
 from tests.support.kv_bytes import check_quantized_shares
 from tests.support.prompts import CHAT_PROMPTS
@@ -363,7 +366,7 @@ def test_prefill_with_right_padding_rolls_rows_to_the_left_and_copies_keep_the_f
     import mlx.core as mx
     from mlx_lm.models.cache import QuantizedKVCache
 
-    from mlx_integrations.engine.prefix_cache import copy_cache
+    from mlx_integrations.engine.cache.prefix_cache import copy_cache
 
     mx.random.seed(4)
     kv = mx.random.normal((2, 1, 6, 128))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import BatchedEngine
-from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache
+from mlx_integrations.engine.batched.kv_cache import BatchQuantizedKVCache
 from mlx_integrations.runtime import quantized_attention_error
 from tests.support.batch_drafting import record_wide_steps
 from tests.support.reference_blas import in_reference_blas
@@ -66,8 +66,8 @@ async def replies(target: str | Path, bits: int, lookup: int, max_tokens: int):
 
 def check_exact(target: str, bits: int) -> None:
     """Lookup on and off give the same greedy tokens; wide steps ran on quantized rows."""
-    from mlx_integrations.engine import batch_spec
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.batched import speculation as batch_spec
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
     roll_back, kinds = batch_spec.roll_back_rows, set()

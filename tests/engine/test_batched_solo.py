@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
-from mlx_integrations.engine.solo import SoloDecode
+from mlx_integrations.engine.batched.solo import SoloDecode
 from tests.support.event_loop import wait_until
 from tests.support.prompts import CHAT_PROMPTS
 
@@ -288,7 +288,7 @@ async def test_the_last_request_of_a_batch_goes_on_alone_and_drafts(target, plai
 async def test_the_next_turn_alone_takes_the_draft_models_cache_of_the_last(
     target, plain, monkeypatch
 ):
-    from mlx_integrations.engine.speculative import DraftCache
+    from mlx_integrations.engine.speculative.draft_model import DraftCache
 
     held: list[int] = []
     take_shared = DraftCache.take_shared

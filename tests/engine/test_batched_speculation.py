@@ -125,7 +125,7 @@ def check_wide_step(target: str) -> None:
     from mlx_lm.generate import _merge_caches
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.batch_kv import roll_back_rows
+    from mlx_integrations.engine.batched.kv_cache import roll_back_rows
 
     model, _ = mlx_lm.load(target)
     caches = []
@@ -164,7 +164,7 @@ def check_wide_step(target: str) -> None:
 def check_shared_batch(target: str, draft: str) -> None:
     """Greedy tokens of requests sharing a batch, speculation off, by prompt lookup and
     by a draft model (every step that can draft goes wide, as with ``batch_accepted``)."""
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     StepPace.wide = lambda self: True  # type: ignore[method-assign]
 
@@ -376,7 +376,7 @@ async def test_the_batch_cache_stays_as_long_as_its_longest_row(
     # Rows keep different numbers of drafts, and which row keeps the most changes from
     # step to step: without cutting the padding every row shares, the cache grows past
     # its longest row with each such step.
-    from mlx_integrations.engine import batch_spec
+    from mlx_integrations.engine.batched import speculation as batch_spec
 
     roll_back = batch_spec.roll_back_rows
     extra: list[int] = []  # positions of the cache beyond its longest row, per wide step
@@ -395,7 +395,7 @@ async def test_the_batch_cache_stays_as_long_as_its_longest_row(
 
 
 def test_the_pace_goes_the_faster_way_and_probes_the_other():
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     def run(pace: StepPace, steps: int, tokens: dict[bool, int], seconds: float) -> list[bool]:
         kinds = []
@@ -417,7 +417,7 @@ def test_the_pace_goes_the_faster_way_and_probes_the_other():
 
 
 def test_the_pace_keeps_costly_probes_to_a_small_share_of_the_time():
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     # A wide step takes 20 times a plain one and emits 3 times its tokens (a draft model
     # as large as the model): wide loses, and its probes must stay rare.
@@ -432,7 +432,7 @@ def test_the_pace_keeps_costly_probes_to_a_small_share_of_the_time():
 
 
 def test_the_pace_measures_steps_that_can_draft_only_every_other_step():
-    from mlx_integrations.engine.step_pace import StepPace
+    from mlx_integrations.engine.speculative.pace import StepPace
 
     # Rows have n-gram matches on every other step, so no two wide steps are adjacent;
     # a wide step emits 3 tokens in 1 s, a plain one 4 tokens in 10 ms.

@@ -47,7 +47,7 @@ def setting(target: Path) -> tuple[dict[str, Messages], dict, dict[int, list[int
     """
     import mlx_lm
 
-    from mlx_integrations.engine.speculative import NgramIndex
+    from mlx_integrations.engine.speculative.prompt_lookup import NgramIndex
 
     model, tokenizer = mlx_lm.load(str(target))
 

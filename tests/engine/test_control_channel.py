@@ -1,4 +1,4 @@
-"""Rank 0's side channel (engine/control.py) over real loopback sockets, no MLX."""
+"""Rank 0's side channel (engine/distributed/control.py) over real loopback sockets, no MLX."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mlx_integrations.engine import control
-from mlx_integrations.engine.control import ControlServer, listen
+from mlx_integrations.engine.distributed import control
+from mlx_integrations.engine.distributed.control import ControlServer, listen
 
 
 def _follower(address: tuple[str, int], rank: int) -> socket.socket:

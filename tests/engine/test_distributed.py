@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from mlx_integrations.engine.launch import (
+from mlx_integrations.engine.distributed.launch import (
     Host,
     launch,
     rank_commands,
     read_hostfile,
     share_cores,
 )
-from mlx_integrations.engine.ranks import check_tensor_split
+from mlx_integrations.engine.distributed.ranks import check_tensor_split
 from tests.support.tiny_models import build_tiny_model
 
 RANK0 = str(Path(__file__).resolve().parents[1] / "support" / "distributed_rank0.py")
@@ -155,7 +155,7 @@ def test_pipeline_over_two_ranks_matches_one_process(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_same_program_started_by_hand_on_every_rank(tiny_split: Path, tmp_path: Path) -> None:
     """MLX's own variables, no launcher: rank 1's engine follows rank 0, then exits."""
-    from mlx_integrations.engine.launch import free_ports
+    from mlx_integrations.engine.distributed.launch import free_ports
 
     hostfile = tmp_path / "ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
@@ -289,7 +289,7 @@ def test_remote_ranks_start_over_ssh_with_the_ring_hostfile() -> None:
     first, second = commands
     assert first.argv[:2] == ["ssh", "mac1"] and second.argv[:2] == ["ssh", "mac2"]
     assert "/opt/py/bin/python chat.py --fast" in first.argv[2]
-    assert "-m mlx_integrations.engine.ranks" in second.argv[2]
+    assert "-m mlx_integrations.engine.distributed.ranks" in second.argv[2]
     assert '[["10.0.0.1:5001"], ["10.0.0.2:5002"]]' in second.argv[2]
     assert second.env["MLX_RANK"] == "1" and second.env["MLXI_CONTROL"] == "10.0.0.1:5003"
 
@@ -376,7 +376,7 @@ def test_a_follower_whose_load_failed_waits_for_rank_zeros_exit_order(
     # Leaving on its own right after the gather raced rank 0: its closed connection
     # could be read as a lost rank before rank 0 knew of the failure, and the other
     # ranks were told that instead of the cause.
-    from mlx_integrations.engine import ranks
+    from mlx_integrations.engine.distributed import ranks
 
     def no_model(*_: object) -> None:
         raise FileNotFoundError("no such folder")
@@ -402,7 +402,7 @@ class _Ended:
 def test_launch_names_the_killed_rank_when_ranks_end_between_two_polls() -> None:
     # Rank 1 is killed, rank 0 reports it and exits 3, all before the launcher's next
     # poll: it sees both at once, in rank order; the killed rank is the cause.
-    from mlx_integrations.engine.launch import _watch
+    from mlx_integrations.engine.distributed.launch import _watch
 
     result = _watch([_Ended(3), _Ended(-9)], ["127.0.0.1", "127.0.0.1"], grace=60)  # type: ignore[list-item]
     assert result.failure == "rank 1 (127.0.0.1) was killed by SIGKILL"
@@ -413,7 +413,9 @@ def test_launch_names_the_killed_rank_when_ranks_end_between_two_polls() -> None
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_rank_whose_launcher_died_before_its_death_signal_was_set_ends() -> None:
-    hook = "from mlx_integrations.engine.launch import _die_with_parent as d; import os; "
+    hook = (
+        "from mlx_integrations.engine.distributed.launch import _die_with_parent as d; import os; "
+    )
     orphan = subprocess.run([sys.executable, "-c", hook + "d(os.getpid())()"], timeout=120)
     assert orphan.returncode == -9  # its parent is not the launcher it was started by
     child = subprocess.run([sys.executable, "-c", hook + "d(os.getppid())()"], timeout=120)

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
-from mlx_integrations.engine.simple import plain_steps
-from mlx_integrations.engine.solo import SoloDecode
-from mlx_integrations.engine.speculative import prompt_lookup_steps
+from mlx_integrations.engine.batched.solo import SoloDecode
+from mlx_integrations.engine.decoding import plain_steps
+from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
 
 STEP = 16  # prefill pieces of 16 tokens: a 40-token prompt takes three
 
@@ -333,7 +333,7 @@ def test_a_reply_stopped_early_leaves_a_cache_the_next_turn_can_use(loaded, loop
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
-    from mlx_integrations.engine.prefix_cache import cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import cache_offset
 
     model, _ = loaded
     prompt = (distinct_prompt(12) * 4)[:40]  # repeated n-grams: prompt lookup drafts

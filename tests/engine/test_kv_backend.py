@@ -30,7 +30,7 @@ async def test_a_backend_without_the_kernel_refuses_kv_bits_at_load(heads64, mon
         return "[quantized_matmul] No implementation for problem shape: 18x18x64x2"
 
     monkeypatch.setattr(
-        "mlx_integrations.engine.kv_quantization.quantized_attention_error", missing
+        "mlx_integrations.engine.cache.kv_quantization.quantized_attention_error", missing
     )
     engine = kind(heads64, kv_bits=8)
     pattern = (

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
-from mlx_integrations.engine.speculative import prompt_lookup_steps
-from mlx_integrations.engine.step_pace import LookupPace
+from mlx_integrations.engine.speculative.pace import LookupPace
+from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
 from tests.support.prompts import CHAT_PROMPTS, RAG_MESSAGES, conversation
 
 
@@ -96,7 +96,7 @@ def lookup(
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_greedy_tokens_equal_plain_decoding_whichever_steps_draft(loaded, script):
-    from mlx_integrations.engine.prefix_cache import cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import cache_offset
 
     model, tokenizer = loaded
     drafted = accepted = plain = 0
@@ -127,7 +127,7 @@ def test_closed_anywhere_the_cache_holds_a_prefix_of_the_context(loaded, script)
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    from mlx_integrations.engine.prefix_cache import cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import cache_offset
 
     model, tokenizer = loaded
     prompt = prompt_tokens(tokenizer, CHAT_PROMPTS[1])

@@ -39,7 +39,7 @@ def setting(target: Path) -> tuple[list[dict[str, str]], int, dict[tuple[int, in
     """
     import mlx_lm
 
-    from mlx_integrations.engine.speculative import NgramIndex
+    from mlx_integrations.engine.speculative.prompt_lookup import NgramIndex
 
     model, tokenizer = mlx_lm.load(str(target))
 

@@ -19,7 +19,7 @@ from mlx_lm import generate
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models import llama
 
-from mlx_integrations.models.gguf import import_gguf, read_gguf_header
+from mlx_integrations.models.gguf.convert import import_gguf, read_gguf_header
 from tests.support.tiny_models import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
 
 N_HEADS, N_KV_HEADS = 4, 2
@@ -590,7 +590,7 @@ def test_interrupted_import_leaves_no_model(tmp_path, smollm2_gguf):
     script = (
         "import signal, sys, mlx_integrations\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from mlx_integrations.models.gguf import import_gguf\n"
+        "from mlx_integrations.models.gguf.convert import import_gguf\n"
         "import_gguf(sys.argv[1], sys.argv[2])\n"
     )
     proc = subprocess.Popen(

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from mlx_integrations.models.hashing import DownloadHasher, FinishedFilesHasher
+from mlx_integrations.models.hub.hashing import DownloadHasher, FinishedFilesHasher
 
 
 def _sha(data: bytes) -> str:

@@ -22,8 +22,8 @@ class WideSteps:
 
 
 def record_wide_steps(monkeypatch: pytest.MonkeyPatch) -> WideSteps:
-    from mlx_integrations.engine.batch_spec import BatchSpeculation
-    from mlx_integrations.engine.step_pace import LookupPace, StepPace
+    from mlx_integrations.engine.batched.speculation import BatchSpeculation
+    from mlx_integrations.engine.speculative.pace import LookupPace, StepPace
 
     monkeypatch.setattr(StepPace, "wide", lambda self: True)
     # A row left alone drafts by its own pace: wherever its context has a match.

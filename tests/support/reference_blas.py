@@ -24,7 +24,7 @@ def in_reference_blas(module: str, call: str) -> None:
     with its error output if it raises."""
     root = Path(__file__).resolve().parents[2]
     code = (
-        "from mlx_integrations import runtime; assert runtime._preloaded is None; "
+        "from mlx_integrations.runtime import backend; assert backend._preloaded is None; "
         # Before mlx_lm makes its generation stream on the default device.
         "import mlx.core as mx; mx.set_default_device(mx.cpu); "
         f"from {module} import *; {call}"

@@ -105,7 +105,7 @@ def ensure_smollm2() -> Path:
 
     Converted again when the importer's source changed since the cached conversion.
     """
-    from mlx_integrations.models.gguf import import_gguf
+    from mlx_integrations.models.gguf.convert import import_gguf
 
     root = cache_dir()
     model_dir = root / MODEL_DIR_NAME

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine import SimpleEngine
-from mlx_integrations.engine.media import MediaError, decode_image
+from mlx_integrations.engine.vision.media import MediaError, decode_image
 from tests.support.file_server import SlowHeadersServer
 from tests.support.tiny_vlm import huge_png, noisy_png
 

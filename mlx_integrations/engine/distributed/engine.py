@@ -1,7 +1,7 @@
 """DistributedEngine: one model sharded over several processes or machines.
 
 Rank 0 serves the engine contract (the adapters talk to it as to any engine); the
-other ranks run :mod:`mlx_integrations.engine.ranks` and follow its generation loop,
+other ranks run :mod:`mlx_integrations.engine.distributed.ranks` and follow its generation loop,
 since every forward pass of a sharded model holds collectives that all ranks join.
 """
 
@@ -20,15 +20,9 @@ from typing import Any, ParamSpec, TypedDict, TypeVar
 
 from mlx_integrations.chat.template import probe_template
 from mlx_integrations.chat.tool_formats import detect_format
-from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
-from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.loading import lease_model
-from mlx_integrations.engine.mlx_engine import MLXEngine
-from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.owner import close_at_exit, stop_owner_thread
-from mlx_integrations.engine.prefix_cache import MiB
-from mlx_integrations.engine.random_state import repair_random_state
-from mlx_integrations.engine.ranks import (
+from mlx_integrations.engine.cache.prefix_cache import MiB
+from mlx_integrations.engine.decoding import repair_random_state
+from mlx_integrations.engine.distributed.ranks import (
     DEFAULT_RANK_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     ENV_RANK_TIMEOUT,
@@ -44,7 +38,13 @@ from mlx_integrations.engine.ranks import (
     rank_env,
     serve_follower,
 )
+from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
+from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.stats import ClearStats, EngineStats, MemoryStats, memory_stats
+from mlx_integrations.models.resolve import lease_model
+from mlx_integrations.runtime.owner import close_at_exit, stop_owner_thread
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ steps, and a draft the target kept without the draft model having read it) are i
 3. feeds the picks back ``num_draft_tokens - 1`` times, one position a pass, and reads
    every pick at once (one host sync).
 
-After the target has verified the drafts (:mod:`.batch_spec`), :meth:`BatchDrafter.settle`
+After the target has verified the drafts (:mod:`.speculation`), :meth:`BatchDrafter.settle`
 drops from each row's draft cache the positions the target did not keep. The draft
 model picks greedily; the target keeps a draft only where it equals its own pick or
 sample, so replies are those of plain decoding (greedy) or follow the target's
@@ -28,8 +28,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mlx_integrations.engine.batch_kv import roll_back_rows
-from mlx_integrations.engine.speculative import DraftModel, prefill
+from mlx_integrations.engine.batched.kv_cache import roll_back_rows
+from mlx_integrations.engine.decoding import prefill
+from mlx_integrations.engine.speculative.draft_model import DraftModel
 
 
 class BatchDrafter:
@@ -51,7 +52,7 @@ class BatchDrafter:
         self._round: tuple[list[int], list[int]] | None = None  # (uids, held) at drafting
         self.prefill_s = 0.0
         """Seconds the last :meth:`propose` spent reading the context of rows that joined
-        (a row's one-off cost, which :class:`~.step_pace.StepPace` leaves out of the
+        (a row's one-off cost, which :class:`~mlx_integrations.engine.speculative.pace.StepPace` leaves out of the
         step's time)."""
 
     def reset(self) -> None:

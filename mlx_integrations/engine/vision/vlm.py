@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlx_integrations.chat.messages import media_sources
-from mlx_integrations.engine.media import (
+from mlx_integrations.engine.vision.media import (
     MediaError,
     MediaLimits,
     describe,

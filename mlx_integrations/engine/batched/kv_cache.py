@@ -16,7 +16,7 @@ quantized path (``quantized_scaled_dot_product_attention``).
 
 Every row of a shared batch is quantized, so ``BatchedEngine`` quantizes a request's
 cache from its first token (``quantized_kv_start=0``, see
-:func:`~mlx_integrations.engine.kv_quantization.check_batched_kv_options`).
+:func:`~mlx_integrations.engine.cache.kv_quantization.check_batched_kv_options`).
 
 :func:`roll_back_rows` drops each row's last positions from a batch cache of either
 kind (what speculation in the batch rejected).
@@ -200,7 +200,7 @@ def request_cache(
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.kv_quantization import maybe_quantize
+    from mlx_integrations.engine.cache.kv_quantization import maybe_quantize
 
     if cache is None:
         cache = make_prompt_cache(model)

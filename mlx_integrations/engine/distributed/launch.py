@@ -1,8 +1,8 @@
 """Starting the ranks of a distributed program, watching them, and a real exit code.
 
 Rank 0 runs the given program (a Python script, or any command such as ``mlxi run``);
-ranks 1 and above run :mod:`mlx_integrations.engine.ranks`, which loads the model that
-rank 0's :class:`~mlx_integrations.engine.distributed.DistributedEngine` names and
+ranks 1 and above run :mod:`mlx_integrations.engine.distributed.ranks`, which loads the model that
+rank 0's :class:`~mlx_integrations.engine.distributed.engine.DistributedEngine` names and
 follows it. Local ranks are processes on 127.0.0.1; a hostfile names machines, reached
 over ssh. The launcher returns non-zero when any rank fails, and stops the others.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mlx_integrations.engine.ranks import (
+from mlx_integrations.engine.distributed.ranks import (
     DEFAULT_RANK_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     ENV_BACKEND,
@@ -35,7 +35,7 @@ from mlx_integrations.engine.ranks import (
 
 Backend = Literal["ring", "mpi"]
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
-FOLLOWER_MODULE = "mlx_integrations.engine.ranks"
+FOLLOWER_MODULE = "mlx_integrations.engine.distributed.ranks"
 
 
 @dataclass(frozen=True)

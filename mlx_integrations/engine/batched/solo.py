@@ -15,14 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from mlx_integrations.engine.speculative import (
-    Step,
-    draft_model_steps,
-    prefill,
-    prompt_lookup_steps,
-    return_buffers,
-)
-from mlx_integrations.engine.step_pace import LookupPace
+from mlx_integrations.engine.decoding import Step, prefill, return_buffers
+from mlx_integrations.engine.speculative.draft_model import draft_model_steps
+from mlx_integrations.engine.speculative.pace import LookupPace
+from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
 
 
 class SoloDecode:
@@ -42,7 +38,7 @@ class SoloDecode:
         draft_cache: The draft model's cache holding ``prompt[:draft_fed]`` (an earlier
             request's, see ``DraftCache``); None starts it empty.
         pace: Picks rounds or plain steps for prompt lookup, by timing (see
-            :func:`~.speculative.prompt_lookup_steps`); None always drafts.
+            :func:`~mlx_integrations.engine.speculative.prompt_lookup.prompt_lookup_steps`); None always drafts.
     """
 
     def __init__(

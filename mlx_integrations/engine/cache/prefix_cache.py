@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_integrations.engine.kv_quantization import layer_nbytes
+from mlx_integrations.engine.cache.kv_quantization import layer_nbytes
 from mlx_integrations.engine.stats import PrefixCacheStats
 
 MiB = 1024 * 1024

@@ -10,7 +10,7 @@ the tensor types that ``mx.load`` decodes (F32, F16, Q4_0, Q4_1, Q8_0). Quantize
 tensors are dequantized; quantize the result again with ``mlx_lm.convert`` if wanted.
 
 Example:
-    >>> from mlx_integrations.models.gguf import import_gguf
+    >>> from mlx_integrations.models.gguf.convert import import_gguf
     >>> path = import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")  # doctest: +SKIP
     >>> from mlx_lm import load
     >>> model, tokenizer = load(str(path))  # doctest: +SKIP
@@ -31,13 +31,13 @@ from mlx_integrations.models.folders import (
     rename_into_place,
     write_json,
 )
-from mlx_integrations.models.gguf_reader import (
+from mlx_integrations.models.gguf.reader import (
     TENSOR_TYPES,
     GGUFHeader,
     GGUFTensorInfo,
     read_gguf_header,
 )
-from mlx_integrations.models.gguf_tokenizer import (
+from mlx_integrations.models.gguf.tokenizer import (
     build_tokenizer,
     check_tokenizer,
     verify_tokenizer,

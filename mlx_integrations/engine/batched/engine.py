@@ -20,30 +20,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlx_integrations.engine.batch_sampling import (
+from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     GuardedSampler,
     SharedSamplers,
 )
-from mlx_integrations.engine.batch_spec import BatchSpeculation, add_token
+from mlx_integrations.engine.batched.solo import SoloDecode
+from mlx_integrations.engine.batched.speculation import BatchSpeculation, add_token
+from mlx_integrations.engine.cache.kv_quantization import (
+    check_batched_kv_options,
+    check_kv_at_load,
+)
+from mlx_integrations.engine.cache.prefix_cache import cache_offset
+from mlx_integrations.engine.decoding import Step, repair_random_state
 from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
     OutputBuilder,
     request_processors,
 )
 from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.kv_quantization import (
-    check_batched_kv_options,
-    check_kv_at_load,
-)
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.prefix_cache import cache_offset
-from mlx_integrations.engine.random_state import repair_random_state
-from mlx_integrations.engine.solo import SoloDecode
-from mlx_integrations.engine.speculative import DraftModel, Step
+from mlx_integrations.engine.speculative.draft_model import DraftModel
+from mlx_integrations.engine.speculative.pace import LookupPace
 from mlx_integrations.engine.stats import BatchedEngineStats, ClearStats
-from mlx_integrations.engine.step_pace import LookupPace
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +87,10 @@ class BatchedEngine(MLXEngine):
     logits processors). With ``prompt_lookup=N`` or ``draft_model=...`` (loaded with
     the model, vocabulary checked as in :class:`SimpleEngine`) the lone request drafts
     (greedy replies unchanged). In a shared batch rows draft too, by prompt lookup or
-    the draft model (:mod:`.batch_spec`, :mod:`.batch_draft`); rows with logits
+    the draft model (:mod:`.speculation`, :mod:`.draft_model`); rows with logits
     processors or a seeded sampler decode plainly (``speculation_off_requests``). A quantized
     KV cache (``kv_bits``) holds a request from its first token, alone or in the batch
-    (:mod:`.batch_kv`), greedy replies as ``SimpleEngine``'s; ``quantized_kv_start`` above
+    (:mod:`.kv_cache`), greedy replies as ``SimpleEngine``'s; ``quantized_kv_start`` above
     0 is refused with ``ValueError`` (a batch quantizes every row), and so is a
     vision-language model.
 
@@ -424,7 +424,7 @@ class BatchedEngine(MLXEngine):
 
     def _own_cache(self, cache: list[Any] | None) -> list[Any]:
         """A request's KV cache (fresh for None), quantized from its first token with kv_bits."""
-        from mlx_integrations.engine.batch_kv import request_cache
+        from mlx_integrations.engine.batched.kv_cache import request_cache
 
         return request_cache(self._model, cache, self._options.kv_bits, self._options.kv_group_size)
 

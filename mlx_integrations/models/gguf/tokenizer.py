@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlx_integrations.models.folders import read_json
-from mlx_integrations.models.gguf_reader import GGUFHeader
+from mlx_integrations.models.gguf.reader import GGUFHeader
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

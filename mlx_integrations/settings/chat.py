@@ -8,11 +8,11 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.engine.params import (
+from mlx_integrations.engine.params import validate_template_kwargs
+from mlx_integrations.settings.fields import (
     model_field_names,
     reject_unknown_fields,
     validate_adapter_settings,
-    validate_template_kwargs,
 )
 
 

@@ -7,7 +7,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from mlx_integrations.engine.embedding import (
+from mlx_integrations.embeddings.engine import (
     EmbeddingDtype,
     EmbeddingEngine,
     EmbeddingModelInfo,

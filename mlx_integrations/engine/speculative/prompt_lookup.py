@@ -1,102 +1,32 @@
-"""Speculative decoding for ``SimpleEngine``: drafts from a small model or from the context.
+"""Prompt lookup: drafts looked up in the context, verified by the model in one pass.
 
-Two draft sources propose a few tokens; the target model checks them in one forward
-pass over ``[last token + drafts]`` and keeps the longest prefix where its own choice
-equals the draft, plus the token it chose after that prefix. The KV cache of the
-rejected rest is trimmed away (mlx-lm's ``trim_prompt_cache``), so the tokens are the
-ones plain decoding gives:
+The tokens that followed the latest earlier occurrence of the context's last n-gram
+(3, 2, then 1 tokens) are proposed; the target model checks them in one forward pass
+over ``[last token + drafts]`` and keeps the longest prefix where its own choice equals
+the draft, plus the token it chose after that prefix. The KV cache of the rejected rest
+is trimmed away (mlx-lm's ``trim_prompt_cache``), so the tokens are the ones plain
+decoding gives. Cheap, and it pays off where the reply copies its input (RAG quotes,
+code edits). A round runs where a :class:`~.pace.LookupPace` expects it to pay;
+between rounds the loop decodes plain steps, pipelined as mlx-lm's are.
 
-- ``draft_model``: mlx-lm's ``speculative_generate_step`` with a second, smaller model
-  that shares the target's vocabulary.
-- ``prompt_lookup``: no second model; the tokens that followed the latest earlier
-  occurrence of the context's last n-gram (3, 2, then 1 tokens) are proposed. Cheap,
-  and it pays off where the reply copies its input (RAG quotes, code edits). A round
-  runs where a :class:`~.step_pace.LookupPace` expects it to pay; between rounds the
-  loop decodes plain steps, pipelined as mlx-lm's are.
-
-Both yield ``(token, drafted, accepted)``: the token, how many tokens were drafted
+The steps yield ``(token, drafted, accepted)``: the token, how many tokens were drafted
 for the verification round this token opens (0 on the round's other tokens), and
-whether the token was a draft the target accepted.
-
-With ``temperature > 0`` the target samples at every drafted position and a draft is
-kept only when it equals the target's sample there, so the reply follows the target's
-own distribution (a seeded request draws differently from plain decoding, though).
+whether the token was a draft the target accepted. With ``temperature > 0`` the target
+samples at every drafted position and a draft is kept only when it equals the target's
+sample there, so the reply follows the target's own distribution.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Sequence
-from pathlib import Path
 from typing import Any
 
-from mlx_integrations.engine.loading import check_model_dir, lease_model, resolve_model_path
-from mlx_integrations.engine.prefix_cache import cache_offset, common_prefix_len
-from mlx_integrations.engine.step_pace import LookupPace, StepKind
-
-Step = tuple[int, int, bool]
-"""``(token, tokens drafted for the round this token opens, accepted draft)``."""
-
-CLEAR_EVERY = 256
-"""Decode steps between two returns of MLX's buffer pool (as mlx-lm's ``generate_step``)."""
-
-
-def return_buffers(produced: int) -> None:
-    """Give MLX's buffer pool back after the reply's first token (the prefill's
-    temporaries) and every ``CLEAR_EVERY`` tokens after it, as mlx-lm does."""
-    import mlx.core as mx
-
-    if produced % CLEAR_EVERY == 1:
-        mx.clear_cache()
-
+from mlx_integrations.engine.decoding import Step, prefill, return_buffers
+from mlx_integrations.engine.speculative.pace import LookupPace, StepKind
 
 NGRAM_SIZES = (3, 2, 1)
 """n-gram lengths tried by prompt lookup, longest first."""
-
-
-def validate_speculative_options(
-    draft_model: Any, num_draft_tokens: Any, prompt_lookup: Any
-) -> None:
-    """Check the speculative decoding options of an engine.
-
-    Raises:
-        TypeError: A value of the wrong type. ValueError: out of range, or both sources.
-    """
-    if draft_model is not None and (
-        not isinstance(draft_model, (str, Path)) or not str(draft_model).strip()
-    ):
-        raise TypeError(
-            f"draft_model must be a model folder, store name or pulled Hub id, got "
-            f"{draft_model!r}; pass None to decode without a draft model"
-        )
-    for name, value, low, fix in (
-        ("num_draft_tokens", num_draft_tokens, 1, "2 to 5 is usual"),
-        ("prompt_lookup", prompt_lookup, 0, "0 turns prompt lookup off, 4 to 10 is usual"),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}; {fix}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}; {fix}")
-    if draft_model is not None and prompt_lookup:
-        raise ValueError(
-            f"draft_model={str(draft_model)!r} and prompt_lookup={prompt_lookup} are two "
-            "draft sources; pick one (prompt_lookup=0 or draft_model=None)"
-        )
-
-
-def check_draft_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, draft: str) -> None:
-    """Refuse a draft model whose tokenizer does not share the target's vocabulary.
-
-    Raises:
-        ValueError: Naming both vocabulary sizes.
-    """
-    target_size, draft_size = len(target_tokenizer.vocab), len(draft_tokenizer.vocab)
-    if target_size != draft_size:
-        raise ValueError(
-            f"The draft model {draft!r} has a vocabulary of {draft_size} tokens but the "
-            f"target model has {target_size}; use a draft model of the same family "
-            "(same tokenizer), or prompt_lookup instead of a draft model"
-        )
 
 
 class NgramIndex:
@@ -135,31 +65,6 @@ class NgramIndex:
         return 0, []
 
 
-def prefill(
-    model: Any,
-    cache: list[Any],
-    tokens: Sequence[int],
-    step_size: int,
-    quantize: Callable[[list[Any]], None] | None = None,
-) -> None:
-    """Feed ``tokens`` into ``cache`` in pieces of ``step_size``.
-
-    ``quantize`` (if given) runs on the cache after each piece, and MLX's buffer pool
-    is given back after each, as mlx-lm does.
-    """
-    import mlx.core as mx
-    from mlx_lm.generate import generation_stream
-
-    with mx.stream(generation_stream):
-        for start in range(0, len(tokens), step_size):
-            piece = list(tokens[start : start + step_size])
-            model(mx.array(piece, mx.uint32)[None], cache=cache)
-            if quantize is not None:
-                quantize(cache)
-            mx.eval([c.state for c in cache])
-            mx.clear_cache()
-
-
 def prompt_lookup_steps(
     model: Any,
     context: list[int],
@@ -180,7 +85,7 @@ def prompt_lookup_steps(
     step started before the previous token is read, so the host builds the next step
     while the device computes this one; where a match turns up there, the step already
     running checks its first draft, and a round verifies the rest. ``pace`` tells
-    whether a round pays for the match at hand (:class:`~.step_pace.LookupPace`); None
+    whether a round pays for the match at hand (:class:`~.pace.LookupPace`); None
     drafts wherever a match exists, so which steps draft depends on the tokens alone (a
     seeded request's draws are reproducible).
 
@@ -341,140 +246,3 @@ def prompt_lookup_steps(
         finally:
             if ahead:
                 trim_prompt_cache(cache, ahead)
-
-
-def draft_model_steps(
-    model: Any,
-    draft_model: Any,
-    prompt: list[int],
-    cache: list[Any],
-    draft_cache: list[Any],
-    *,
-    num_draft_tokens: int,
-    max_tokens: int,
-    sampler: Callable[[Any], Any],
-    prefill_step_size: int,
-) -> Generator[Step, None, None]:
-    """Decode with mlx-lm's ``speculative_generate_step`` and a draft model.
-
-    ``cache`` and ``draft_cache`` must hold the same tokens; ``prompt`` is what
-    follows them. On close, both caches are left holding only tokens yielded so far
-    (mlx-lm rewinds them), so they can be stored for the next request.
-    """
-    import mlx.core as mx
-    from mlx_lm.generate import speculative_generate_step
-
-    steps = speculative_generate_step(
-        mx.array(prompt, mx.uint32),
-        model,
-        draft_model,
-        num_draft_tokens=num_draft_tokens,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        prompt_cache=[*cache, *draft_cache],
-        prefill_step_size=prefill_step_size,
-    )
-    produced = 0
-    opens_round = True
-    try:
-        for token, _, from_draft in steps:
-            # mlx-lm drafts min(num_draft_tokens, tokens left) per round; a round ends
-            # with the target's own token.
-            drafted = min(num_draft_tokens, max_tokens - produced) if opens_round else 0
-            produced += 1
-            opens_round = not from_draft
-            yield int(token), drafted, bool(from_draft)
-    finally:
-        steps.close()
-
-
-class DraftCache:
-    """The draft model's KV cache of the last request, reused when a prompt extends it.
-
-    The target's prefix cache hands a request the KV of ``reused`` prompt tokens; the
-    draft model must hold the same tokens, so its cache is trimmed to the common
-    prefix and the rest prefilled. Owner thread only.
-    """
-
-    def __init__(self) -> None:
-        self._tokens: list[int] = []
-        self._cache: list[Any] | None = None
-
-    def take(self, model: Any, prefix: list[int], step_size: int) -> list[Any]:
-        """A draft cache holding exactly ``prefix``."""
-        cache, keep = self.take_shared(model, prefix)
-        prefill(model, cache, prefix[keep:], step_size)
-        return cache
-
-    def take_shared(self, model: Any, tokens: list[int]) -> tuple[list[Any], int]:
-        """A draft cache cut to what it shares with ``tokens``, and how many it holds;
-        the caller prefills the rest (a piece at a time)."""
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
-        cache, held = self._cache, self._tokens
-        self.clear()
-        keep = common_prefix_len(held, tokens) if cache is not None else 0
-        if cache is None or keep == 0:
-            return make_prompt_cache(model), 0
-        trim_prompt_cache(cache, cache_offset(cache) - keep)
-        return cache, keep
-
-    def put(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep the draft cache of ``tokens`` (it may hold fewer, never other ones)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        offset = cache_offset(cache)
-        if offset > len(tokens):
-            trim_prompt_cache(cache, offset - len(tokens))
-            offset = len(tokens)
-        self._tokens, self._cache = tokens[:offset], cache
-
-    def clear(self) -> None:
-        self._tokens, self._cache = [], None
-
-
-class DraftModel:
-    """An engine's draft model: its folder (checked at construction), its weights
-    (loaded with the target, on the owner thread), and the KV cache of the last request
-    that drafted with it.
-
-    Raises:
-        FileNotFoundError: The folder, its config or its weights are missing.
-    """
-
-    def __init__(self, name: str | Path | None):
-        self.name = name
-        self.path = None if name is None else resolve_model_path(name)
-        if self.path is not None:
-            check_model_dir(self.path)
-        # Owner thread only.
-        self.model: Any = None
-        self.cache = DraftCache()
-        self._lease: Any = None
-
-    def load(self, target_tokenizer: Any) -> None:
-        """Load the weights, if there is a draft model.
-
-        Raises:
-            ValueError: Its vocabulary differs from the target's (the lease is released).
-        """
-        if self.path is None:
-            return
-        import mlx_lm
-
-        lease = lease_model(self.path)
-        try:
-            loaded = mlx_lm.load(str(self.path))
-            check_draft_vocabulary(target_tokenizer, loaded[1], str(self.name))
-        except BaseException:
-            if lease is not None:
-                lease.release()
-            raise
-        self.model, self._lease = loaded[0], lease
-
-    def unload(self) -> None:
-        self.cache.clear()
-        self.model = None
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()

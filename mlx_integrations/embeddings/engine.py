@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, get_args
 
-from mlx_integrations.engine.owner import at_thread_exit, make_owner_thread, stop_owner_thread
-from mlx_integrations.engine.sentence_head import (
+from mlx_integrations.embeddings.sentence_head import (
     POOLING_MODES,
     PoolingMode,
     SentenceEmbeddingConfig,
     normalize_vectors,
     pool_hidden_states,
 )
+from mlx_integrations.runtime.owner import at_thread_exit, make_owner_thread, stop_owner_thread
 
 if TYPE_CHECKING:
-    from mlx_integrations.engine.bert_encoder import BertModel
+    from mlx_integrations.embeddings.bert import BertModel
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -114,7 +114,7 @@ class EmbeddingEngine:
     Prefer :func:`get_embedding_engine`, which shares one engine per model folder.
 
     Example:
-        >>> from mlx_integrations.engine.embedding import get_embedding_engine
+        >>> from mlx_integrations.embeddings.engine import get_embedding_engine
         >>> engine = get_embedding_engine("/path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
         >>> vectors = engine.embed(["MLX runs on Apple silicon.", "So does this."])
         ... # doctest: +SKIP
@@ -273,7 +273,7 @@ class EmbeddingEngine:
     # -- owner thread ------------------------------------------------------------------
 
     def _load(self) -> EmbeddingModelInfo:
-        from mlx_integrations.engine.loading import lease_model
+        from mlx_integrations.models.resolve import lease_model
 
         self._lease = lease_model(self.path)
         try:
@@ -286,7 +286,7 @@ class EmbeddingEngine:
         import mlx.core as mx
         from transformers import AutoTokenizer
 
-        from mlx_integrations.engine.bert_encoder import load_bert
+        from mlx_integrations.embeddings.bert import load_bert
 
         st_config = SentenceEmbeddingConfig.from_folder(self.path)
         folder = st_config.transformer_dir
@@ -454,7 +454,7 @@ def resolve_embedding_model(name: str | os.PathLike[str]) -> Path:
         FileNotFoundError: When nothing by that name exists locally; the message says
             how to get it.
     """
-    from mlx_integrations.engine.loading import resolve_model_path
+    from mlx_integrations.models.resolve import resolve_model_path
 
     return resolve_model_path(os.fspath(name) if isinstance(name, os.PathLike) else name)
 

@@ -6,7 +6,7 @@ serving callers) decides: it shares each request, then each sampled token togeth
 with whether to go on, and the others follow. ``mx.distributed`` has no broadcast, so
 rank 0 shares a message as an ``all_sum`` in which every other rank adds zeros.
 
-``python -m mlx_integrations.engine.ranks`` is the program ``mlxi launch`` runs on
+``python -m mlx_integrations.engine.distributed.ranks`` is the program ``mlxi launch`` runs on
 ranks 1 and above: it joins the group, loads the model rank 0 names, and follows.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mlx_integrations.engine.control import ControlClient, ControlServer, listen
-from mlx_integrations.engine.speculative import prefill as feed
+from mlx_integrations.engine.decoding import prefill as feed
+from mlx_integrations.engine.distributed.control import ControlClient, ControlServer, listen
 from mlx_integrations.engine.stats import memory_stats
 
 Parallel = Literal["tensor", "pipeline"]
@@ -391,11 +391,11 @@ def serve_follower(
 
 
 def main() -> None:
-    """Entry point of ``python -m mlx_integrations.engine.ranks``."""
+    """Entry point of ``python -m mlx_integrations.engine.distributed.ranks``."""
     env = rank_env()
     if env.rank == 0:
         sys.exit(
-            "mlx_integrations.engine.ranks follows rank 0; rank 0 runs the program "
+            "mlx_integrations.engine.distributed.ranks follows rank 0; rank 0 runs the program "
             "that creates the DistributedEngine (see mlxi launch)"
         )
     try:

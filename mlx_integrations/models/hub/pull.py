@@ -16,13 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.models.downloads import (
-    Cancellation,
-    HubRevision,
-    keep_partial,
-    resume_partials,
-    run_interruptibly,
-)
 from mlx_integrations.models.errors import (
     GatedRepoError,
     HubError,
@@ -38,7 +31,14 @@ from mlx_integrations.models.errors import (
     StoreIOError,
 )
 from mlx_integrations.models.folders import read_json_object
-from mlx_integrations.models.hashing import DownloadHasher, HashedFile
+from mlx_integrations.models.hub.downloads import (
+    Cancellation,
+    HubRevision,
+    keep_partial,
+    resume_partials,
+    run_interruptibly,
+)
+from mlx_integrations.models.hub.hashing import DownloadHasher, HashedFile
 from mlx_integrations.models.manifest import (
     Manifest,
     ModelSource,

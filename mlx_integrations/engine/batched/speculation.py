@@ -6,7 +6,7 @@ the right (each with its own left padding). A speculative step feeds each row
 ``[pending, drafts...]``, right-padded to one width, where the drafts are the tokens
 that followed the latest earlier occurrence of the row's last n-gram
 (:class:`~mlx_integrations.engine.speculative.NgramIndex`, as for a request alone), or
-with ``draft_model``, the draft model's picks (:mod:`.batch_draft`).
+with ``draft_model``, the draft model's picks (:mod:`.draft_model`).
 Each row's sampler picks a token at every position; the row keeps its drafts up to
 the first one that differs from the pick, and the pick there is its new pending
 token. The row's rejected drafts and padding are then dropped from the cache:
@@ -23,9 +23,9 @@ runs beside it. It is fed its pending token alone in a speculative step, its
 processors run on that position exactly as in mlx-lm's step.
 
 A step speculates only when at least half the rows can draft and wide steps have been
-emitting tokens faster than plain ones (:class:`~.step_pace.StepPace`); otherwise (and
+emitting tokens faster than plain ones (:class:`~mlx_integrations.engine.speculative.pace.StepPace`); otherwise (and
 always for models whose batch cache is neither a plain ``BatchKVCache`` nor the
-quantized one of :mod:`.batch_kv`: sliding windows, state-space layers) the batch runs
+quantized one of :mod:`.kv_cache`: sliding windows, state-space layers) the batch runs
 mlx-lm's own step, untouched. Owner thread only.
 """
 
@@ -39,13 +39,14 @@ from typing import Any
 
 from mlx_lm.models.cache import BatchKVCache
 
-from mlx_integrations.engine.batch_draft import BatchDrafter
-from mlx_integrations.engine.batch_kv import BatchQuantizedKVCache, roll_back_rows
-from mlx_integrations.engine.batch_sampling import SeededSampler
+from mlx_integrations.engine.batched.draft_model import BatchDrafter
+from mlx_integrations.engine.batched.kv_cache import BatchQuantizedKVCache, roll_back_rows
+from mlx_integrations.engine.batched.sampling import SeededSampler
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import SamplingParams
-from mlx_integrations.engine.speculative import DraftModel, NgramIndex
-from mlx_integrations.engine.step_pace import StepPace
+from mlx_integrations.engine.speculative.draft_model import DraftModel
+from mlx_integrations.engine.speculative.pace import StepPace
+from mlx_integrations.engine.speculative.prompt_lookup import NgramIndex
 
 _ROLLBACK = (BatchKVCache, BatchQuantizedKVCache)
 """Batch caches whose rows can each drop their last positions (trim, then right padding

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mlx_integrations.engine.decoding import repair_random_state
 from mlx_integrations.engine.params import SamplingParams
-from mlx_integrations.engine.random_state import repair_random_state
 
 
 class GuardedProcessors:

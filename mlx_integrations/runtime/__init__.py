@@ -1,0 +1,27 @@
+"""MLX as this package runs it: the backend's setup, owner threads, and the sync bridge.
+
+- :mod:`.backend`: BLAS preloading on Linux, float32 kept out of TF32, backend facts;
+- :mod:`.owner`: the one thread per model that loads it and runs every MLX step;
+- :mod:`.sync`: driving any async engine from synchronous code.
+
+This is the floor under the engines and the embeddings: it knows no model and imports
+nothing else of the package. Importing it imports no MLX.
+"""
+
+from mlx_integrations.runtime.backend import (
+    TF32_VARIABLE,
+    BackendInfo,
+    backend_info,
+    keep_float32_precise,
+    preload_cpu_blas,
+    quantized_attention_error,
+)
+
+__all__ = [
+    "TF32_VARIABLE",
+    "BackendInfo",
+    "backend_info",
+    "keep_float32_precise",
+    "preload_cpu_blas",
+    "quantized_attention_error",
+]

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
-from mlx_integrations.models import ModelStore, pull, quantize_model
+from mlx_integrations.models import ModelStore, pull, quantize_model, remove_model
 from mlx_integrations.models.progress import tqdm_bridge
 from tests.support.tiny_models import build_tiny_model
 
@@ -153,7 +153,7 @@ def bench_quantize(model: Path, work: Path, repeat: int) -> tuple[list[float], l
                 gc.collect()
                 step()
         shutil.rmtree(out)
-        store.remove(f"q-{i}")
+        remove_model(f"q-{i}", store=store)
     return ref, ours
 
 

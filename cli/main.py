@@ -393,19 +393,25 @@ def rm(
     A pulled model's files stay in the Hugging Face cache, which other tools share,
     unless --purge.
     """
+    from mlx_integrations.models.cleanup import remove_model
     from mlx_integrations.models.store import default_store
 
     store = default_store()
     for n in names:
         # Fails before removing anything when a name is unknown (or, with --purge, has
         # no files left in the Hugging Face cache either).
-        preview = store.remove(n, dry_run=True, purge_hf_cache=purge)
+        preview = remove_model(n, dry_run=True, purge_hf_cache=purge, store=store)
         if not force and not dry_run and preview.in_use_by:
-            store.remove(n)  # in use: fails with the holders and the hint, before asking
+            remove_model(
+                n, store=store
+            )  # in use: fails with the holders and the hint, before asking
     if not confirm(f"Remove {', '.join(names)}?", yes, dry_run):
         typer.echo("Nothing removed.", err=True)
         raise typer.Exit(1)
-    results = [store.remove(n, dry_run=dry_run, force=force, purge_hf_cache=purge) for n in names]
+    results = [
+        remove_model(n, dry_run=dry_run, force=force, purge_hf_cache=purge, store=store)
+        for n in names
+    ]
     return Result([dataclasses.asdict(r) for r in results], removal_lines(results, force))
 
 
@@ -434,17 +440,18 @@ def prune(
 ) -> Result:
     """Remove unfinished builds, orphaned folders, dangling aliases and stale partial
     downloads."""
+    from mlx_integrations.models.cleanup import prune as prune_store
     from mlx_integrations.models.store import default_store
 
     store = default_store()
-    preview = store.prune(dry_run=True)
+    preview = prune_store(dry_run=True, store=store)
     if preview.items and not dry_run:
         if not confirm(
             f"Remove {len(preview.items)} items ({human_size(preview.freed_bytes)})?", yes, dry_run
         ):
             typer.echo("Nothing removed.", err=True)
             raise typer.Exit(1)
-        report = store.prune()
+        report = prune_store(store=store)
     else:
         report = dataclasses.replace(preview, dry_run=dry_run)  # a dry run, or nothing to do
     lines = [f"{item.kind:20} {item.path} {item.detail}".rstrip() for item in report.items]

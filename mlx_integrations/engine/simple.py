@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,11 @@ from mlx_integrations.engine.cache.kv_quantization import (
     maybe_quantize,
 )
 from mlx_integrations.engine.cache.prefix_cache import cache_nbytes
-from mlx_integrations.engine.decoding import Step, plain_steps, repair_random_state
+from mlx_integrations.engine.decoding import Step, plain_steps
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
-from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.jobs import Job
 from mlx_integrations.engine.options import EngineOptions
+from mlx_integrations.engine.serial import SerialEngine
 from mlx_integrations.engine.speculative.draft_model import DraftModel, draft_model_steps
 from mlx_integrations.engine.speculative.pace import LookupPace
 from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
@@ -34,7 +33,7 @@ from mlx_integrations.engine.vision.vlm import (
 logger = logging.getLogger(__name__)
 
 
-class SimpleEngine(MLXEngine):
+class SimpleEngine(SerialEngine):
     """Serve one model, one request at a time, on a thread that owns the model.
 
     Requests that arrive while one runs wait in line (or, with
@@ -141,35 +140,11 @@ class SimpleEngine(MLXEngine):
         self._reset_vision_turn()
         return cleared
 
-    def _is_full(self) -> bool:
-        return bool(self._jobs)
-
     def _busy_message(self) -> str:
         return (
             f"SimpleEngine for {self._name!r} is serving another request; retry later "
             "or create the engine with admission='wait' to queue requests"
         )
-
-    def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
-        # The executor's single worker is the owner thread; its queue is the wait line.
-        executor.submit(self._execute, job)
-
-    def _execute(self, job: Job) -> None:
-        """Run one request to its end on the owner thread."""
-        if job.abort.is_set():
-            self._finish(job, aborted_output(job))
-            return
-        self._mark_running(job)
-        result: MLXGenerationOutput | BaseException
-        try:
-            result = self._generate(job)
-        except Exception as exc:
-            # The request's KV cache is dropped (never stored half-updated, see
-            # _generate); MLX's random state may need a reseed before the next one.
-            logger.debug("Request %s failed", job.params.request_id, exc_info=True)
-            repair_random_state()
-            result = exc
-        self._finish(job, result)
 
     def _generate(self, job: Job) -> MLXGenerationOutput:
         import mlx.core as mx

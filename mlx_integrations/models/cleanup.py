@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from mlx_integrations.models.errors import ManifestError, ModelInUseError, ModelNotFoundError
 from mlx_integrations.models.folders import (
@@ -24,9 +24,7 @@ from mlx_integrations.models.folders import (
 from mlx_integrations.models.leases import holders, lease_alive, lease_files
 from mlx_integrations.models.manifest import MANIFEST_FILE, Manifest
 from mlx_integrations.models.names import folder_name, is_repo_id, validate_name
-
-if TYPE_CHECKING:
-    from mlx_integrations.models.store import ModelStore, StoredModel
+from mlx_integrations.models.store import ModelStore, StoredModel, default_store
 
 
 @dataclass(frozen=True)
@@ -88,15 +86,26 @@ class _HubLinks:
     bytes: int
 
 
-def remove(
-    store: ModelStore,
+def remove_model(
     name: str,
     *,
     dry_run: bool = False,
     force: bool = False,
     purge_hf_cache: bool = False,
+    store: ModelStore | None = None,
 ) -> RemoveResult:
-    """Remove a model (and its aliases), or only an alias; see :meth:`ModelStore.remove`."""
+    """Remove a model (and its aliases), or only an alias when ``name`` is one.
+
+    A model that a process holds (an engine, ``mlxi run``; see :meth:`ModelStore.lease`) is
+    kept unless ``force``: a loaded copy keeps working, but it could not load again.
+    The files a pulled model links in the Hugging Face cache stay there (other tools
+    share that cache; ``hf_cache_bytes`` says how much) unless ``purge_hf_cache``,
+    which deletes that revision from the cache when no other stored model uses it.
+
+    Raises:
+        ModelInUseError: The model is held and ``force`` is False.
+    """
+    store = store or default_store()
     validate_name(name)
     with store.lock():
         aliases = store.aliases()
@@ -211,13 +220,24 @@ def _links_into(folder: Path, target: Path) -> bool:
 
 
 def prune(
-    store: ModelStore,
     *,
     dry_run: bool = False,
+    store: ModelStore | None = None,
     hf_cache_dir: str | Path | None = None,
     incomplete_age_s: float = 3600.0,
 ) -> PruneReport:
-    """Remove what no model needs; see :meth:`ModelStore.prune`."""
+    """Remove what no model needs: unfinished builds, trash, dangling aliases,
+    folders without a manifest, models whose files are all gone, stale leases, and
+    partial Hub downloads older than ``incomplete_age_s``.
+
+    Args:
+        dry_run: Report without removing.
+        store: The store (default: ``$MLXI_HOME``).
+        hf_cache_dir: The Hugging Face cache to look for ``*.incomplete`` files in
+            (default: the one huggingface_hub uses). Pass ``""`` to skip it.
+        incomplete_age_s: Partial downloads younger than this may be in progress.
+    """
+    store = store or default_store()
     items: list[PruneItem] = []
     with store.lock():
         folders = sorted(store.models_dir.iterdir()) if store.models_dir.is_dir() else []

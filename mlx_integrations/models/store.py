@@ -14,7 +14,7 @@ Layout::
 
 A model is built in a temporary folder next to its target and renamed into place once
 complete, so an interrupted pull, quantize or import never looks like a model.
-Removing and pruning live in cleanup.py, models in use in leases.py.
+Removing and pruning (over a store) live in cleanup.py, models in use in leases.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.models import cleanup
-from mlx_integrations.models.cleanup import PruneItem, PruneReport, RemoveResult
 from mlx_integrations.models.errors import (
     InvalidNameError,
     JSONFileError,
@@ -224,7 +222,7 @@ class ModelStore:
 
         Example:
             >>> with store.lease("smollm2"):  # doctest: +SKIP
-            ...     store.remove("smollm2")  # raises ModelInUseError
+            ...     remove_model("smollm2", store=store)  # raises ModelInUseError
         """
         return self.lease_folder(self.get(name).path)
 
@@ -418,50 +416,6 @@ class ModelStore:
         model = self.get(name)
         return verify_files(model.manifest, model.path)
 
-    def remove(
-        self,
-        name: str,
-        *,
-        dry_run: bool = False,
-        force: bool = False,
-        purge_hf_cache: bool = False,
-    ) -> RemoveResult:
-        """Remove a model (and its aliases), or only an alias when ``name`` is one.
-
-        A model that a process holds (an engine, ``mlxi run``; see :meth:`lease`) is
-        kept unless ``force``: a loaded copy keeps working, but it could not load again.
-        The files a pulled model links in the Hugging Face cache stay there (other tools
-        share that cache; ``hf_cache_bytes`` says how much) unless ``purge_hf_cache``,
-        which deletes that revision from the cache when no other stored model uses it.
-
-        Raises:
-            ModelInUseError: The model is held and ``force`` is False.
-        """
-        return cleanup.remove(
-            self, name, dry_run=dry_run, force=force, purge_hf_cache=purge_hf_cache
-        )
-
-    def prune(
-        self,
-        *,
-        dry_run: bool = False,
-        hf_cache_dir: str | Path | None = None,
-        incomplete_age_s: float = 3600.0,
-    ) -> PruneReport:
-        """Remove what no model needs: unfinished builds, trash, dangling aliases,
-        folders without a manifest, models whose files are all gone, stale leases, and
-        partial Hub downloads older than ``incomplete_age_s``.
-
-        Args:
-            dry_run: Report without removing.
-            hf_cache_dir: The Hugging Face cache to look for ``*.incomplete`` files in
-                (default: the one huggingface_hub uses). Pass ``""`` to skip it.
-            incomplete_age_s: Partial downloads younger than this may be in progress.
-        """
-        return cleanup.prune(
-            self, dry_run=dry_run, hf_cache_dir=hf_cache_dir, incomplete_age_s=incomplete_age_s
-        )
-
 
 def _dangling_links(folder: Path) -> list[str]:
     """Paths under ``folder`` of symlinks whose target no longer exists (sorted)."""
@@ -487,20 +441,6 @@ def list_models(prefix: str | None = None, *, store: ModelStore | None = None) -
 def get_model(name: str, *, store: ModelStore | None = None) -> StoredModel:
     """One stored model by name or alias (see :meth:`ModelStore.get`)."""
     return (store or default_store()).get(name)
-
-
-def remove_model(
-    name: str,
-    *,
-    dry_run: bool = False,
-    force: bool = False,
-    purge_hf_cache: bool = False,
-    store: ModelStore | None = None,
-) -> RemoveResult:
-    """Remove a model or an alias (see :meth:`ModelStore.remove`)."""
-    return (store or default_store()).remove(
-        name, dry_run=dry_run, force=force, purge_hf_cache=purge_hf_cache
-    )
 
 
 def lease_model_folder(path: Path) -> ModelLease | None:
@@ -537,24 +477,11 @@ def verify_model(name: str, *, store: ModelStore | None = None) -> VerifyReport:
     return (store or default_store()).verify(name)
 
 
-def prune(
-    *,
-    dry_run: bool = False,
-    store: ModelStore | None = None,
-    hf_cache_dir: str | Path | None = None,
-) -> PruneReport:
-    """Remove unfinished builds and orphaned data (see :meth:`ModelStore.prune`)."""
-    return (store or default_store()).prune(dry_run=dry_run, hf_cache_dir=hf_cache_dir)
-
-
 __all__ = [
     "DEFAULT_HOME",
     "ModelBuild",
     "ModelLease",
     "ModelStore",
-    "PruneItem",
-    "PruneReport",
-    "RemoveResult",
     "StoredModel",
     "atomic_write_text",
     "default_store",
@@ -562,8 +489,6 @@ __all__ = [
     "get_model",
     "lease_model_folder",
     "list_models",
-    "prune",
-    "remove_model",
     "store_home",
     "tag_model",
     "verify_model",

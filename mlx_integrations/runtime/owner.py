@@ -10,19 +10,36 @@ interpreter exit for owners nobody stopped.
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _registered: set[Callable[[], None]] = set()
 _lock = threading.Lock()
 
 
-def make_owner_thread(name: str) -> ThreadPoolExecutor:
-    """A single-worker executor: jobs run in order on one thread."""
+def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
+    """A single-worker executor: jobs run in order on one thread.
+
+    ``daemon`` makes a thread that does not hold up interpreter exit
+    (:class:`DaemonOwnerThread`), for work that may never return.
+    """
+    if daemon:
+        return DaemonOwnerThread(name)
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+
+def join_owner_thread(executor: ThreadPoolExecutor | None, timeout: float) -> None:
+    """Wait up to ``timeout`` s for a stopped daemon owner thread to end (its streams
+    go before the interpreter does); a plain executor joins itself at exit."""
+    if isinstance(executor, DaemonOwnerThread):
+        executor.join(timeout)
 
 
 def release_thread_streams() -> None:
@@ -77,3 +94,52 @@ def _close_all() -> None:
         items = list(_closers.items())
     for owner, close in items:
         close(owner)
+
+
+class DaemonOwnerThread(ThreadPoolExecutor):
+    """A one-thread executor whose thread does not hold up interpreter exit.
+
+    A collective waiting on a lost rank never returns, and the interpreter joins a
+    ``ThreadPoolExecutor``'s threads at exit: rank 0 would never end.
+    """
+
+    def __init__(self, name: str):
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        with self._shutdown_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._shutdown_lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
+        if wait:
+            self.join()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after :meth:`shutdown`), at most ``timeout`` s."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)

@@ -14,7 +14,14 @@ from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
 from mlx_integrations.engine import SimpleEngine
-from mlx_integrations.models import ModelInUseError, ModelStore, import_model, show_model
+from mlx_integrations.models import (
+    ModelInUseError,
+    ModelStore,
+    import_model,
+    prune,
+    remove_model,
+    show_model,
+)
 
 _HOLDER = textwrap.dedent(
     """
@@ -52,7 +59,7 @@ async def test_an_engine_holds_its_store_model_until_it_stops(store, tiny_llama)
         assert store.users("tiny") == (os.getpid(),)
         assert show_model("tiny", store=store).in_use_by == (os.getpid(),)
         with pytest.raises(ModelInUseError, match=rf"in use by process {os.getpid()}") as info:
-            store.remove("tiny")
+            remove_model("tiny", store=store)
         assert "--force" in (info.value.hint or "")
         assert store.contains("tiny")
         out = await engine.generate("Hello", max_tokens=3, temperature=0.0)
@@ -60,7 +67,7 @@ async def test_an_engine_holds_its_store_model_until_it_stops(store, tiny_llama)
     finally:
         await engine.stop()
     assert store.users("tiny") == ()
-    assert store.remove("tiny").kind == "model"
+    assert remove_model("tiny", store=store).kind == "model"
 
 
 def test_a_model_held_by_another_process_is_kept_until_forced(store, tiny_llama):
@@ -70,12 +77,12 @@ def test_a_model_held_by_another_process_is_kept_until_forced(store, tiny_llama)
     try:
         assert store.users("fast") == (proc.pid,)
         with pytest.raises(ModelInUseError) as info:
-            store.remove("tiny")
+            remove_model("tiny", store=store)
         assert info.value.pids == (proc.pid,)
-        assert store.remove("fast").kind == "alias"  # an alias is only a name
-        dry = store.remove("tiny", dry_run=True, force=True)
+        assert remove_model("fast", store=store).kind == "alias"  # an alias is only a name
+        dry = remove_model("tiny", dry_run=True, force=True, store=store)
         assert dry.in_use_by == (proc.pid,) and store.contains("tiny")
-        removed = store.remove("tiny", force=True)
+        removed = remove_model("tiny", force=True, store=store)
         assert removed.in_use_by == (proc.pid,) and not store.contains("tiny")
     finally:
         proc.kill()
@@ -89,10 +96,10 @@ def test_a_holder_that_died_does_not_block_removal(store, tiny_llama):
     proc.wait()
     leases = list((store.home / "in-use").iterdir())
     assert len(leases) == 1
-    report = store.prune(dry_run=True, hf_cache_dir="")
+    report = prune(dry_run=True, hf_cache_dir="", store=store)
     assert [i.kind for i in report.items] == ["stale_lease"]
     assert store.users("tiny") == ()
-    assert store.remove("tiny").kind == "model"
+    assert remove_model("tiny", store=store).kind == "model"
     assert list((store.home / "in-use").iterdir()) == []
 
 
@@ -101,10 +108,10 @@ def test_lease_names_do_not_mix_up_models_with_similar_names(store, tiny_llama):
     import_model(tiny_llama, "tiny.v2", store=store)
     with store.lease("tiny.v2"):
         assert store.users("tiny") == ()
-        assert store.remove("tiny").kind == "model"
+        assert remove_model("tiny", store=store).kind == "model"
         with pytest.raises(ModelInUseError):
-            store.remove("tiny.v2")
-    assert store.remove("tiny.v2").kind == "model"
+            remove_model("tiny.v2", store=store)
+    assert remove_model("tiny.v2", store=store).kind == "model"
 
 
 def test_a_folder_outside_the_store_is_not_claimed(store, tiny_llama, tmp_path):
@@ -199,10 +206,10 @@ def test_a_model_made_again_under_a_removed_name_is_not_held_by_old_users(store,
     import_model(tiny_llama, "tiny", store=store)
     proc = _holder(store, "tiny")
     try:
-        assert store.remove("tiny", force=True).in_use_by == (proc.pid,)
+        assert remove_model("tiny", force=True, store=store).in_use_by == (proc.pid,)
         import_model(tiny_llama, "tiny", store=store)
         assert store.users("tiny") == ()
-        assert store.remove("tiny").kind == "model"
+        assert remove_model("tiny", store=store).kind == "model"
     finally:
         proc.kill()
         proc.wait()
@@ -211,7 +218,7 @@ def test_a_model_made_again_under_a_removed_name_is_not_held_by_old_users(store,
 def test_dry_run_reports_a_model_in_use_without_failing(store, tiny_llama):
     import_model(tiny_llama, "tiny", store=store)
     with store.lease("tiny"):
-        dry = store.remove("tiny", dry_run=True)
+        dry = remove_model("tiny", dry_run=True, store=store)
         assert dry.dry_run and dry.in_use_by == (os.getpid(),)
         assert store.contains("tiny")
 
@@ -237,7 +244,7 @@ def test_a_model_reached_through_a_symlink_is_claimed(store, tiny_llama, tmp_pat
     with lease_model_folder(link) as lease:
         assert lease is not None and store.users("tiny") == (os.getpid(),)
         with pytest.raises(ModelInUseError):
-            store.remove("tiny")
+            remove_model("tiny", store=store)
     assert store.users("tiny") == ()
 
     engine = SimpleEngine(link)
@@ -250,4 +257,4 @@ def test_a_model_reached_through_a_symlink_is_claimed(store, tiny_llama, tmp_pat
             await engine.stop()
 
     assert asyncio.run(users_while_loaded()) == (os.getpid(),)
-    assert store.remove("tiny").kind == "model"
+    assert remove_model("tiny", store=store).kind == "model"

@@ -17,6 +17,8 @@ from mlx_integrations.models import (
     ModelStore,
     StoreIOError,
     import_model,
+    prune,
+    remove_model,
     resolve_model,
     show_model,
     validate_name,
@@ -123,13 +125,13 @@ def test_tag_and_remove(store, tiny_llama):
     with pytest.raises(ModelExistsError):
         store.tag("tiny", "tiny")
 
-    result = store.remove("fast")
+    result = remove_model("fast", store=store)
     assert result.kind == "alias" and store.contains("tiny") and not store.contains("fast")
 
     store.tag("tiny", "fast")
-    dry = store.remove("tiny", dry_run=True)
+    dry = remove_model("tiny", dry_run=True, store=store)
     assert dry.freed_bytes > 0 and store.contains("tiny")
-    removed = store.remove("tiny")
+    removed = remove_model("tiny", store=store)
     assert removed.aliases_removed == ("fast",)
     assert not store.contains("tiny") and not store.contains("fast")
     with pytest.raises(ModelNotFoundError, match="'tiny' is not in the store") as info:
@@ -142,7 +144,7 @@ def test_remove_a_model_in_use_keeps_the_loaded_copy_working(store, tiny_llama):
 
     model = import_model(tiny_llama, "tiny", store=store)
     loaded, tokenizer = load(str(model.path))
-    store.remove("tiny")
+    remove_model("tiny", store=store)
     assert not model.path.exists()
     text = generate(loaded, tokenizer, "Hello", max_tokens=4)
     assert isinstance(text, str) and text
@@ -199,12 +201,12 @@ def test_prune_removes_leftovers_and_keeps_models(store, tiny_llama, tmp_path):
     partial.write_bytes(b"y" * 10)
     os.utime(partial, (1, 1))
 
-    dry = store.prune(dry_run=True, hf_cache_dir=hf)
+    dry = prune(dry_run=True, hf_cache_dir=hf, store=store)
     kinds = sorted(i.kind for i in dry.items)
     assert kinds == ["dangling_alias", "incomplete_build", "incomplete_download", "orphan_folder"]
     assert stale.exists() and partial.exists()
 
-    report = store.prune(hf_cache_dir=hf)
+    report = prune(hf_cache_dir=hf, store=store)
     assert report.freed_bytes >= 110
     assert not stale.exists() and not orphan.exists() and not partial.exists()
     assert live.exists()

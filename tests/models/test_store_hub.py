@@ -16,6 +16,7 @@ from mlx_integrations.models import (
     RepoNotFoundError,
     RevisionNotFoundError,
     pull,
+    remove_model,
     resolve_model,
 )
 from tests.support.fake_hub import FakeHub, folder_files
@@ -169,7 +170,7 @@ def test_rm_purge_during_a_pull_of_the_same_files_keeps_them(hub, store, tmp_pat
         # Inside the second pull, once it has linked and hashed the cached files and
         # before it commits: the moment another process's `mlxi rm --purge` would race it.
         if update.task == "hash" and update.done and not removed:
-            removed.append(store.remove("org/tiny", purge_hf_cache=True))
+            removed.append(remove_model("org/tiny", purge_hf_cache=True, store=store))
 
     _pull(hub, store, tmp_path, name="copy", progress=progress)
     [result] = removed

@@ -57,10 +57,10 @@ def _sha256(path: Path) -> str:
 
 
 def _importer_digest() -> str:
-    from mlx_integrations.models import gguf, gguf_reader, gguf_tokenizer
+    from mlx_integrations.models.gguf import convert, reader, tokenizer
 
     digest = hashlib.sha256()
-    for module in (gguf, gguf_reader, gguf_tokenizer):
+    for module in (convert, reader, tokenizer):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()
 

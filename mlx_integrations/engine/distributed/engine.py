@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import queue
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ParamSpec, TypedDict, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from mlx_integrations.chat.template import probe_template
 from mlx_integrations.chat.tool_formats import detect_format
 from mlx_integrations.engine.cache.prefix_cache import MiB
-from mlx_integrations.engine.decoding import repair_random_state
 from mlx_integrations.engine.distributed.ranks import (
     DEFAULT_RANK_TIMEOUT,
     DEFAULT_START_TIMEOUT,
@@ -34,17 +30,29 @@ from mlx_integrations.engine.distributed.ranks import (
     join_as_leader,
     load_shard,
     next_logits,
+    positive_seconds,
     prefill,
     rank_env,
     serve_follower,
 )
+from mlx_integrations.engine.distributed.stats import (
+    DistributedClearStats,
+    DistributedStats,
+    RankClearStats,
+    RankStats,
+)
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
-from mlx_integrations.engine.jobs import Job, aborted_output
-from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.jobs import Job
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.stats import ClearStats, EngineStats, MemoryStats, memory_stats
+from mlx_integrations.engine.serial import SerialEngine
+from mlx_integrations.engine.stats import MemoryStats, memory_stats
 from mlx_integrations.models.resolve import lease_model
-from mlx_integrations.runtime.owner import close_at_exit, stop_owner_thread
+from mlx_integrations.runtime.owner import (
+    close_at_exit,
+    join_owner_thread,
+    make_owner_thread,
+    stop_owner_thread,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,49 +66,11 @@ class DistributedError(RuntimeError):
     code = "distributed_rank_lost"
 
 
-class RankStats(TypedDict):
-    """One rank as rank 0 last heard of it."""
-
-    rank: int
-    host: str
-    pid: int
-    alive: bool
-    last_heartbeat_s: float
-    """Seconds since its last heartbeat (0 for rank 0 itself)."""
-    steps: int
-    """Decode steps it has followed."""
-    memory: MemoryStats
-
-
-class DistributedStats(EngineStats):
-    """``get_stats()`` of a :class:`DistributedEngine`: the common keys, and the ranks."""
-
-    world_size: int
-    parallel: str
-    state: str
-    """``"idle"`` (not loaded), ``"serving"``, ``"stopped"`` or ``"failed"``."""
-    error: str | None
-    collective_s_per_token: float
-    """Seconds per token rank 0 spent sharing tokens, waiting for the others included."""
-    ranks: list[RankStats]
-
-
-class RankClearStats(TypedDict):
-    rank: int
-    freed_buffer_pool_mb: float
-
-
-class DistributedClearStats(ClearStats):
-    """``clear_runtime_caches()`` of a :class:`DistributedEngine`: the sum, and per rank."""
-
-    ranks: list[RankClearStats]
-
-
 class _CollectiveError(Exception):
     """A collective raised: a peer is gone (MLX's ring reports a lost connection)."""
 
 
-class DistributedEngine(MLXEngine):
+class DistributedEngine(SerialEngine):
     """Serve one model sharded over the ranks of an ``mx.distributed`` group.
 
     Start every rank with ``mlxi launch`` (or by hand with MLX's ring variables,
@@ -203,7 +173,7 @@ class DistributedEngine(MLXEngine):
             raise self._failure
         with self._start_lock:
             if self._executor is None and self._model is None:
-                self._executor = _DaemonOwner(f"mlxi-owner-{self._path.name}")
+                self._executor = make_owner_thread(f"mlxi-owner-{self._path.name}", daemon=True)
                 close_at_exit(self, _close_at_exit)
         super().prepare_for_start()
 
@@ -226,12 +196,10 @@ class DistributedEngine(MLXEngine):
             self._release_lease()
             if executor is not None:
                 stop_owner_thread(executor)
-                if isinstance(executor, _DaemonOwner):
-                    await asyncio.to_thread(executor.join, 5)
+                await asyncio.to_thread(join_owner_thread, executor, 5)
             return
         await super().stop()
-        if isinstance(executor, _DaemonOwner):  # its streams go before the interpreter does
-            await asyncio.to_thread(executor.join, 5)
+        await asyncio.to_thread(join_owner_thread, executor, 5)
 
     def _order_exit(self, code: int, reason: str) -> None:
         """Owner thread: every rank leaves its loop; no request can follow."""
@@ -317,30 +285,19 @@ class DistributedEngine(MLXEngine):
 
     # --------------------------------------------------------------- requests
 
-    def _is_full(self) -> bool:
-        return bool(self._jobs)
-
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
         if self._failure is not None:
             raise self._failure
-        executor.submit(self._execute, job)
+        super()._dispatch(executor, job)
 
-    def _execute(self, job: Job) -> None:
-        if job.abort.is_set() or self._failure is not None:
-            self._finish(job, self._failure or aborted_output(job))
-            return
-        self._mark_running(job)
-        result: MLXGenerationOutput | BaseException
-        try:
-            result = self._generate(job)
-        except _CollectiveError as exc:
+    def _refusal(self, job: Job) -> MLXGenerationOutput | BaseException | None:
+        return self._failure or super()._refusal(job)
+
+    def _ends_engine(self, exc: Exception) -> bool:
+        if isinstance(exc, _CollectiveError):  # a lost rank: every request ends
             self._fail(self._lost_rank(exc))
-            return
-        except Exception as exc:
-            logger.debug("Request %s failed", job.params.request_id, exc_info=True)
-            repair_random_state()
-            result = exc
-        self._finish(job, result)
+            return True
+        return False
 
     def _collective(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -533,14 +490,7 @@ def _seconds(name: str, value: float | None, env: str) -> float:
     default = DEFAULT_RANK_TIMEOUT if name == "rank_timeout" else DEFAULT_START_TIMEOUT
     if value is None:
         return env_seconds(env, default)
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return positive_seconds(name, value)
 
 
 def _hostname() -> str:
@@ -577,54 +527,4 @@ def _close_at_exit(engine: DistributedEngine) -> None:
         executor, engine._executor = engine._executor, None
     if executor is not None:
         stop_owner_thread(executor)
-        if isinstance(executor, _DaemonOwner):  # its streams go before the interpreter does
-            executor.join(timeout=5)
-
-
-class _DaemonOwner(ThreadPoolExecutor):
-    """A one-thread executor whose thread does not hold up interpreter exit.
-
-    A collective waiting on a lost rank never returns, and the interpreter joins a
-    ``ThreadPoolExecutor``'s threads at exit: rank 0 would never end.
-    """
-
-    def __init__(self, name: str):
-        super().__init__(max_workers=1, thread_name_prefix=name)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        future: Future[T] = Future()
-        with self._shutdown_lock:
-            if self._closed:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.put((future, fn, args, kwargs))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._shutdown_lock:
-            if not self._closed:
-                self._closed = True
-                self._queue.put(None)
-        if wait:
-            self.join()
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to end (after :meth:`shutdown`), at most ``timeout`` s."""
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        join_owner_thread(executor, 5)

@@ -31,6 +31,7 @@ from mlx_integrations.engine.distributed.ranks import (
     ENV_RANK_TIMEOUT,
     ENV_START_TIMEOUT,
     ENV_WORLD_SIZE,
+    positive_seconds,
 )
 
 Backend = Literal["ring", "mpi"]
@@ -243,8 +244,7 @@ def launch(
     if backend not in ("ring", "mpi"):
         raise ValueError(f"backend must be 'ring' or 'mpi', got {backend!r}")
     for name, value in (("start_timeout", start_timeout), ("rank_timeout", rank_timeout)):
-        if not value > 0:
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        positive_seconds(name, value)
     if hostfile is not None:
         hosts = read_hostfile(hostfile)
         if num_ranks is not None and num_ranks != len(hosts):

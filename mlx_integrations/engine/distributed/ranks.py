@@ -78,12 +78,31 @@ def launched_ranks() -> int:
     return int(os.environ.get(ENV_WORLD_SIZE) or 0)
 
 
+def positive_seconds(name: str, value: Any) -> float:
+    """``value`` as seconds: a finite number above 0 (a bool is no number).
+
+    Raises:
+        ValueError: Naming ``name`` and the value.
+    """
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def env_seconds(name: str, default: float) -> float:
     """A positive number of seconds from the environment, or ``default``."""
     text = os.environ.get(name)
     if not text:
         return default
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # refused below, with the variable's name
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {text!r}")
     return value

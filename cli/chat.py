@@ -151,6 +151,8 @@ class RunOptions:
     """Keywords of the engine (``draft_model``, ``prompt_lookup``, ``kv_bits``)."""
     images: tuple[str, ...] = ()
     """Images (paths or URLs) that go with the first question (vision models)."""
+    json_output: bool = False
+    """Print nothing while the answer streams; :func:`one_shot` prints one JSON object."""
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""
@@ -204,11 +206,37 @@ def response_format_option(value: str | None) -> dict[str, Any] | None:
 
 @dataclass
 class Answer:
-    """What one streamed answer said: its text and the tool calls it made."""
+    """What one streamed answer said: its text, thinking, tool calls and usage."""
 
     text: str
     tool_calls: list[dict[str, Any]]
     finish_reason: str | None = None
+    reasoning: str = ""
+    finished: Any = None
+    """The turn's last event (:class:`~mlx_integrations.chat.completion.Finished`)."""
+
+    def to_json(self, model: str) -> dict[str, Any]:
+        """The answer as ``mlxi run --json`` prints it.
+
+        ``tokens_per_second`` is the decode rate after the first token (the prompt's
+        prefill is in ``time_to_first_token_s``).
+        """
+        last = self.finished
+        return {
+            "model": model,
+            "model_path": last.model_name if last is not None else None,
+            "text": self.text,
+            "reasoning": self.reasoning or None,
+            "tool_calls": self.tool_calls,
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": last.prompt_tokens if last is not None else 0,
+                "completion_tokens": last.completion_tokens if last is not None else 0,
+                "cached_tokens": last.cached_tokens if last is not None else 0,
+            },
+            "time_to_first_token_s": round(last.ttft_s, 4) if last is not None else None,
+            "tokens_per_second": round(last.generation_tps, 2) if last is not None else None,
+        }
 
     def cut_off(self, opts: RunOptions) -> bool:
         """True when ``--format`` asked for JSON and ``--max-tokens`` ended it first:
@@ -278,7 +306,9 @@ def _stream(
         tasks.append(task)
 
     dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
+    quiet = opts.json_output  # collected for one JSON object; nothing streams
     parts: list[str] = []
+    thought: list[str] = []
     calls: list[dict[str, Any]] = []
     thinking = False
     stopped = False
@@ -295,6 +325,9 @@ def _stream(
                 elif stopped:
                     continue  # what streamed in before the cancel took effect
                 elif isinstance(event, ReasoningDelta) and opts.show_thinking:
+                    thought.append(event.text)
+                    if quiet:
+                        continue
                     if not thinking:
                         sys.stderr.write(dim)
                         thinking = True
@@ -305,13 +338,17 @@ def _stream(
                         sys.stderr.write(plain + "\n")
                         thinking = False
                     parts.append(event.text)
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+                    if not quiet:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
                 elif isinstance(event, ParsedToolCall):
                     call = {"id": event.id, "name": event.name, "arguments": event.arguments}
                     calls.append(call)
-                    sys.stdout.write(("\n" if parts else "") + json.dumps(call, ensure_ascii=False))
-                    sys.stdout.flush()
+                    if not quiet:
+                        sys.stdout.write(
+                            ("\n" if parts else "") + json.dumps(call, ensure_ascii=False)
+                        )
+                        sys.stdout.flush()
                 elif isinstance(event, InvalidToolCall):
                     typer.echo(f"Warning: invalid tool call ({event.error}): {event.raw}", err=True)
                 elif isinstance(event, Finished):
@@ -322,8 +359,9 @@ def _stream(
         finally:
             if thinking:
                 sys.stderr.write(plain + "\n")
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            if not quiet:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
     if stopped:
         raise KeyboardInterrupt
     error = tasks[0].exception()
@@ -343,7 +381,8 @@ def _stream(
             f"finish: {last.finish_reason}]",
             err=True,
         )
-    return Answer("".join(parts), calls, last.finish_reason if last is not None else None)
+    reason = last.finish_reason if last is not None else None
+    return Answer("".join(parts), calls, reason, "".join(thought), last)
 
 
 def _tool_results(answer: Answer) -> list[dict[str, Any]]:
@@ -392,6 +431,10 @@ def one_shot(model: str, prompt: str, opts: RunOptions) -> None:
             answer = _stream(engine, messages, opts, signals)
         finally:
             _stop(engine)
+    if opts.json_output:
+        from mlx_integrations.cli.output import print_json
+
+        print_json(answer.to_json(model))
     if answer.cut_off(opts):
         raise typer.Exit(1)
 

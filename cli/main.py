@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import typer
+from mlx_integrations.cli.doctor import doctor
 from mlx_integrations.cli.errors import handle_errors
-from mlx_integrations.cli.options import confirm
+from mlx_integrations.cli.options import JSON_OPTION, confirm
 from mlx_integrations.cli.output import (
     Result,
     Table,
+    generation_text,
     human_age,
     human_count,
     human_size,
@@ -25,6 +26,7 @@ from mlx_integrations.cli.output import (
     removal_lines,
     stdin_is_tty,
 )
+from mlx_integrations.cli.warm import warm
 
 from mlx_integrations import __version__
 
@@ -35,8 +37,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON.")
 
 
 def _version(value: bool) -> None:
@@ -297,12 +297,24 @@ def ps(json_output: bool = JSON_OPTION) -> Result:
 @prints_result
 def show(
     name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
+    template: bool = typer.Option(False, "--template", help="Print only the chat template."),
     json_output: bool = JSON_OPTION,
 ) -> Result:
-    """Show a model's architecture, size, quantization, source and files."""
+    """Show a model's architecture, size, quantization, source, chat template,
+    generation defaults and files."""
     from mlx_integrations.models.info import show_model
 
     info = show_model(name)
+    if template:
+        data = {k: getattr(info, k) for k in ("name", "chat_template", "chat_template_file")}
+        if info.chat_template is None:
+            return Result(
+                data,
+                error=f"{info.name} has no chat template (no chat_template.jinja, and no "
+                "chat_template in tokenizer_config.json).",
+                hint="Without one, conversations reach the model as 'role: content' lines.",
+            )
+        return Result(data, [info.chat_template.removesuffix("\n")])
     q = info.quantization
     src = info.source
     lines = [
@@ -324,12 +336,22 @@ def show(
             "tools in template",
             {True: "yes", False: "no", None: "no template"}[info.template_takes_tools],
         ),
+        (
+            "chat template",
+            f"{info.chat_template_file} ({human_size(len(info.chat_template.encode()))}; "
+            f"mlxi show {name} --template prints it)"
+            if info.chat_template is not None
+            else "none (conversations reach the model as 'role: content' lines)",
+        ),
+        ("generation", generation_text(info.generation)),
     ]
     if src is not None:
         origin = src.repo_id or src.base or src.path or "-"
         lines.append(("source", f"{src.kind}: {origin}"))
         if src.commit:
             lines.append(("revision", f"{src.revision} @ {src.commit}"))
+        if src.sha256:
+            lines.append(("source sha256", src.sha256))
     if info.warm_caches:
         lines.append(("warm caches", ", ".join(info.warm_caches)))
     if info.in_use_by:
@@ -468,65 +490,7 @@ def prune(
 # Using models
 
 
-@app.command()
-@handle_errors
-@prints_result
-def warm(
-    model: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
-    cache_name: str = typer.Option("default", "--name", "-n", help="Name of the warm cache."),
-    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
-    system_file: Path | None = typer.Option(None, "--system-file", help="System prompt file."),
-    tools: Path | None = typer.Option(None, "--tools", help="JSON file of tool definitions."),
-    text_file: Path | None = typer.Option(
-        None,
-        "--file",
-        "-f",
-        help="Document appended to the system prompt (a raw prefix "
-        "when no system prompt or tools are given).",
-    ),
-    weights: bool = typer.Option(
-        True, "--weights/--no-weights", help="Also read the weights into the OS page cache."
-    ),
-    json_output: bool = JSON_OPTION,
-) -> Result:
-    """Precompute the KV cache of a prompt prefix and store it with the model.
-
-    Engines load these caches at start, so the first request that begins with the same
-    system prompt and tools skips their prefill. Without a prefix, only the weights
-    are read once (page cache).
-    """
-    from mlx_integrations.cli.chat import read_tools
-    from mlx_integrations.cli.progress import progress_bars
-
-    from mlx_integrations.models.warm import warm_model, warm_weights
-
-    if system is not None and system_file is not None:
-        raise typer.BadParameter("give --system or --system-file, not both")
-    if not weights and system is None and system_file is None and not tools and not text_file:
-        raise typer.BadParameter("nothing to warm: give --system, --tools or --file")
-    if system_file is not None:
-        system = system_file.read_text()
-    tool_defs = read_tools(tools) if tools is not None else None
-    text = text_file.read_text() if text_file is not None else None
-    out: dict[str, Any] = {}
-    with progress_bars() as progress:
-        if weights:
-            out["weights_bytes"] = warm_weights(model, progress=progress)
-        if system is not None or tool_defs or text:
-            result = warm_model(
-                model, cache_name, system=system, tools=tool_defs, text=text, progress=progress
-            )
-            out["cache"] = result.to_dict()
-    lines = []
-    if "weights_bytes" in out:
-        lines.append(f"read {human_size(out['weights_bytes'])} of weights")
-    if "cache" in out:
-        c = out["cache"]
-        lines.append(
-            f"warmed '{c['name']}': {c['tokens']} tokens ({c['source']}) "
-            f"in {c['seconds']:.2f} s -> {c['path']}"
-        )
-    return Result(out, lines)
+app.command()(warm)
 
 
 @app.command()
@@ -570,6 +534,9 @@ def run(
     image: list[str] = typer.Option(
         [], "--image", "-i", help="An image (path or URL) for a vision model; repeatable."
     ),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print the answer, usage and timings as one JSON object."
+    ),
 ) -> None:
     """Chat with a model: one answer to PROMPT, or an interactive session.
 
@@ -580,6 +547,7 @@ def run(
     --draft-model or --prompt-lookup decode speculatively (greedy answers unchanged).
     --kv-bits holds a long conversation in less memory, with answers that may drift.
     --image gives a vision-language model images with the (first) question.
+    --json (one-shot only) prints one JSON object once the answer is complete.
     """
     import sys
 
@@ -607,6 +575,12 @@ def run(
         prompt = sys.stdin.read()
     if prompt is not None and not prompt.strip() and not image:
         raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
+    if json_output and prompt is None:
+        raise typer.BadParameter(
+            "the interactive session prints text; give a prompt for one JSON answer: "
+            "mlxi run MODEL 'PROMPT' --json (or pipe it: echo PROMPT | mlxi run MODEL --json)",
+            param_hint="--json",
+        )
     if max_tokens < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--max-tokens")
     options = RunOptions(
@@ -620,6 +594,7 @@ def run(
         tool_choice=tool_choice,
         engine_options=engine_options(draft_model, prompt_lookup, kv_bits),
         images=image_sources(image),
+        json_output=json_output,
     )
     if prompt is not None:
         one_shot(model, prompt, options)
@@ -627,16 +602,7 @@ def run(
         chat_session(model, options)
 
 
-@app.command()
-@prints_result
-def doctor(json_output: bool = JSON_OPTION) -> Result:
-    """Report the MLX version, backend, device, mlx-lm version and the model store path."""
-    from mlx_integrations.models.store import store_home
-    from mlx_integrations.runtime import backend_info
-
-    info: dict[str, Any] = dict(backend_info())
-    info["store"] = str(store_home())
-    return Result(info, [f"{key:16} {value}" for key, value in info.items()])
+app.command()(doctor)
 
 
 from mlx_integrations.cli.launch import launch_command  # noqa: E402

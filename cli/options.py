@@ -13,6 +13,8 @@ from pathlib import Path
 import typer
 from mlx_integrations.cli.output import stdin_is_tty
 
+JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON.")
+
 
 def confirm(question: str, yes: bool, dry_run: bool) -> bool:
     """Ask only a person at a terminal; scripts (no TTY) and --yes go ahead."""

@@ -109,6 +109,19 @@ def removal_lines(results: Sequence[Any], force: bool) -> list[str]:
     return lines
 
 
+def generation_text(defaults: Any) -> str:
+    """A model's ``generation_config.json`` defaults on one line (``mlxi show``)."""
+    if defaults is None:
+        return "none (no generation_config.json)"
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+    parts = [f"{k} {getattr(defaults, k)}" for k in keys if getattr(defaults, k) is not None]
+    if defaults.do_sample is False:
+        parts.append("greedy (do_sample false)")
+    if defaults.eos_token_ids:
+        parts.append("eos ids " + ", ".join(map(str, defaults.eos_token_ids)))
+    return ", ".join(parts) or "no defaults set in generation_config.json"
+
+
 def human_size(n: float | None) -> str:
     """Bytes as ``12.3 MB`` (decimal units, as Ollama and hf print them)."""
     if n is None:

@@ -1,15 +1,17 @@
 """RAG over a folder of documents with LlamaIndex: MLX embeddings and MLXLLM, offline.
 
+The models are the ones `scripts/dev demo` (or `python cookbook/example_model.py`) puts in
+the model store: all-MiniLM-L6-v2 for embeddings, SmolLM2-135M-Instruct for the answer.
+
 Run: python cookbook/llamaindex_rag.py [folder]
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from example_model import example_model
+from example_model import example_embedder, example_model
 from llama_index.core import Settings, SimpleDirectoryReader, VectorStoreIndex
 
 from mlx_integrations.llama_index import MLXLLM, MLXEmbedding
@@ -17,11 +19,11 @@ from mlx_integrations.llama_index import MLXLLM, MLXEmbedding
 
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data" / "notes"
-    embedder = os.environ.get("MLXI_EXAMPLE_EMBEDDINGS", "sentence-transformers/all-MiniLM-L6-v2")
     Settings.llm = MLXLLM(
         model=example_model(), temperature=0, max_tokens=48, repetition_penalty=1.2
     )
-    Settings.embed_model = MLXEmbedding(model_name=embedder)
+    # all-MiniLM-L6-v2 from the model store (any sentence-transformers folder or name works).
+    Settings.embed_model = MLXEmbedding(model_name=example_embedder())
     documents = SimpleDirectoryReader(str(folder)).load_data()
     index = VectorStoreIndex.from_documents(documents)
     # One passage: a 135M model is easily led astray by a second, loosely related one;

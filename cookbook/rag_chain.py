@@ -1,13 +1,14 @@
 """A RAG chain in LCEL: MLX embeddings, an in-memory vector store and ChatMLX, offline.
 
+The models are the ones `scripts/dev demo` (or `python cookbook/example_model.py`) puts in
+the model store: all-MiniLM-L6-v2 for embeddings, SmolLM2-135M-Instruct for the answer.
+
 Run: python cookbook/rag_chain.py
 """
 
 from __future__ import annotations
 
-import os
-
-from example_model import example_model
+from example_model import example_embedder, example_model
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -25,9 +26,8 @@ NOTES = [
 
 
 def main() -> None:
-    # Any sentence-transformers model folder, store alias or pulled Hub id.
-    embedder = os.environ.get("MLXI_EXAMPLE_EMBEDDINGS", "sentence-transformers/all-MiniLM-L6-v2")
-    store = InMemoryVectorStore(MLXEmbeddings(model_name=embedder))
+    # all-MiniLM-L6-v2 from the model store (any sentence-transformers folder or name works).
+    store = InMemoryVectorStore(MLXEmbeddings(model_name=example_embedder()))
     store.add_documents([Document(page_content=n) for n in NOTES])
     retriever = store.as_retriever(search_kwargs={"k": 2})
     prompt = ChatPromptTemplate.from_messages(

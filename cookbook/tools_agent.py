@@ -1,21 +1,29 @@
-"""Tools and an agent: a LangGraph ReAct agent on a local model calls a tool and answers.
+"""An agent with tools on a local model: LangChain's create_agent calls a tool, then
+answers in a schema, streamed as it goes.
 
-Small models rarely start a tool call on their own, so the model is chosen per step:
-while the question is unanswered a call is required (constrained decoding guarantees a
-valid one); once the tool result is in, calls are forbidden and the model answers.
-With a larger model, `llm.bind_tools(tools)` (tool_choice "auto") is all you need.
+- ``RequireToolCall`` makes the model call a tool before it answers: a 135M model asked
+  about the weather would answer from memory. Constrained decoding keeps the call
+  valid; once the result is in, the model answers from it. A model that calls tools
+  well on its own needs no middleware.
+- ``response_format=Weather``: the answer is a ``Weather`` object. ChatMLX's profile says
+  it does structured output, so the agent asks for JSON in that schema, and constrained
+  decoding holds the model to it.
+- ``stream_mode=["messages", "updates"]``: the answer's tokens as they come, and each
+  step (tool call, tool result, structured response) when it is done.
 
-Run: python cookbook/tools_agent.py
+Run: python cookbook/tools_agent.py ["your question"]
 """
 
 from __future__ import annotations
 
-from example_model import example_model
-from langchain_core.messages import HumanMessage
-from langchain_core.tools import tool
-from langgraph.prebuilt import create_react_agent
+import sys
 
-from mlx_integrations.langchain import ChatMLX
+from example_model import example_model
+from langchain.agents import create_agent
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+
+from mlx_integrations.langchain import ChatMLX, RequireToolCall
 
 
 @tool
@@ -24,18 +32,44 @@ def get_weather(city: str) -> str:
     return f"It is 21 degrees and sunny in {city}."
 
 
+class Weather(BaseModel):
+    """The weather in a city."""
+
+    city: str = Field(max_length=40)
+    degrees: int = Field(ge=-90, le=60, description="Temperature in degrees Celsius")
+    summary: str = Field(max_length=60, description="The weather in a few words")
+
+
 def main() -> None:
+    question = " ".join(sys.argv[1:]) or "What is the weather in Paris?"
     llm = ChatMLX(model=example_model(), temperature=0, max_tokens=64, repetition_penalty=1.2)
-
-    def model_for(state, runtime):
-        needs_tool = isinstance(state["messages"][-1], HumanMessage)
-        return llm.bind_tools([get_weather], tool_choice="any" if needs_tool else "none")
-
-    agent = create_react_agent(model_for, [get_weather])
-    result = agent.invoke({"messages": [("human", "What is the weather in Paris?")]})
-    for message in result["messages"]:
-        calls = getattr(message, "tool_calls", None)
-        print(f"[{message.type}] {message.content}" + (f" {calls}" if calls else ""))
+    agent = create_agent(
+        llm,
+        tools=[get_weather],
+        middleware=[RequireToolCall()],
+        response_format=Weather,
+    )
+    print(f"> {question}")
+    answering = False
+    weather = None
+    for mode, data in agent.stream(
+        {"messages": [("human", question)]}, stream_mode=["messages", "updates"]
+    ):
+        if mode == "messages":  # one token (a message chunk) of a model step
+            token, meta = data
+            if meta["langgraph_node"] == "model" and token.content:
+                print("" if answering else "[answer] ", token.content, sep="", end="", flush=True)
+                answering = True
+            continue
+        for update in data.values():  # a step is done
+            for message in (update or {}).get("messages", []):
+                for call in getattr(message, "tool_calls", None) or []:
+                    print(f"[tool call] {call['name']}({call['args']})")
+                if message.type == "tool":
+                    print(f"[tool result] {message.content}")
+            weather = (update or {}).get("structured_response") or weather
+    print()
+    print(repr(weather))
 
 
 if __name__ == "__main__":

@@ -6,17 +6,18 @@ Run: python cookbook/vision_describe.py [IMAGE]
 The model is ``MLXI_EXAMPLE_VISION_MODEL`` (a folder, store alias or pulled Hub id),
 by default ``mlx-community/Qwen2.5-VL-3B-Instruct-4bit``: fetch it once with
 ``mlxi pull mlx-community/Qwen2.5-VL-3B-Instruct-4bit`` (it needs the ``[vision]``
-extra: ``pip install "mlx-integrations[vision]"``). Without IMAGE, a bar chart is drawn.
+extra: ``pip install "mlx-integrations[vision]"``). The notes are embedded with the demo's
+all-MiniLM-L6-v2 (``MLXI_EXAMPLE_EMBEDDINGS``). Without IMAGE, a bar chart is drawn.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import sys
 import tempfile
 from pathlib import Path
 
+from example_model import example_embedder, example_vision_model
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -52,7 +53,7 @@ def image_block(path: Path) -> dict:
 
 
 def main() -> None:
-    model = os.environ.get("MLXI_EXAMPLE_VISION_MODEL", "mlx-community/Qwen2.5-VL-3B-Instruct-4bit")
+    model, embedder = example_vision_model(), example_embedder()
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(sys.argv[1]) if len(sys.argv) > 1 else draw_chart(Path(tmp) / "chart.png")
         llm = ChatMLX(model=model, temperature=0, max_tokens=64)
@@ -65,9 +66,6 @@ def main() -> None:
         print(f"[{msg.usage_metadata['input_tokens']} input tokens, image included]")
 
         # 2. Multimodal RAG: notes retrieved by the question, the image beside them.
-        embedder = os.environ.get(
-            "MLXI_EXAMPLE_EMBEDDINGS", "sentence-transformers/all-MiniLM-L6-v2"
-        )
         store = InMemoryVectorStore(MLXEmbeddings(model_name=embedder))
         store.add_documents([Document(page_content=n) for n in NOTES])
         question = "Which shop sold more in the last quarter of the chart?"

@@ -10,7 +10,7 @@ from typing import Any
 def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` that imports ``name`` from ``modules[name]`` when asked.
 
-    Example:
+    Examples:
         >>> __getattr__ = lazy_attributes(__name__, {"ChatMLX": "mypackage.chat_models"})
     """
 

@@ -11,7 +11,7 @@ import mlx_integrations.llama_index as llama_index
 
 
 def test_public_names():
-    assert sorted(langchain.__all__) == ["ChatMLX", "MLXEmbeddings"]
+    assert sorted(langchain.__all__) == ["ChatMLX", "MLXEmbeddings", "RequireToolCall"]
     assert sorted(llama_index.__all__) == [
         "MLXEmbedding",
         "MLXLLM",

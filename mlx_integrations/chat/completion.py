@@ -14,7 +14,7 @@ import copy
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from mlx_integrations.chat.constraints import constraint_processors, format_instructions
 from mlx_integrations.chat.media_parts import reject_media_for_text_model
@@ -46,7 +46,11 @@ __all__ = [
     "engine_tool_format",
     "pop_engine_options",
     "stream_chat_events",
+    "timeout_message",
+    "within_timeout",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,6 +75,11 @@ class ChatRequest:
     stop: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """Further engine kwargs: top_k, min_p, repetition_penalty, seed, chat_template_kwargs..."""
+    timeout: float | None = None
+    """Seconds the whole turn may take; then its request is stopped and TimeoutError raised."""
+    model: str | None = None
+    """The model's name as the caller gave it (an alias, repo id or path), reported as
+    :attr:`Finished.model_name`; None reports the engine's own ``model_name``."""
     tool_request: ToolRequest = field(init=False)
     """The checked tools and choice that the prompt, the constraint and the parser share."""
 
@@ -91,6 +100,9 @@ class Finished:
     model_name: str
     ttft_s: float
     generation_tps: float
+    model_path: str | None
+    """The folder the engine loaded the model from, where the engine says
+    (``MLXEngine.model_path``); ``model_name`` is the name as given."""
     text: str
     """The raw reply, markup included (for debugging and ``include_raw``)."""
     draft_tokens: int = 0
@@ -215,7 +227,81 @@ async def stream_chat_events(
     With ``stream=False`` (a caller that collects the whole reply) the engine's
     ``chat`` answers in one piece, which the parser reads at once: the same events,
     without a chunk per token on the way.
+
+    Raises:
+        TimeoutError: The turn outlasted ``request.timeout`` (see :func:`within_timeout`).
     """
+    events = _chat_events(engine, request, stream)
+    if request.timeout is not None:
+        events = within_timeout(events, request.timeout, request.max_tokens)
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await cast(Any, events).aclose()  # an early exit aborts the request now, not at GC
+
+
+def timeout_message(timeout: float, max_tokens: int) -> str:
+    """What a call that outlasted its ``timeout`` says (its request was stopped)."""
+    return (
+        f"The call did not finish within timeout={timeout:g} s, so its request was "
+        f"stopped on the engine. Raise timeout (None waits as long as the reply takes), "
+        f"or lower max_tokens (now {max_tokens}) for a shorter reply."
+    )
+
+
+async def within_timeout(
+    stream: AsyncIterator[T], timeout: float, max_tokens: int
+) -> AsyncIterator[T]:
+    """``stream``'s items until ``timeout`` seconds have passed since the first step.
+
+    Each step runs as a task the deadline can cancel; a cancelled step ends the
+    engine's stream, which stops its request between two tokens, and the engine
+    serves the next request as usual.
+
+    Raises:
+        TimeoutError: The deadline passed before the stream ended; it says the
+            ``timeout`` and what to change (:func:`timeout_message`).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while True:
+            step = asyncio.ensure_future(_next(stream))
+            try:
+                await asyncio.wait({step}, timeout=max(deadline - loop.time(), 0.0))
+            finally:
+                timed_out = not step.done()
+                if timed_out:  # (or this consumer was cancelled): end the step first
+                    step.cancel()
+                    await asyncio.wait({step})
+            if timed_out:
+                if not step.cancelled():
+                    step.exception()  # retrieved: the deadline is what the caller hears of
+                raise TimeoutError(timeout_message(timeout, max_tokens))
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _model_path(engine: BaseEngine) -> str | None:
+    path = getattr(engine, "model_path", None)
+    return None if path is None else str(path)
+
+
+async def _next(stream: AsyncIterator[T]) -> T:
+    return await stream.__anext__()
+
+
+async def _chat_events(
+    engine: BaseEngine, request: ChatRequest, stream: bool
+) -> AsyncIterator[Event | Finished]:
     tools = request.tool_request
     options = dict(request.options)
     override = options.pop("tool_format", None)
@@ -290,7 +376,8 @@ async def stream_chat_events(
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
-        model_name=engine.model_name,
+        model_name=request.model or engine.model_name,
+        model_path=_model_path(engine),
         # Unknown (0.0) for a whole reply from an engine that does not time its first token.
         ttft_s=float(
             getattr(last, "ttft_s", 0.0) or ((first_at or started) - started if stream else 0.0)

@@ -8,7 +8,7 @@ stateful and single-use, so make a new one for every request.
 Tool calls are forced in the layout of the model's own family (its
 :class:`~mlx_integrations.chat.tool_formats.ToolFormat` writes the grammar).
 
-Example:
+Examples:
     >>> import asyncio
     >>> from mlx_integrations.engine import SimpleEngine
     >>> from mlx_integrations.chat.constraints import JsonSchemaConstraint
@@ -91,7 +91,7 @@ class JsonSchemaConstraint(Constraint):
     Give strings a ``maxLength`` or ``enum`` where a small model may ramble: the
     grammar keeps the value valid, but only the model decides when a free string ends.
 
-    Example:
+    Examples:
         >>> c = JsonSchemaConstraint({"type": "object", "properties": {"n": {"type": "integer"}}})
         >>> processor = c.make_processor(engine.tokenizer)  # doctest: +SKIP
 
@@ -143,7 +143,7 @@ class LarkConstraint(Constraint):
     For formats that are neither JSON nor tool calls, e.g. the ``Thought:/Action:``
     lines a ReAct agent parses. ``%json {...}`` inside the grammar embeds a JSON schema.
 
-    Example:
+    Examples:
         >>> c = LarkConstraint('start: "yes" | "no"')
         >>> processor = c.make_processor(engine.tokenizer)  # doctest: +SKIP
     """
@@ -193,7 +193,7 @@ class ToolChoiceConstraint(Constraint):
     ``required`` and a named tool make the reply calls only; ``none`` bans the start
     marker.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.chat.tools import read_tool_request
         >>> tools = [{"type": "function", "function": {
         ...     "name": "get_weather",

@@ -149,7 +149,7 @@ class GrammarLogitsProcessor:
     Once the grammar is complete and admits nothing more, only EOS is allowed, so
     generation ends. Single-use: make one per request.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.chat.constraints import JsonSchemaConstraint
         >>> constraint = JsonSchemaConstraint({"type": "object"})
         >>> processor = constraint.make_processor(tokenizer)  # doctest: +SKIP

@@ -10,7 +10,7 @@ class StopMatcher:
     sequence is never emitted, not even in part: text that could begin one stays
     pending until the next piece tells whether it does.
 
-    Example:
+    Examples:
         >>> m = StopMatcher(["</s>"])
         >>> m.feed("Hello </"), m.feed("s> tail")
         ('Hello ', '')

@@ -113,7 +113,7 @@ def _renders_tool_messages(
 def short_call_id(call_id: str) -> str:
     """A 9-character alphanumeric id standing for ``call_id`` (the same one each time).
 
-    Example:
+    Examples:
         >>> short_call_id("call_0123456789abcdef"), short_call_id("abcDEF123")
         ('aff2e571f', 'abcDEF123')
     """

@@ -227,7 +227,7 @@ class BertEncoderStack(nn.Module):
 class BertModel(nn.Module):
     """BERT without its pooler head: token ids in, last hidden states out.
 
-    Example:
+    Examples:
         >>> import mlx_integrations  # noqa: F401  (before mlx.core, for the CPU BLAS)
         >>> import mlx.core as mx
         >>> cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,

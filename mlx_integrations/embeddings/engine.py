@@ -113,7 +113,7 @@ class EmbeddingEngine:
 
     Prefer :func:`get_embedding_engine`, which shares one engine per model folder.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.embeddings.engine import get_embedding_engine
         >>> engine = get_embedding_engine("/path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
         >>> vectors = engine.embed(["MLX runs on Apple silicon.", "So does this."])
@@ -284,6 +284,10 @@ class EmbeddingEngine:
 
     def _load_model(self) -> EmbeddingModelInfo:
         import mlx.core as mx
+
+        # Only the tokenizer comes from transformers: its "PyTorch was not found" advice
+        # does not apply (mlx-lm silences it the same way).
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         from transformers import AutoTokenizer
 
         from mlx_integrations.embeddings.bert import load_bert

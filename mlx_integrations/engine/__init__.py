@@ -34,6 +34,7 @@ __all__ = [
     "cleanup_startup_cancellation",
     "run_blocking_startup_work",
     "suspend_cancellation",
+    "warm_disk_cache",
 ]
 
 
@@ -46,5 +47,6 @@ __getattr__ = lazy_attributes(
         "EmbeddingEngine": "mlx_integrations.embeddings.engine",
         "EngineOptions": "mlx_integrations.engine.options",
         "SimpleEngine": "mlx_integrations.engine.simple",
+        "warm_disk_cache": "mlx_integrations.engine.cache.disk_warm",
     },
 )

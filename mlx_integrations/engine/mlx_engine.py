@@ -34,6 +34,7 @@ from mlx_integrations.engine.base import (
     GenerationOutput,
     run_blocking_startup_work,
 )
+from mlx_integrations.engine.cache.disk import open_disk_cache
 from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
@@ -65,7 +66,6 @@ from mlx_integrations.models.resolve import (
     resolve_model_path,
     vocab_size,
 )
-from mlx_integrations.models.warm import load_warm_caches
 from mlx_integrations.runtime.owner import close_at_exit, make_owner_thread, stop_owner_thread
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ class MLXEngine(BaseEngine):
         **kwargs: Fields of :class:`EngineOptions` as keywords (``admission``,
             ``cache_memory_mb``, ``max_cache_entries``, ``prefill_step_size``,
             ``preserve_native_tool_format``, ``chat_template_kwargs``,
-            ``load_warm_caches``, ``tool_format``); they override ``options``.
+            ``load_warm_caches``, ``tool_format``, ``cache_dir``, ``disk_cache_mb``);
+            they override ``options``.
     """
 
     engine_type = "mlx"
@@ -121,7 +122,9 @@ class MLXEngine(BaseEngine):
         self._tool_format: ToolFormat | None = None
         if opts.preserve_native_tool_format is not None:
             self._preserve_native_tool_format = bool(opts.preserve_native_tool_format)
-        self._prefix = PrefixCache(int(opts.cache_memory_mb * MiB), opts.max_cache_entries)
+        # A vision model's turns are kept outside the prefix cache: no disk tier for it.
+        disk = None if self._vision else open_disk_cache(self._path, opts, self._prefill_step_size)
+        self._prefix = PrefixCache(int(opts.cache_memory_mb * MiB), opts.max_cache_entries, disk)
 
         self._model: Any = None
         self._tokenizer: Any = None
@@ -442,7 +445,8 @@ class MLXEngine(BaseEngine):
         return self._prefix.stats()
 
     def clear_runtime_caches(self) -> ClearStats:  # type: ignore[override]
-        """Drop cached prompt KV (warm caches stay) and return MLX's buffer pool.
+        """Drop cached prompt KV (warm caches and the disk tier stay) and return MLX's
+        buffer pool.
 
         Runs on the owner thread, when no decode step is in progress.
         """
@@ -454,6 +458,16 @@ class MLXEngine(BaseEngine):
                 dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
             )
         return self._on_owner(executor, self._clear).result()
+
+    def clear_disk_cache(self) -> ClearStats:
+        """Remove this model's entries from the disk tier (``cache_dir``); writes still
+        queued are dropped. Entries of other models and KV formats stay.
+        """
+        disk = self._prefix.disk
+        dropped, freed = disk.clear() if disk is not None else (0, 0)
+        return ClearStats(
+            dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
+        )
 
     # ------------------------------------------------------- subclass hooks
 
@@ -496,6 +510,7 @@ class MLXEngine(BaseEngine):
 
     def _load(self) -> None:
         import mlx_lm
+        from mlx_lm.models.cache import make_prompt_cache
 
         self._lease = lease_model(self._path)
         tokenizer: Any
@@ -512,25 +527,22 @@ class MLXEngine(BaseEngine):
                 self._preserve_native_tool_format = self._capabilities.renders_tool_messages
             if self._vocab_size is None:  # config.json did not say: ask the model
                 self._vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
+            if self._prefix.disk is not None:
+                self._prefix.disk.bind(make_prompt_cache(model))
             if self._options.load_warm_caches:
-                self._load_warm_caches()
+                self._prefix.load_warm(self._path)
         except BaseException:
             self._loaded_vision = None
             self._release_lease()
             raise
         self._model, self._tokenizer = model, tokenizer
 
-    def _load_warm_caches(self) -> None:
-        try:
-            for tokens, cache in load_warm_caches(self._path):
-                self._prefix.put(list(tokens), cache, pinned=True)
-        except Exception as exc:  # a stale warm cache must not stop the model loading
-            logger.warning("Ignoring warm caches of %s: %s", self._path, exc)
-
     def _unload(self) -> None:
         import mlx.core as mx
 
         self._prefix.clear(keep_pinned=False)
+        if self._prefix.disk is not None:
+            self._prefix.disk.close()  # what is queued is written before the engine stops
         self._model = None
         self._tokenizer = None
         self._loaded_vision = None

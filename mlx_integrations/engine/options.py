@@ -24,7 +24,7 @@ class EngineOptions:
     adapters' ``engine_options``); keywords given next to an ``options`` object
     override its fields.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.engine.options import EngineOptions
         >>> opts = EngineOptions(admission="fail_fast", cache_memory_mb=256)
         >>> opts.max_cache_entries
@@ -53,6 +53,17 @@ class EngineOptions:
     """Variables passed to the chat template on every call."""
     load_warm_caches: bool = True
     """Load the prefix caches stored with the model by ``mlxi warm``."""
+    cache_dir: str | None = None
+    """A folder for the disk tier of the prefix cache: prompt KV that outlives the
+    process (:mod:`~mlx_integrations.engine.cache.disk`). Entries the memory tier evicts,
+    and the longest piece-aligned prefix of each prompt of two prefill pieces or more,
+    are written there in the background; a new engine (in this process or the next)
+    loads the longest stored prefix of a prompt instead of prefilling it. One folder
+    may serve many models: entries are kept per model weights and KV format. None (the
+    default) keeps the prefix cache in memory only. A ``Path`` is taken too."""
+    disk_cache_mb: float = 4096
+    """Budget of the disk tier, per model and KV format; the least recently used files
+    are removed beyond it. Used with ``cache_dir``."""
     tool_format: str | None = None
     """The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
     :mod:`mlx_integrations.chat.tool_formats`); None detects it once from the tokenizer
@@ -108,6 +119,9 @@ class EngineOptions:
                 f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
                 f"off), got {budget}"
             )
+        _check_disk_options(self.cache_dir, self.disk_cache_mb)
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", str(Path(self.cache_dir).expanduser()))
         step = self.prefill_step_size
         if step is not None and step < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {step}")
@@ -189,6 +203,29 @@ class EngineOptions:
         if options is None:
             return cls(**overrides)
         return replace(options, **overrides) if overrides else options
+
+
+def _check_disk_options(cache_dir: Any, disk_cache_mb: Any) -> None:
+    if cache_dir is not None:
+        if not isinstance(cache_dir, (str, Path)) or not str(cache_dir).strip():
+            raise TypeError(
+                f"cache_dir must be a folder path (str or Path), got {cache_dir!r}; pass "
+                "None to keep the prefix cache in memory only"
+            )
+        folder = Path(cache_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(
+                f"cache_dir={str(cache_dir)!r} is a file, not a folder; pass a folder "
+                "(it is made if missing)"
+            )
+    budget = disk_cache_mb
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"disk_cache_mb must be a number, got {budget!r}")
+    if not math.isfinite(budget) or budget <= 0:
+        raise ValueError(
+            f"disk_cache_mb must be a finite number > 0 (MiB of disk for the cache_dir "
+            f"tier; cache_dir=None turns it off), got {budget}"
+        )
 
 
 def _check_media_limits(max_images: Any, max_media_mb: Any, timeout: Any) -> None:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,37 @@ ENGINE_CLASSES: dict[str, str] = {
     "batched": "mlx_integrations.engine.batched.engine:BatchedEngine",
     "distributed": "mlx_integrations.engine.distributed.engine:DistributedEngine",
 }
+
+
+DEFAULT_ENGINE_TYPE = "batched"
+"""The kind the adapters make when none is named: concurrent calls share decode steps,
+and a call alone decodes outside the batch as fast as on ``SimpleEngine``."""
+
+
+def default_engine_type(model: str | Path, options: Mapping[str, Any]) -> str:
+    """The kind of engine to make for ``model`` when none is named.
+
+    :data:`DEFAULT_ENGINE_TYPE`, except for what only ``SimpleEngine`` serves: a
+    vision-language model (config.json with a ``vision_config``), or a quantized KV
+    cache kept unquantized for its first tokens (``kv_bits`` with
+    ``quantized_kv_start`` above 0). Options only ``BatchedEngine`` takes
+    (``max_num_seqs``) keep the default, so that its own error names the conflict.
+
+    Args:
+        model: A folder, store alias or pulled Hub id.
+        options: The engine options that will be passed to the engine.
+    """
+    if "max_num_seqs" in options:
+        return DEFAULT_ENGINE_TYPE
+    if options.get("kv_bits") is not None and options.get("quantized_kv_start"):
+        return "simple"
+    from mlx_integrations.engine.vision.vlm import is_vision_config
+
+    try:
+        config = json.loads((resolve_model_path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_ENGINE_TYPE  # the engine says what is wrong with the folder
+    return "simple" if isinstance(config, dict) and is_vision_config(config) else DEFAULT_ENGINE_TYPE
 
 
 def engine_class(engine_type: str) -> type[BaseEngine]:
@@ -215,7 +248,7 @@ async def aunload_idle() -> int:
 
     The event loop keeps running other tasks while the models are freed.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.engine import pool
         >>> async def tidy() -> None:
         ...     freed = await pool.aunload_idle()

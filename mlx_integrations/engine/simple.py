@@ -62,7 +62,7 @@ class SimpleEngine(SerialEngine):
     size. It works with prompt lookup, and with a draft model when quantized from the
     first token (``quantized_kv_start=0``).
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> from mlx_integrations.engine import SimpleEngine
         >>> async def main():
@@ -226,7 +226,7 @@ class SimpleEngine(SerialEngine):
             reusable = reusable and cache is not None
             if reusable and cache is not None:
                 # The cache holds the prompt and the sampled tokens it has seen.
-                self._prefix.put(job.tokens + builder.tokens, cache)
+                self._prefix.put(job.tokens + builder.tokens, cache, prompt=len(job.tokens))
                 if draft_cache is not None:
                     self._draft.cache.put(job.tokens + builder.tokens, draft_cache)
         return final

@@ -12,6 +12,38 @@ from typing import Any, TypedDict
 _MiB = 1024 * 1024
 
 
+class DiskCacheStats(TypedDict):
+    """The disk tier under the prefix cache (engines made with ``cache_dir``)."""
+
+    path: str
+    """The folder of this model's entries: one per model and KV format in ``cache_dir``."""
+    entry_count: int
+    """Entries (files) on disk now."""
+    current_disk_mb: float
+    """Bytes of those files, in MiB."""
+    max_disk_mb: float
+    """Budget (``disk_cache_mb``); the least recently used files are removed beyond it."""
+    hits: int
+    """Requests whose prompt KV was loaded from disk."""
+    misses: int
+    """Requests that the memory tier missed and the disk could not serve either."""
+    tokens_loaded: int
+    """Prompt tokens those hits served."""
+    load_seconds: float
+    """Time spent reading and checking entries on the owner thread, in all."""
+    writes: int
+    """Files written since the engine was made."""
+    pending_writes: int
+    """Entries waiting for the writer thread or being written now."""
+    skipped_writes: int
+    """Entries not written: the writer was behind (decoding never waits for it), or a
+    write failed (a full disk); each failure is logged."""
+    evictions: int
+    """Files removed to stay within the budget."""
+    removed_files: int
+    """Files removed without being loaded: damaged, or made for other weights."""
+
+
 class PrefixCacheStats(TypedDict):
     """State of an engine's prefix (prompt KV) cache."""
 
@@ -32,7 +64,9 @@ class PrefixCacheStats(TypedDict):
     max_memory_mb: float
     """Budget; the least recently used entries are evicted beyond it."""
     evictions: int
-    """Entries dropped to stay within the budget."""
+    """Entries dropped to stay within the budget (written to the disk tier, if any)."""
+    disk: DiskCacheStats | None
+    """The disk tier; None for an engine made without ``cache_dir``."""
 
 
 class MemoryStats(TypedDict):

@@ -59,7 +59,7 @@ from mlx_integrations.langchain.structured import (
 )
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
-from mlx_integrations.settings.fields import validate_request_settings
+from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
 _PROVIDER = "mlx"
 
@@ -146,8 +146,6 @@ class ChatMLX(ChatSettings, BaseChatModel):
     stream_usage: bool = True
     """Put ``usage_metadata`` on the last chunk of a stream (a call may pass
     ``stream_usage=`` too). Local token counts cost nothing, so it is on by default."""
-    timeout: float | None = None
-    """Accepted for compatibility with LangChain's standard parameters; unused locally."""
     max_retries: int | None = None
     """Accepted for compatibility with LangChain's standard parameters; unused locally."""
     api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
@@ -234,7 +232,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
     ) -> ChatRequest:
         kwargs = dict(kwargs)
         kwargs.pop("ls_structured_output_format", None)
-        kwargs.pop("model", None)
+        model = kwargs.pop("model", None) or self.model  # reported as given, not resolved
         kwargs.pop("stream", None)  # LangChain's own switch, already acted on
         kwargs.pop("stream_usage", None)  # read by _stream; a whole reply always has usage
         neutral = to_neutral_messages(messages)
@@ -252,6 +250,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
             top_p=kwargs.pop("top_p", self.top_p),
             stop=stop_list(stop if stop is not None else self.stop),
             options=options,
+            timeout=check_timeout(kwargs.pop("timeout", self.timeout)),
+            model=model,
         )
         if kwargs:
             raise TypeError(f"ChatMLX got unexpected call arguments: {sorted(kwargs)}")
@@ -274,7 +274,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
         # A per-call model: its engine comes from the same pool (loaded once, shared).
         from mlx_integrations.engine import pool
 
-        engine = pool.acquire(override, engine_type=self.engine_type, **self.made_engine_options())
+        engine_type = self.engine_type_for(override)
+        engine = pool.acquire(override, engine_type=engine_type, **self.made_engine_options())
         try:
             async for event in stream_chat_events(engine, request, stream):
                 yield event
@@ -556,8 +557,10 @@ def _usage(event: Finished) -> UsageMetadata:
 
 
 def _response_metadata(event: Finished) -> dict[str, Any]:
+    # model_name is the name as given (as ls_model_name), model_path the folder loaded.
     return {
         "model_name": event.model_name,
+        **({"model_path": event.model_path} if event.model_path else {}),
         "model_provider": _PROVIDER,
         "finish_reason": event.finish_reason,
         "time_to_first_token_s": round(event.ttft_s, 6),

@@ -35,6 +35,7 @@ from mlx_integrations.chat.completion import (
     pop_engine_options,
     speculative_metadata,
     stream_chat_events,
+    within_timeout,
 )
 from mlx_integrations.chat.tools import read_tools
 from mlx_integrations.engine.base import GenerationOutput
@@ -44,7 +45,7 @@ from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.llama_index.messages import to_neutral_messages
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
-from mlx_integrations.settings.fields import validate_request_settings
+from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
 if TYPE_CHECKING:
     from llama_index.core.prompts import BasePromptTemplate
@@ -68,7 +69,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
     event loop); tool calls come back as ``ToolCallBlock`` with real call ids;
     ``tool_required`` is enforced by constrained decoding.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             from llama_index.core import Settings
@@ -175,6 +176,8 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             # One string is one stop sequence, not one per character.
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
             options=options,
+            timeout=check_timeout(kwargs.pop("timeout", self.timeout)),
+            model=self.model,  # reported as given (metadata.model_name), not resolved
         )
         kwargs.pop("formatted", None)
         if kwargs:
@@ -276,6 +279,8 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
                 **options,
             ),
         )
+        if request.timeout is not None:
+            stream = within_timeout(stream, request.timeout, request.max_tokens)
         text = ""
         async for out in stream:
             text += out.new_text
@@ -288,6 +293,9 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
                     out.finish_reason,
                     self.model,
                 )
+                path = getattr(self._served_engine(), "model_path", None)
+                if path is not None:
+                    raw["model_path"] = str(path)
                 raw.update(speculative_metadata(out.mtp_drafts, out.mtp_accepted))
             if out.new_text or out.finished:
                 yield CompletionResponse(text=text, delta=out.new_text, raw=raw)
@@ -606,6 +614,8 @@ class _ResponseState:
                 event.finish_reason,
                 event.model_name,
             )
+            if event.model_path:
+                raw["model_path"] = event.model_path  # "model" is the name as given
             raw["time_to_first_token_s"] = event.ttft_s
             raw["tokens_per_second"] = event.generation_tps
             raw.update(event.speculative_metadata())

@@ -4,7 +4,7 @@ A ReAct agent reads ``Thought: ...`` then either ``Action: <tool>`` with
 ``Action Input: {json}``, or ``Answer: ...``. Small models drift from that format;
 this grammar holds them to it, and each action's input to its tool's schema.
 
-Example:
+Examples:
     >>> from llama_index.core.agent.workflow import ReActAgent
     >>> from mlx_integrations.llama_index import MLXLLM, react_response_format
     >>> llm = MLXLLM(model="smollm2-135m-instruct",

@@ -3,7 +3,7 @@
 Everything the ``mlxi`` command does is a call to this package. Importing it is cheap:
 MLX, mlx-lm and huggingface_hub are imported by the functions that need them.
 
-Example:
+Examples:
     >>> from mlx_integrations.models import pull, quantize_model, resolve_model  # doctest: +SKIP
     >>> pull("mlx-community/SmolLM2-135M-Instruct")  # doctest: +SKIP
     >>> quantize_model("mlx-community/SmolLM2-135M-Instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
@@ -46,10 +46,13 @@ _EXPORTS = {
     "import_model": "importer",
     "show_model": "info",
     "ModelInfo": "info",
+    "GenerationDefaults": "info",
     "warm_model": "warm",
     "WarmResult": "warm",
     "load_warm_caches": "warm",
     "warm_weights": "warm",
+    "remove_warm_cache": "warm",
+    "WarmRemoval": "warm",
     "ProgressUpdate": "progress",
     "StoreError": "errors",
     "InvalidNameError": "errors",

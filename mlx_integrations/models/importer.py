@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import shutil
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlx_integrations.models.errors import IntegrityError, ModelNotFoundError
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub.pull import MODEL_FILE_PATTERNS, dtype_of, quantization_of
-from mlx_integrations.models.manifest import Manifest, ModelSource, hash_files, model_files
+from mlx_integrations.models.manifest import (
+    Manifest,
+    ModelSource,
+    hash_files,
+    model_files,
+    sha256_file,
+)
 from mlx_integrations.models.names import validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
 from mlx_integrations.models.store import ModelStore, StoredModel, default_store
@@ -41,14 +50,16 @@ def import_model(
     Returns:
         The stored model.
 
-    Example:
+    Examples:
         >>> import_model("~/models/SmolLM2-135M.gguf", "smollm2")  # doctest: +SKIP
     """
     store = store or default_store()
     validate_name(name)
-    src = Path(source).expanduser().resolve()
-    if src.is_file() and src.suffix.lower() == ".gguf":
-        return _import_gguf(src, name, store, overwrite, dtype, progress)
+    given = given_path(source)
+    # The name the user gave says GGUF: a link's target may be a suffix-less cache blob.
+    if given.is_file() and given.suffix.lower() == ".gguf":
+        return _import_gguf(given, name, store, overwrite, dtype, progress)
+    src = given.resolve()
     if not src.is_dir():
         raise ModelNotFoundError(
             f"{str(source)!r} is neither a folder nor a .gguf file.",
@@ -90,6 +101,12 @@ def import_model(
         return build.commit(manifest)
 
 
+def given_path(source: str | Path) -> Path:
+    """``source`` made absolute as the user wrote it: ``~`` and ``..`` expanded, a
+    symbolic link kept (its target may be a cache blob or a temporary download)."""
+    return Path(os.path.abspath(Path(source).expanduser()))
+
+
 def _check_safetensors(path: Path) -> None:
     """Refuse a weights file cut short (an interrupted copy or download) before it is
     stored: its manifest would record the broken file's sha256 and `mlxi verify` pass."""
@@ -123,9 +140,22 @@ def _import_gguf(
     from mlx_integrations.models.gguf.convert import convert_gguf, read_supported_gguf
 
     st = src.stat()
-    with store.building(name, overwrite=overwrite) as build:
+    failed = threading.Event()
+
+    def going_on() -> None:
+        if failed.is_set():
+            raise InterruptedError  # the conversion failed: stop hashing
+
+    with store.building(name, overwrite=overwrite) as build, ThreadPoolExecutor(1) as pool:
+        # The source's sha256 names exactly which file the model came from; it is
+        # computed beside the conversion, which reads the same file.
+        digest = pool.submit(sha256_file, src, check=going_on)
         report(progress, "import", "Converting GGUF", 0, None, "step")
-        convert_gguf(read_supported_gguf(src), build.path, dtype=dtype)
+        try:
+            convert_gguf(read_supported_gguf(src), build.path, dtype=dtype)
+        except BaseException:
+            failed.set()
+            raise
         report(progress, "import", "Converting GGUF", 1, 1, "step", done=True)
         files = model_files(build.path)
         config = read_json_object(build.path / "config.json")
@@ -133,7 +163,10 @@ def _import_gguf(
             name=name,
             # revision records the file's size and mtime, so a changed file is re-imported.
             source=ModelSource(
-                kind="gguf", path=str(src), revision=f"{st.st_size}:{st.st_mtime_ns}"
+                kind="gguf",
+                path=str(src),
+                revision=f"{st.st_size}:{st.st_mtime_ns}",
+                sha256=digest.result(),
             ),
             files=hash_files(build.path, files),
             quantization=quantization_of(config),

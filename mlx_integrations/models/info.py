@@ -28,6 +28,34 @@ _CONTEXT_KEYS = (
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """The sampling defaults a model ships in ``generation_config.json``.
+
+    Each is None where the file does not set it. The engines sample with the values
+    each request passes (``mlxi run --temperature``, the adapters' fields), not these.
+
+    Attributes:
+        temperature: Sampling temperature.
+        top_p: Nucleus sampling mass.
+        top_k: Candidates kept per step.
+        min_p: Smallest probability kept, relative to the top token's.
+        repetition_penalty: Penalty on tokens already generated.
+        max_new_tokens: Longest answer.
+        do_sample: False where the model's authors decode greedily.
+        eos_token_ids: Tokens that end an answer.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+    do_sample: bool | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """A model's facts.
 
@@ -48,6 +76,11 @@ class ModelInfo:
         in_use_by: Processes that have the model loaded (store models only).
         vision: A vision-language model (it takes images; config.json has a
             ``vision_config``), served through mlx-vlm.
+        chat_template: The chat template the tokenizer renders conversations with
+            (``chat_template.jinja``, else ``chat_template`` of tokenizer_config.json);
+            None when the model has none.
+        chat_template_file: The file ``chat_template`` was read from.
+        generation: Defaults of ``generation_config.json``; None without that file.
     """
 
     name: str
@@ -65,6 +98,9 @@ class ModelInfo:
     warm_caches: tuple[str, ...] = ()
     in_use_by: tuple[int, ...] = ()
     vision: bool = False
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    generation: GenerationDefaults | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for ``mlxi show --json``."""
@@ -74,7 +110,7 @@ class ModelInfo:
 def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInfo:
     """Describe a stored model, or any model folder.
 
-    Example:
+    Examples:
         >>> show_model("qwen3-4b-q4").context_length  # doctest: +SKIP
         40960
     """
@@ -106,6 +142,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         config["text_config"] if isinstance(config.get("text_config"), dict) else {}
     )
     quant = manifest.quantization if manifest and manifest.quantization else quantization_of(config)
+    templates, template_file = chat_templates(path)
     return ModelInfo(
         name=shown,
         path=str(path),
@@ -122,6 +159,9 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         warm_caches=tuple(sorted(p.stem for p in (path / "warm").glob("*.safetensors"))),
         in_use_by=users,
         vision=isinstance(config.get("vision_config"), dict),
+        chat_template=templates.get("default"),
+        chat_template_file=template_file if "default" in templates else None,
+        generation=generation_defaults(path),
     )
 
 
@@ -167,20 +207,72 @@ def count_parameters(path: Path, config: dict[str, Any]) -> int | None:
     return total
 
 
+def chat_templates(path: Path) -> tuple[dict[str, str], str | None]:
+    """A model's chat templates by name (``default`` for the plain one), and their file.
+
+    Read as transformers reads them: ``chat_template.jinja`` wins over the
+    ``chat_template`` of tokenizer_config.json, which is a string or a list of named
+    templates; a vision model's processor may keep it in ``chat_template.json``.
+    Returns ``({}, None)`` when the model has none.
+    """
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return {"default": jinja_file.read_text(encoding="utf-8")}, jinja_file.name
+    template = read_json_object(path / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, str):
+        return {"default": template}, "tokenizer_config.json"
+    if isinstance(template, list):
+        named = {
+            str(t["name"]): t["template"]
+            for t in template
+            if isinstance(t, dict) and isinstance(t.get("template"), str) and t.get("name")
+        }
+        if named:
+            return named, "tokenizer_config.json"
+    processor = read_json_object(path / "chat_template.json").get("chat_template")
+    if isinstance(processor, str):
+        return {"default": processor}, "chat_template.json"
+    return {}, None
+
+
+def generation_defaults(path: Path) -> GenerationDefaults | None:
+    """The sampling defaults of ``generation_config.json``; None without that file."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return None
+    data = read_json_object(file)
+
+    def number(key: str, kind: type[int] | type[float]) -> Any:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if kind is int and not float(value).is_integer():
+            return None  # a top_k of 2.5 is no count
+        return kind(value)
+
+    eos = data.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    do_sample = data.get("do_sample")
+    return GenerationDefaults(
+        temperature=number("temperature", float),
+        top_p=number("top_p", float),
+        top_k=number("top_k", int),
+        min_p=number("min_p", float),
+        repetition_penalty=number("repetition_penalty", float),
+        max_new_tokens=number("max_new_tokens", int),
+        do_sample=do_sample if isinstance(do_sample, bool) else None,
+        eos_token_ids=tuple(i for i in eos_ids if isinstance(i, int) and not isinstance(i, bool)),
+    )
+
+
 def template_takes_tools(path: Path) -> bool | None:
     """Render the chat template with one tool; True when the tool's name shows up.
 
     Returns None when the model has no chat template.
     """
-    tok_config = read_json_object(path / "tokenizer_config.json")
-    template = tok_config.get("chat_template")
-    jinja_file = path / "chat_template.jinja"
-    if template is None and jinja_file.is_file():
-        template = jinja_file.read_text()
-    if isinstance(template, list):  # named templates: use "tool_use" or "default"
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("tool_use") or named.get("default")
-    if not isinstance(template, str):
+    named = chat_templates(path)[0]
+    template = named.get("tool_use") or named.get("default")  # as transformers picks
+    if template is None:
         return None
     probe = "mlxi_probe_tool_7f3a"
     tool = {

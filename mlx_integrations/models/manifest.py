@@ -39,8 +39,11 @@ class ModelSource:
         revision: The revision that was asked for (branch, tag or sha).
         commit: The resolved 40-hex commit sha the files come from.
         endpoint: Hub endpoint used, when not the default one.
-        path: The imported file or folder, for local and GGUF imports.
+        path: The imported file or folder, for local and GGUF imports: absolute, as
+            the user named it (a symbolic link is kept, not followed).
         base: The store name or path a quantized model was made from.
+        sha256: The sha256 of the imported GGUF file (None in manifests written
+            before it was recorded).
     """
 
     kind: SourceKind
@@ -50,6 +53,7 @@ class ModelSource:
     endpoint: str | None = None
     path: str | None = None
     base: str | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class QuantizationInfo:
 class Manifest:
     """What the store knows about one model.
 
-    Example:
+    Examples:
         >>> m = Manifest(name="tiny", source=ModelSource(kind="local", path="/m"))
         >>> Manifest.from_json(m.to_json()) == m
         True
@@ -174,6 +178,30 @@ def model_files(model_dir: Path) -> list[str]:
             if rel not in _NOT_MODEL_FILES:
                 out.append(rel)
     return sorted(out)
+
+
+def model_identity(model_dir: Path) -> str:
+    """A cheap identity of a model's weights: it changes when the weights do.
+
+    The manifest digest of a stored model (the sha256 of its files, made once, when it
+    was stored), with the name, size and modification time of every weight file and
+    the bytes of config.json; no weight file is read. A copy of a folder outside the
+    store is another identity (its files are newer), which is safe: what is keyed by
+    it (the engines' disk cache of prompt KV) is computed again.
+    """
+    model_dir = Path(model_dir)
+    h = hashlib.sha256(b"mlxi-model-identity/1\n")
+    try:
+        h.update(Manifest.read(model_dir).digest.encode())
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # outside the store: the files alone say it
+    config = model_dir / "config.json"
+    h.update(config.read_bytes() if config.is_file() else b"")
+    for rel in model_files(model_dir):
+        if rel.endswith((".safetensors", ".npz", ".gguf")):
+            st = (model_dir / rel).stat()
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 
 def hash_files(

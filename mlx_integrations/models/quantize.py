@@ -18,7 +18,13 @@ from typing import Any
 from mlx_integrations.models.errors import AlreadyQuantizedError
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub.hashing import FinishedFilesHasher
-from mlx_integrations.models.manifest import Manifest, ModelSource, QuantizationInfo, hash_files
+from mlx_integrations.models.manifest import (
+    Manifest,
+    ModelSource,
+    QuantizationInfo,
+    hash_files,
+    sha256_file,
+)
 from mlx_integrations.models.manifest import model_files as list_model_files
 from mlx_integrations.models.names import is_valid_name, looks_like_path, validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
@@ -110,7 +116,7 @@ def quantize_model(
     Returns:
         The quantized model in the store.
 
-    Example:
+    Examples:
         >>> quantize_model("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
     """
     group = check_quantization(bits, group_size, mode, recipe, dtype)
@@ -149,7 +155,12 @@ def quantize_model(
         files = list_model_files(build.path)
         manifest = Manifest(
             name=name,
-            source=ModelSource(kind="quantize", base=_base(source), path=str(gguf or src_path)),
+            source=ModelSource(
+                kind="quantize",
+                base=_base(source),
+                path=str(gguf or src_path),
+                sha256=sha256_file(gguf) if gguf is not None else None,
+            ),
             files=hash_files(build.path, files, known=weights.entries(build.path, files)),
             quantization=quantization,
             dtype=dtype or _dtype(build.path),
@@ -161,7 +172,7 @@ def _base(source: str | Path) -> str:
     """What ``source`` is recorded as: a name as given, a path made absolute."""
     if isinstance(source, str) and not looks_like_path(source):
         return source
-    return str(Path(source).expanduser().resolve())
+    return os.path.abspath(Path(source).expanduser())
 
 
 def _gguf_file(source: str | Path) -> Path | None:
@@ -170,7 +181,9 @@ def _gguf_file(source: str | Path) -> Path | None:
     if not (isinstance(source, Path) or looks_like_path(text) or not is_valid_name(text)):
         return None
     path = Path(text).expanduser()
-    return path.resolve() if path.is_file() and path.suffix.lower() == ".gguf" else None
+    # Absolute as given: the manifest names the file the user named, not a link's target.
+    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    return Path(os.path.abspath(path)) if is_gguf else None
 
 
 def _refuse_quantized(source: str | Path, folder: Path, store: ModelStore) -> None:

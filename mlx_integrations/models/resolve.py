@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -48,7 +49,7 @@ def resolve_model(
         ModelNotFoundError: Nothing by that name; the hint says how to get it.
         InvalidNameError: ``name`` is neither a path nor a valid name.
 
-    Example:
+    Examples:
         >>> resolve_model("qwen3-4b-q4")  # doctest: +SKIP
         PosixPath('/home/me/.cache/mlxi/models/qwen3-4b-q4')
     """
@@ -85,7 +86,8 @@ def _resolve_path(path: Path, store: ModelStore) -> Path:
     if path.is_dir():
         return path.resolve()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf_in_store(path.resolve(), store)
+        # Recorded as given (absolute): a link is not followed to a cache blob.
+        return _gguf_in_store(Path(os.path.abspath(path)), store)
     if path.is_file() and path.name == "config.json":
         return path.parent.resolve()
     raise ModelNotFoundError(
@@ -95,11 +97,11 @@ def _resolve_path(path: Path, store: ModelStore) -> Path:
 
 
 def gguf_store_name(path: Path) -> str:
-    """The store name a GGUF file is imported under: its stem plus a hash of where it is."""
-    path = Path(path).resolve()
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._").lower()[:60] or "model"
+    """The store name a GGUF file is imported under: the stem of the name given (a link's
+    target may be a cache blob named by its hash) plus a hash of where the file is."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-._").lower()[:60] or "model"
     stem = re.sub(r"-{2,}", "-", stem)
-    tag = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    tag = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:8]
     return f"gguf-{stem}-{tag}"
 
 
@@ -112,7 +114,8 @@ def _gguf_in_store(path: Path, store: ModelStore) -> Path:
     if store.contains(name):
         model = store.get(name)
         src = model.manifest.source
-        if src.path == str(path) and src.revision == f"{st.st_size}:{st.st_mtime_ns}":
+        same_file = src.path is not None and Path(src.path).resolve() == path.resolve()
+        if same_file and src.revision == f"{st.st_size}:{st.st_mtime_ns}":
             return model.path
     return import_model(path, name, store=store, overwrite=True).path
 

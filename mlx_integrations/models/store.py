@@ -163,7 +163,7 @@ class ModelBuild:
 class ModelStore:
     """The folder where ``mlxi`` keeps models, manifests and aliases.
 
-    Example:
+    Examples:
         >>> store = ModelStore("/tmp/mlxi-doc")
         >>> [m.name for m in store.list()]
         []
@@ -220,7 +220,7 @@ class ModelStore:
     def lease(self, name: str) -> ModelLease:
         """Claim a stored model for this process until the lease is released.
 
-        Example:
+        Examples:
             >>> with store.lease("smollm2"):  # doctest: +SKIP
             ...     remove_model("smollm2", store=store)  # raises ModelInUseError
         """

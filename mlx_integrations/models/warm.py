@@ -13,6 +13,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,7 @@ def warm_model(
     Returns:
         Where the cache is and how long the prefix is.
 
-    Example:
+    Examples:
         >>> warm_model("qwen3-4b-q4", "agent", system="You are terse.", tools=tools)  # doctest: +SKIP
     """
     validate_name(name, what="warm cache name")
@@ -204,7 +205,7 @@ def load_warm_caches(model_dir: str | Path) -> list[tuple[list[int], list[Any]]]
     Caches made for other weights (the model was pulled again at another revision) are
     left out.
 
-    Example:
+    Examples:
         >>> for tokens, cache in load_warm_caches(path):  # doctest: +SKIP
         ...     prefix_cache.put(tokens, cache, pinned=True)
     """
@@ -222,6 +223,91 @@ def load_warm_caches(model_dir: str | Path) -> list[tuple[list[int], list[Any]]]
         tokens = [int(t) for t in json.loads(metadata["tokens"])]
         out.append((tokens, cache))
     return out
+
+
+@dataclass(frozen=True)
+class WarmCacheFile:
+    """One warm cache file: its name, path and size in bytes."""
+
+    name: str
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class WarmRemoval:
+    """The warm caches removed from a model (or that a dry run would remove).
+
+    Attributes:
+        model: The model as given.
+        removed: The caches, each with its file and size.
+        freed_bytes: Bytes their files held (leftovers of interrupted warms included).
+        dry_run: True when nothing was deleted.
+    """
+
+    model: str
+    removed: tuple[WarmCacheFile, ...]
+    freed_bytes: int
+    dry_run: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data for ``mlxi warm --rm --json``."""
+        return asdict(self)
+
+
+def remove_warm_cache(
+    model: str | Path,
+    name: str | Iterable[str] | None = None,
+    *,
+    dry_run: bool = False,
+    store: ModelStore | None = None,
+) -> WarmRemoval:
+    """Delete warm caches stored with a model: the named ones, or all of them.
+
+    Every name is checked before anything is deleted. Engines already running keep the
+    caches they loaded at start; the next engine starts without them.
+
+    Args:
+        model: Store name, repo id or folder.
+        name: A cache name, several, or None for all the model's caches (and the
+            leftovers of interrupted warms).
+        dry_run: Only report what would be deleted.
+        store: The store (default: ``$MLXI_HOME``).
+
+    Returns:
+        What was (or would be) deleted, and the bytes freed.
+
+    Raises:
+        StoreError: The model has no warm cache of a given name.
+
+    Examples:
+        >>> remove_warm_cache("qwen3-4b-q4", "agent").freed_bytes  # doctest: +SKIP
+        18874368
+    """
+    warm_dir = resolve_model(model, store=store or default_store()) / WARM_DIR
+    present = {p.stem: p for p in sorted(warm_dir.glob("*.safetensors"))}
+    caches = {n: p for n, p in present.items() if not n.startswith(".")}
+    if name is None:
+        chosen, files = list(caches), list(present.values())
+    else:
+        chosen = [name] if isinstance(name, str) else list(dict.fromkeys(name))
+        for n in chosen:
+            validate_name(n, what="warm cache name")
+            if n not in caches:
+                have = f"it has: {', '.join(caches)}" if caches else "it has none"
+                raise StoreError(
+                    f"{model} has no warm cache {n!r} ({have}).",
+                    hint=f"See its warm caches: mlxi show {model}",
+                )
+        files = [caches[n] for n in chosen]
+    sizes = {p: p.stat().st_size for p in files}
+    if not dry_run:
+        for p in files:
+            p.unlink(missing_ok=True)
+        if warm_dir.is_dir() and not any(warm_dir.iterdir()):
+            warm_dir.rmdir()
+    removed = tuple(WarmCacheFile(n, str(caches[n]), sizes[caches[n]]) for n in chosen)
+    return WarmRemoval(str(model), removed, sum(sizes.values()), dry_run)
 
 
 def list_warm_caches(model_dir: str | Path) -> list[str]:

@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.settings.fields import (
+    check_timeout,
     model_field_names,
     reject_unknown_fields,
     validate_adapter_settings,
@@ -32,9 +40,15 @@ class ChatSettings(BaseModel):
     ``mlxi pull``. Ignored when ``engine`` is given."""
     engine: BaseEngine | None = Field(default=None, exclude=True)
     """Any engine honouring the ``BaseEngine`` contract; made from ``model`` when absent."""
-    engine_type: Literal["simple", "batched", "distributed"] = "simple"
-    """Kind of engine made from ``model``: one request at a time, continuous batching, or
-    sharded over the ranks of ``mlxi launch`` (``DistributedEngine``)."""
+    engine_type: Literal["simple", "batched", "distributed"] = "batched"
+    """Kind of engine made from ``model``. ``"batched"`` (the default,
+    ``BatchedEngine``) serves concurrent calls (``abatch``, ``asyncio.gather``, threads)
+    together by continuous batching, and a call alone as fast as ``"simple"``;
+    ``"simple"`` (``SimpleEngine``) serves one request at a time; ``"distributed"``
+    shards the model over the ranks of ``mlxi launch`` (``DistributedEngine``). Left
+    unset, what only ``SimpleEngine`` serves gets ``"simple"``: a vision-language model,
+    or ``kv_bits`` with ``quantized_kv_start`` above 0; the field then says which kind
+    was made."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``,
     speculative decoding's ``prompt_lookup`` or ``draft_model``...; see
@@ -56,7 +70,9 @@ class ChatSettings(BaseModel):
     kv_group_size: int | None = None
     """Values sharing one scale in the quantized KV cache (32, 64 or 128)."""
     quantized_kv_start: int | None = None
-    """Tokens kept unquantized before the KV cache is quantized (``SimpleEngine``)."""
+    """Tokens kept unquantized before the KV cache is quantized. Above 0 (with
+    ``kv_bits``) only ``SimpleEngine`` serves it: an unset ``engine_type`` then makes one,
+    ``engine_type="batched"`` is refused with ``ValueError``."""
     temperature: float = 0.7
     """Sampling temperature; 0 is greedy."""
     max_tokens: int = 512
@@ -84,8 +100,18 @@ class ChatSettings(BaseModel):
     """Tool-call family (``hermes``, ``llama3_json``, ``pythonic``, ``mistral``,
     ``qwen3_coder``, ``glm``, ``lfm``, ``deepseek`` or an mlx-lm parser name), to override
     the one detected from the model's tokenizer and chat template."""
+    timeout: float | None = None
+    """Seconds a whole call may take (waiting for the engine, the prompt and every token,
+    streamed or not); then its request is stopped on the engine and the call raises
+    ``TimeoutError``. None waits as long as the reply takes. A call may pass its own
+    ``timeout=``."""
 
     _owns_engine: bool = PrivateAttr(default=False)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _positive_timeout(cls, value: Any) -> float | None:
+        return check_timeout(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -101,12 +127,17 @@ class ChatSettings(BaseModel):
         from mlx_integrations.engine import pool
 
         validate_adapter_settings(self)  # finite numbers and the engines' ranges, up front
+        options = _engine_options(self, self.engine)
+        if self.engine is None and self.model:
+            # The kind chosen for this model, so ChatMLX and MLXLLM share one engine.
+            object.__setattr__(self, "engine_type", self.engine_type_for(self.model))
+            _check_engine_type(type(self).__name__, self.engine_type, options)
         engine, self._owns_engine = pool.engine_for(
             self,
             self.model,
             self.engine,
             engine_type=self.engine_type,
-            options=_engine_options(self, self.engine),
+            options=options,
             adapter=type(self).__name__,
         )
         object.__setattr__(self, "engine", engine)
@@ -127,6 +158,16 @@ class ChatSettings(BaseModel):
         """The options of an engine made from a model name for this adapter:
         ``engine_options`` joined by the engine fields that are set."""
         return _engine_options(self)
+
+    def engine_type_for(self, model: str) -> str:
+        """The kind of engine made for ``model`` with this adapter's options:
+        ``engine_type`` when it was given, else the default for that model
+        (:func:`~mlx_integrations.engine.pool.default_engine_type`)."""
+        if "engine_type" in self.model_fields_set:
+            return self.engine_type
+        from mlx_integrations.engine import pool
+
+        return pool.default_engine_type(model, self.made_engine_options())
 
     def _served_engine(self) -> BaseEngine:
         assert self.engine is not None  # set by _make_engine
@@ -155,6 +196,20 @@ ENGINE_FIELDS = (
     "quantized_kv_start",
 )
 """Adapter fields that are options of the engine made from ``model``."""
+
+
+def _check_engine_type(adapter: str, engine_type: str, options: Mapping[str, Any]) -> None:
+    """Refuse options that the chosen kind of engine does not take, naming the kind that does.
+
+    Raises:
+        ValueError: ``max_num_seqs`` for an engine other than ``BatchedEngine``.
+    """
+    if "max_num_seqs" in options and engine_type != "batched":
+        raise ValueError(
+            f"{adapter} got engine_options['max_num_seqs']={options['max_num_seqs']!r} with "
+            f"engine_type={engine_type!r}: max_num_seqs sizes the running batch of "
+            "BatchedEngine; use engine_type='batched' (the default), or drop it"
+        )
 
 
 def _engine_options(settings: ChatSettings, engine: Any = None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -15,6 +15,7 @@ from mlx_integrations.embeddings.engine import (
     PoolingMode,
     get_embedding_engine,
 )
+from mlx_integrations.settings.fields import model_field_names, reject_unknown_fields
 
 Role = Literal["query", "document"]
 
@@ -46,6 +47,14 @@ class EmbeddingSettings(BaseModel):
     """Floating point type of the forward pass (``float16`` halves memory on a GPU)."""
 
     _engine: EmbeddingEngine | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_fields(cls, data: Any) -> Any:
+        # LlamaIndex's BaseEmbedding drops them silently; another library's name
+        # (Ollama's keep_alive, sentence-transformers' normalize_embeddings) gets a pointer.
+        reject_unknown_fields(cls.__name__, data, model_field_names(cls))
+        return data
 
     @model_validator(mode="after")
     def _load_engine(self) -> Self:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
@@ -28,17 +28,14 @@ def llm(smollm2_path) -> ChatMLX:
     return ChatMLX(model=str(smollm2_path), temperature=0, max_tokens=48, repetition_penalty=1.2)
 
 
-def test_react_agent_calls_tool_reads_result_and_answers(llm):
-    from langgraph.prebuilt import create_react_agent
+def test_agent_calls_tool_reads_result_and_answers(llm):
+    from langchain.agents import create_agent
 
-    def model_for(state, runtime):
-        # A 135M model never starts a call on its own: require one while the question
-        # is unanswered, then forbid calls so it answers from the tool result.
-        last = state["messages"][-1]
-        choice = "any" if isinstance(last, HumanMessage) else "none"
-        return llm.bind_tools([get_weather], tool_choice=choice)
+    from mlx_integrations.langchain import RequireToolCall
 
-    agent = create_react_agent(model_for, [get_weather])
+    # A 135M model never starts a call on its own: the middleware requires one while the
+    # question is unanswered, then withdraws the tools so it answers from the result.
+    agent = create_agent(llm, tools=[get_weather], middleware=[RequireToolCall()])
     result = agent.invoke({"messages": [("human", "What is the weather in Paris?")]})
     messages = result["messages"]
     call_msg, tool_msg, answer = messages[1], messages[2], messages[-1]

@@ -95,8 +95,8 @@ def test_a_per_call_model_gets_the_engine_fields_too(tiny_llama: Path, tiny_qwen
     from mlx_integrations.engine import pool
 
     llm = ChatMLX(model=str(tiny_llama), prompt_lookup=3, temperature=0.0, max_tokens=3)
-    # The engine made from the per-call model takes the same options as the adapter's own.
-    held = pool.acquire(str(tiny_qwen2), engine_type="simple", prompt_lookup=3)
+    # The engine made from the per-call model is of the adapter's own kind and options.
+    held = pool.acquire(str(tiny_qwen2), engine_type=llm.engine_type, prompt_lookup=3)
     try:
         msg = llm.invoke("Hi", model=str(tiny_qwen2))
         assert msg.response_metadata["model_name"] == str(tiny_qwen2)

@@ -4,7 +4,7 @@ The registry picks a model's family once (cached per tokenizer): the user's over
 first, then the family mlx-lm's tokenizer names, then the chat template's clues, then
 Hermes. Nothing outside this package knows a family's markers.
 
-Example:
+Examples:
     >>> from mlx_integrations.chat.tool_formats import get_format, parse_calls
     >>> fmt = get_format("pythonic")
     >>> [c.name for c in parse_calls(fmt, '[get_weather(city="Paris")]')]

@@ -94,7 +94,7 @@ class BatchedEngine(MLXEngine):
     0 is refused with ``ValueError`` (a batch quantizes every row), and so is a
     vision-language model.
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> from mlx_integrations.engine import BatchedEngine
         >>> async def main():
@@ -495,9 +495,10 @@ class BatchedEngine(MLXEngine):
         act, solo = self._solo
         self._solo = None
         draft = solo.close()  # a paused draft round drops its rejected drafts from the cache
-        self._prefix.put(act.job.tokens + act.builder.tokens, solo.cache)
+        context = act.job.tokens + act.builder.tokens
+        self._prefix.put(context, solo.cache, prompt=len(act.job.tokens))
         if draft is not None:
-            self._draft.cache.put(act.job.tokens + act.builder.tokens, draft)
+            self._draft.cache.put(context, draft)
         self._finish(act.job, out)
 
     def _join_solo(self) -> None:
@@ -576,7 +577,7 @@ class BatchedEngine(MLXEngine):
             act = self._active.pop(uid)
             retire.pop(uid, None)
             if cache is not None and tokens:
-                self._prefix.put(list(tokens), cache)
+                self._prefix.put(list(tokens), cache, prompt=len(act.job.tokens))
             self._finish(act.job, out)
         if retire:
             self._retire(retire)
@@ -590,7 +591,7 @@ class BatchedEngine(MLXEngine):
             act = self._active.pop(uid)
             if not isinstance(result, BaseException) and uid in caches:
                 cache, tokens = caches[uid]
-                self._prefix.put(list(tokens), cache)
+                self._prefix.put(list(tokens), cache, prompt=len(act.job.tokens))
             if isinstance(result, BaseException):
                 logger.debug("Request %s failed: %r", act.job.params.request_id, result)
             self._finish(act.job, result)

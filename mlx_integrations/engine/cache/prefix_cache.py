@@ -7,16 +7,28 @@ A cache is owned by one request at a time: when the prompt extends the whole ent
 when it shares only part of it (a common system prompt, another conversation), or the
 entry is pinned, ``take`` hands over a trimmed copy and the entry stays for its own
 conversation. ``put`` stores the grown cache after the request.
+
+With a disk tier (:mod:`.disk`), ``take`` loads from disk a prefix longer than any
+in memory, and what the memory tier evicts (and the long prompts ``put`` names) is
+written there.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from mlx_integrations.engine.cache.kv_files import common_prefix_len
 from mlx_integrations.engine.cache.kv_quantization import layer_nbytes
 from mlx_integrations.engine.stats import PrefixCacheStats
+
+if TYPE_CHECKING:
+    from mlx_integrations.engine.cache.disk import DiskCache
+
+logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 
@@ -59,15 +71,6 @@ def copy_cache(cache: list[Any], keep: int | None = None) -> list[Any]:
     return copies
 
 
-def common_prefix_len(a: tuple[int, ...] | list[int], b: list[int]) -> int:
-    """Length of the common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 @dataclass
 class _Entry:
     tokens: tuple[int, ...]
@@ -81,13 +84,21 @@ class PrefixCache:
     """Longest-prefix KV reuse across requests, bounded in bytes and entries.
 
     Not thread-safe by design: only the model's owner thread touches it.
+
+    Args:
+        max_bytes: Budget of the entries in memory.
+        max_entries: Most entries in memory.
+        disk: A disk tier under it (entries that outlive the process), or None.
     """
 
-    def __init__(self, max_bytes: int = 1024 * MiB, max_entries: int = 8):
+    def __init__(
+        self, max_bytes: int = 1024 * MiB, max_entries: int = 8, disk: DiskCache | None = None
+    ):
         if max_bytes < 0 or max_entries < 0:
             raise ValueError("max_bytes and max_entries must be >= 0")
         self.max_bytes = max_bytes
         self.max_entries = max_entries
+        self.disk = disk
         self._entries: list[_Entry] = []
         self.hits = 0
         self.misses = 0
@@ -112,6 +123,11 @@ class PrefixCache:
                 continue  # a cache that cannot be trimmed is usable only as a whole
             if n > best_len:
                 best, best_len = entry, n
+        loaded = self.disk.take(tokens, best_len) if self.disk is not None else None
+        if loaded is not None:  # the disk holds a longer prefix than memory
+            self.hits += 1
+            self.tokens_saved += loaded[1]
+            return loaded
         if best is None or best_len == 0:
             self.misses += 1
             return None, 0
@@ -125,13 +141,22 @@ class PrefixCache:
         self.tokens_saved += best_len
         return cache, best_len
 
-    def put(self, tokens: list[int], cache: list[Any], *, pinned: bool = False) -> None:
+    def put(
+        self,
+        tokens: list[int],
+        cache: list[Any],
+        *,
+        pinned: bool = False,
+        prompt: int | None = None,
+    ) -> None:
         """Store the cache of ``tokens``.
 
         The cache may have seen fewer tokens than ``tokens`` (the last sampled token
         was never fed back): the entry is keyed by the tokens it holds. A cache that
         holds more tokens than ``tokens`` is trimmed to them, or dropped when it cannot
-        be trimmed.
+        be trimmed. ``prompt``, the length of the request's prompt within ``tokens``,
+        lets the disk tier keep a long prompt's prefix
+        (:meth:`~.disk.DiskCache.offer_prompt`).
         """
         if not cache:
             return
@@ -145,10 +170,13 @@ class PrefixCache:
                 layer.trim(offset - len(tokens))
         if not tokens:
             return
+        if self.disk is not None and prompt and not pinned:
+            self.disk.offer_prompt(tokens, cache, prompt)
         key = tuple(tokens)
         self._entries = [e for e in self._entries if e.tokens != key or e.pinned]
         entry = _Entry(key, cache, cache_nbytes(cache), pinned)
         if not pinned and entry.nbytes > self.max_bytes:
+            self._spill(entry)  # too large for memory: disk only
             return
         self._entries.append(entry)
         self._evict()
@@ -159,6 +187,23 @@ class PrefixCache:
             victim = unpinned.pop(0)
             self._entries.remove(victim)
             self.evictions += 1
+            self._spill(victim)
+
+    def _spill(self, entry: _Entry) -> None:
+        """Hand an entry that leaves memory to the disk tier."""
+        if self.disk is not None:
+            self.disk.offer(entry.tokens, entry.cache, len(entry.tokens))
+
+    def load_warm(self, model_dir: Path) -> None:
+        """Pin the warm caches stored with a model (``mlxi warm``); a stale or damaged
+        one is skipped with a warning, never failing the load."""
+        from mlx_integrations.models.warm import load_warm_caches
+
+        try:
+            for tokens, cache in load_warm_caches(model_dir):
+                self.put(list(tokens), cache, pinned=True)
+        except Exception as exc:
+            logger.warning("Ignoring warm caches of %s: %s", model_dir, exc)
 
     def hold_outside(self, nbytes: int) -> bool:
         """Count, within the budget, the one entry an engine keeps outside the table
@@ -202,4 +247,5 @@ class PrefixCache:
             current_memory_mb=self.nbytes / MiB,
             max_memory_mb=self.max_bytes / MiB,
             evictions=self.evictions,
+            disk=self.disk.stats() if self.disk is not None else None,
         )

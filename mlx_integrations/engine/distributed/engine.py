@@ -90,7 +90,7 @@ class DistributedEngine(SerialEngine):
     serves rank 0 until it stops and then ends the process. There is no prefix cache
     (each request prefills its prompt) and no speculative decoding or quantized KV.
 
-    Example:
+    Examples:
         >>> # mlxi launch -n 2 chat.py, where chat.py holds:
         >>> from mlx_integrations.engine import DistributedEngine
         >>> from mlx_integrations.langchain import ChatMLX
@@ -133,6 +133,10 @@ class DistributedEngine(SerialEngine):
             raise ValueError(
                 "DistributedEngine does not take draft_model, prompt_lookup or kv_bits; "
                 "drop them, or use SimpleEngine on one machine"
+            )
+        if opts.cache_dir is not None:  # it keeps no prefix cache to put on disk
+            raise ValueError(
+                "DistributedEngine keeps no prefix cache, so no disk tier: drop cache_dir"
             )
         if self._vision:
             raise ValueError(

@@ -9,7 +9,7 @@ tokenizer (SmolLM2, Llama 3.0, and the many fine-tunes that share their layout),
 the tensor types that ``mx.load`` decodes (F32, F16, Q4_0, Q4_1, Q8_0). Quantized
 tensors are dequantized; quantize the result again with ``mlx_lm.convert`` if wanted.
 
-Example:
+Examples:
     >>> from mlx_integrations.models.gguf.convert import import_gguf
     >>> path = import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")  # doctest: +SKIP
     >>> from mlx_lm import load
@@ -115,7 +115,7 @@ def import_gguf(
         ValueError: The file is not a complete GGUF file, or uses an architecture,
             tokenizer or tensor type that the import does not support.
 
-    Example:
+    Examples:
         >>> path = import_gguf("model.Q8_0.gguf", "models/my-model")  # doctest: +SKIP
         >>> model, tokenizer = mlx_lm.load(str(path))  # doctest: +SKIP
     """

@@ -158,7 +158,7 @@ class _Tail:
 class DownloadHasher(_BackgroundWorker):
     """Hash the files a download writes into ``folder`` while they are written.
 
-    Example:
+    Examples:
         >>> import tempfile, time
         >>> folder = Path(tempfile.mkdtemp())
         >>> with DownloadHasher(folder) as hasher:
@@ -248,7 +248,7 @@ class DownloadHasher(_BackgroundWorker):
 class FinishedFilesHasher(_BackgroundWorker):
     """Hash files in ``folder`` matching ``select`` once ``marker`` exists there.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> folder = Path(tempfile.mkdtemp())
         >>> with FinishedFilesHasher(folder, "done", lambda n: n.endswith(".bin")) as hasher:

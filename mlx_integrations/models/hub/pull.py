@@ -147,7 +147,7 @@ def pull(
     Returns:
         The stored model and whether anything was downloaded.
 
-    Example:
+    Examples:
         >>> from mlx_integrations.models import pull  # doctest: +SKIP
         >>> pull("mlx-community/SmolLM2-135M-Instruct-8bit").model.path  # doctest: +SKIP
     """

@@ -66,6 +66,13 @@ def print_error(message: str, hint: str | None) -> None:
         typer.echo(f"Hint: {hint}", err=True)
 
 
+def print_warning(message: str, hint: str | None) -> None:
+    """Write ``Warning:`` and ``Hint:`` lines to stderr (the command still succeeds)."""
+    typer.echo(f"Warning: {message}", err=True)
+    if hint:
+        typer.echo(f"Hint: {hint}", err=True)
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that Python's flush at exit finds no closed pipe."""
     try:

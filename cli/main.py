@@ -22,7 +22,10 @@ from mlx_integrations.cli.output import (
     human_age,
     human_count,
     human_size,
+    loaded_models_result,
     prints_result,
+    quality_text,
+    quality_warnings,
     removal_lines,
     stdin_is_tty,
 )
@@ -183,7 +186,12 @@ def import_(
                 source, name, overwrite=force, dtype=dtype or "float32", progress=progress
             )
     return Result(
-        model.summary(), [f"imported {model.name} ({human_size(model.manifest.size_bytes)})"]
+        model.summary(),
+        [
+            f"imported {model.name} ({human_size(model.manifest.size_bytes)})"
+            if model.name == name
+            else f"{name} now names {model.name}, which holds the same file (nothing copied)"
+        ],
     )
 
 
@@ -205,9 +213,18 @@ def quantize(
         None, "--dtype", help="float16, bfloat16 or float32 for unquantized weights."
     ),
     force: bool = typer.Option(False, "--force", help="Replace a model of that name."),
+    evaluate: bool = typer.Option(
+        True,
+        "--eval/--no-eval",
+        help="Compare the result with its source on a short text (perplexity, KL divergence).",
+    ),
     json_output: bool = JSON_OPTION,
 ) -> Result:
-    """Quantize a model with mlx-lm into a new store model."""
+    """Quantize a model with mlx-lm into a new store model.
+
+    The result is then compared with its source on a short built-in text; a warning
+    says when it lost too much (mlxi show keeps the figures).
+    """
     from mlx_integrations.cli.progress import progress_bars
 
     from mlx_integrations.models.quantize import quantize_model
@@ -222,12 +239,17 @@ def quantize(
             recipe=recipe,
             dtype=dtype,
             overwrite=force,
+            evaluate=evaluate,
             progress=progress,
         )
-    q = model.manifest.quantization
+    q, quality = model.manifest.quantization, model.manifest.quality
     how = f"{q.bits} bits, group {q.group_size}, {q.mode}" if q else "unquantized"
     size = human_size(model.manifest.size_bytes)
-    return Result(model.summary(), [f"quantized {source} -> {model.name} ({how}, {size})"])
+    lines = [f"quantized {source} -> {model.name} ({how}, {size})"]
+    if quality is not None:
+        lines.append(f"quality: {quality_text(quality)} ({quality.seconds:.1f} s)")
+    data = {**model.summary(), "quality": quality.to_dict() if quality else None}
+    return Result(data, lines, warnings=quality_warnings(quality, q))
 
 
 # Looking at the store
@@ -250,12 +272,19 @@ def list_(
             f"Warning: the manifest of {bad!r} is damaged; mlxi rm {bad} removes it", err=True
         )
     rows = []
+    by_id: dict[str, list[str]] = {}
     for m in models:
         s = m.summary()
         q = m.manifest.quantization
+        shown = m.name + (f" ({', '.join(m.aliases)})" if m.aliases else "")
+        # The ID is the digest of the files: copies of one model (one folder imported
+        # under two names) share a row rather than show the same ID twice.
+        if s["id"] in by_id:
+            by_id[s["id"]][0] += f", {shown}"
+            continue
         rows.append(
             [
-                m.name + (f" ({', '.join(m.aliases)})" if m.aliases else ""),
+                shown,
                 s["id"],
                 human_size(s["size"]),
                 f"{q.bits}-bit" if q else (m.manifest.dtype or "-"),
@@ -263,6 +292,7 @@ def list_(
                 human_age(s["modified"]),
             ]
         )
+        by_id[s["id"]] = rows[-1]
     return Result(
         [m.summary() for m in models],
         table=Table(["NAME", "ID", "SIZE", "WEIGHTS", "SOURCE", "MODIFIED"], rows),
@@ -277,19 +307,11 @@ app.command("ls", help="List the models of the store (same as list).")(list_)
 @handle_errors
 @prints_result
 def ps(json_output: bool = JSON_OPTION) -> Result:
-    """List the stored models that running processes have loaded (engines, mlxi run)."""
+    """List the stored models that running processes have loaded (engines, mlxi run):
+    memory held, last use, and until when each stays loaded (its keep-alive)."""
     from mlx_integrations.models.store import default_store
 
-    loaded = default_store().in_use()
-    rows = [
-        [m.name, m.summary()["id"], human_size(m.manifest.size_bytes), ", ".join(map(str, pids))]
-        for m, pids in loaded
-    ]
-    return Result(
-        [{**m.summary(), "pids": list(pids)} for m, pids in loaded],
-        table=Table(["NAME", "ID", "SIZE", "PROCESSES"], rows),
-        names=[m.name for m, _ in loaded],
-    )
+    return loaded_models_result(default_store().loaded())
 
 
 @app.command()
@@ -331,6 +353,7 @@ def show(
             if q
             else "none",
         ),
+        *([("quality", quality_text(info.quality))] if info.quality else []),
         ("size", human_size(info.size_bytes)),
         (
             "tools in template",
@@ -358,7 +381,7 @@ def show(
         lines.append(("in use by", "process " + ", ".join(map(str, info.in_use_by))))
     text = [f"{key:18} {value}" for key, value in lines] + ["files"]
     text += [f"  {f.path:32} {human_size(f.size):>10}  {f.sha256[:16] or '-'}" for f in info.files]
-    return Result(info.to_dict(), text)
+    return Result(info.to_dict(), text, warnings=quality_warnings(info.quality, q))
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
 A command builds a Result (its JSON form, the lines and table a person reads, the bare
 names of ``--quiet``) and returns it; :func:`prints_result` renders it in the form the
-command line asked for. Results go to stdout; ``Error:`` and ``Hint:`` lines to stderr.
+command line asked for. Results go to stdout; ``Warning:``, ``Error:`` and ``Hint:``
+lines to stderr.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import typer
-from mlx_integrations.cli.errors import EXIT_FAILURE, print_error
+from mlx_integrations.cli.errors import EXIT_FAILURE, print_error, print_warning
 
 OutputFormat = Literal["human", "json", "names"]
 
@@ -41,6 +42,8 @@ class Result:
         error: A failure found while making the result: after it is printed, an
             ``Error:`` line goes to stderr and the command exits with code 1.
         hint: What to do about ``error``.
+        warnings: ``(message, hint)`` pairs printed as ``Warning:`` and ``Hint:`` lines
+            on stderr after the result, in every form; the command still succeeds.
     """
 
     data: Any
@@ -49,10 +52,12 @@ class Result:
     names: Sequence[str] = field(default_factory=list)
     error: str | None = None
     hint: str | None = None
+    warnings: Sequence[tuple[str, str | None]] = ()
 
 
 def render(result: Result, form: OutputFormat = "human") -> None:
-    """Print ``result`` on stdout as JSON, bare names or text and table; then its error."""
+    """Print ``result`` on stdout as JSON, bare names or text and table; then its
+    warnings and error."""
     if form == "json":
         print_json(result.data)
     elif form == "names":
@@ -63,6 +68,8 @@ def render(result: Result, form: OutputFormat = "human") -> None:
             typer.echo(line)
         if result.table is not None:
             print_table(result.table.headers, result.table.rows)
+    for message, hint in result.warnings:
+        print_warning(message, hint)
     if result.error is not None:
         print_error(result.error, result.hint)
         raise typer.Exit(EXIT_FAILURE)
@@ -122,6 +129,21 @@ def generation_text(defaults: Any) -> str:
     return ", ".join(parts) or "no defaults set in generation_config.json"
 
 
+def quality_text(quality: Any) -> str:
+    """A ``QuantizationQuality`` in one line: the figures and the verdict."""
+    return (
+        f"perplexity {quality.ppl_source:.2f} -> {quality.ppl_quantized:.2f} "
+        f"(x{quality.ppl_ratio:.3f}), KL {quality.mean_kl:.4f} over {quality.tokens} tokens: "
+        f"{quality.verdict}"
+    )
+
+
+def quality_warnings(quality: Any, settings: Any) -> list[tuple[str, str | None]]:
+    """The ``Warning:``/``Hint:`` pair of a quantized model that lost too much, if any."""
+    warning = quality.warning(settings) if quality is not None else None
+    return [(warning.message, warning.hint)] if warning is not None else []
+
+
 def human_size(n: float | None) -> str:
     """Bytes as ``12.3 MB`` (decimal units, as Ollama and hf print them)."""
     if n is None:
@@ -158,6 +180,66 @@ def human_age(iso: str | None) -> str:
             k = int(seconds // size)
             return f"{k} {unit}{'s' if k > 1 else ''} ago"
     return "just now"
+
+
+def human_span(seconds: float) -> str:
+    """A span of time as ``5 seconds``, ``3 minutes``, ``2 hours``, ``1 day``."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        if seconds >= size or unit == "second":
+            k = max(0, int(seconds // size))
+            return f"{k} {unit}{'' if k == 1 else 's'}"
+    return ""  # unreachable
+
+
+def residency_columns(details: dict[str, Any], now: float) -> list[str]:
+    """MEMORY, LAST USED and UNTIL of ``mlxi ps`` from what a process reports of a model
+    (a lease's details, the ``ResidencyStats`` keys); ``-`` where it reports nothing."""
+    if not details:
+        return ["-", "-", "-"]
+    last = details.get("last_used")
+    used = "-" if last is None else f"{human_span(max(0.0, now - last))} ago"
+    if details.get("in_use"):
+        used, until = "now", "in use"
+    elif details.get("state") == "unloading":
+        until = "unloading"
+    elif details.get("pinned"):
+        until = "forever (pinned)"
+    elif details.get("expires_at") is not None:
+        until = f"{human_span(max(0.0, details['expires_at'] - now))} from now"
+    elif details.get("keep_alive_s") is None:
+        until = "forever"
+    else:
+        until = "-"
+    return [human_size(details.get("memory_bytes")), used, until]
+
+
+def loaded_models_result(loaded: Sequence[tuple[Any, dict[int, dict[str, Any]]]]) -> Result:
+    """``mlxi ps``: a row per model and process (``ModelStore.loaded()``), with the
+    memory it holds, its last use and until when it stays loaded."""
+    import time
+
+    now = time.time()
+    rows = [
+        [
+            m.name,
+            m.summary()["id"],
+            human_size(m.manifest.size_bytes),
+            str(pid),
+            *residency_columns(details, now),
+        ]
+        for m, procs in loaded
+        for pid, details in sorted(procs.items())
+    ]
+    data = [
+        {
+            **m.summary(),
+            "pids": sorted(procs),
+            "processes": [{"pid": pid, **details} for pid, details in sorted(procs.items())],
+        }
+        for m, procs in loaded
+    ]
+    headers = ["NAME", "ID", "SIZE", "PROCESS", "MEMORY", "LAST USED", "UNTIL"]
+    return Result(data, table=Table(headers, rows), names=[m.name for m, _ in loaded])
 
 
 def print_json(data: Any) -> None:

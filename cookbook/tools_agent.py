@@ -17,6 +17,7 @@ Run: python cookbook/tools_agent.py ["your question"]
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 from example_model import example_model
 from langchain.agents import create_agent
@@ -37,7 +38,7 @@ class Weather(BaseModel):
 
     city: str = Field(max_length=40)
     degrees: int = Field(ge=-90, le=60, description="Temperature in degrees Celsius")
-    summary: str = Field(max_length=60, description="The weather in a few words")
+    sky: Literal["sunny", "cloudy", "rainy", "snowy"]
 
 
 def main() -> None:

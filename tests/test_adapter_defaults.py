@@ -27,29 +27,25 @@ REPLY = "one two three four five six"
 class InFlight:
     """Logits processors that record which request each decode step served.
 
-    Each request's processor first waits until the engine holds all ``CALLS``
-    requests (running or queued), so the requests overlap whatever the machine's
-    speed: an engine that serves them together interleaves their steps, one that
-    serves one at a time finishes each before the next starts.
+    The first decode step waits until the engine holds all ``CALLS`` requests
+    (running or queued), so the requests overlap whatever the machine's speed: an
+    engine that serves them together interleaves their steps, one that serves one at a
+    time finishes each before the next starts.
     """
 
     def __init__(self, engine: Any, tokenizer: Any) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.steps: list[int] = []
-        self.lock = threading.Lock()
+        self.all_in = threading.Event()
 
     def processor(self, index: int) -> Callable[[Any, Any], Any]:
         force, _ = forcing(self.tokenizer, REPLY)  # several tokens, no early EOS
-        started = False
 
         def record(history: Any, logits: Any) -> Any:
-            nonlocal started
-            if not started:
+            if not self.all_in.is_set():
                 self._wait_for_all()
-                started = True
-            with self.lock:
-                self.steps.append(index)
+            self.steps.append(index)  # processors run on the engine's owner thread only
             return force(history, logits)
 
         return record
@@ -59,8 +55,9 @@ class InFlight:
         while time.monotonic() < deadline:
             stats = self.engine.get_stats()
             if stats["num_running"] + stats["num_waiting"] >= CALLS:
+                self.all_in.set()
                 return
-            time.sleep(0.005)
+            time.sleep(0.005)  # the other calls are on their way to the engine
         raise TimeoutError(f"the engine never held {CALLS} requests at once")
 
     def interleaved(self) -> bool:
@@ -147,7 +144,9 @@ def test_quantized_kv_start_gets_a_simple_engine_unless_batched_is_asked(make):
     else:
         llm.chat([ChatMessage(role="user", content="Hello")])
     assert llm.get_stats()["num_requests_processed"] == before + 1
-    with pytest.raises(ValueError, match=r"quantized_kv_start must be 0, got 16.*engine_type='simple'"):
+    with pytest.raises(
+        ValueError, match=r"quantized_kv_start must be 0, got 16.*engine_type='simple'"
+    ):
         make(model=str(wide_heads), engine_type="batched", **kv)
     # Without kv_bits nothing is quantized: the default stays batched.
     plain = make(model=str(wide_heads), quantized_kv_start=16)

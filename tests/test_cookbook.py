@@ -26,7 +26,7 @@ EXPECTED = {
         "[tool call] get_weather({'city': 'Paris'})",
         "[tool result] It is 21 degrees and sunny in Paris.",
         "[answer] {",
-        "Weather(city='Paris', degrees=21",
+        "Weather(city='Paris', degrees=21, sky='sunny')",
     ),
     "structured_output.py": ("City(",),
     "rag_chain.py": ("Quillby",),
@@ -81,7 +81,9 @@ def test_example_runs_offline_on_the_demo_models(script, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for expected in EXPECTED[script]:
         assert expected in done.stdout, done.stdout[-2000:]
-    assert "Traceback" not in done.stderr and "Fetching" not in done.stderr, done.stderr[-2000:]
+    # Nothing fetched, nothing alarming (transformers' advice to install PyTorch, say).
+    for unwanted in ("Traceback", "Fetching", "PyTorch was not found"):
+        assert unwanted not in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("script", sorted(EXPECTED))

@@ -13,6 +13,7 @@ process, so every adapter object built on the same model holds one copy of the w
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import warnings
@@ -20,7 +21,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, cast, get_args
 
 from mlx_integrations.embeddings.sentence_head import (
     POOLING_MODES,
@@ -29,7 +30,9 @@ from mlx_integrations.embeddings.sentence_head import (
     normalize_vectors,
     pool_hidden_states,
 )
+from mlx_integrations.runtime.memory import weights_on_disk
 from mlx_integrations.runtime.owner import at_thread_exit, make_owner_thread, stop_owner_thread
+from mlx_integrations.runtime.residency import Residency, ResidencyControls
 
 if TYPE_CHECKING:
     from mlx_integrations.embeddings.bert import BertModel
@@ -108,10 +111,14 @@ class EmbeddingModelInfo:
         return ""
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(ResidencyControls):
     """An embedding model on its own owner thread, callable from any thread or loop.
 
     Prefer :func:`get_embedding_engine`, which shares one engine per model folder.
+
+    The model loads when the engine is made and stays loaded until :meth:`close`, or
+    until it has been idle for ``keep_alive`` (or is the least recently used idle model
+    when another needs room within ``MLXI_MAX_MEMORY``); the next call loads it again.
 
     Examples:
         >>> from mlx_integrations.embeddings.engine import get_embedding_engine
@@ -122,16 +129,28 @@ class EmbeddingEngine:
         (2, 384)
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, dtype: EmbeddingDtype = "float32"):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dtype: EmbeddingDtype = "float32",
+        keep_alive: Any = None,
+        pinned: bool = False,
+    ):
         """Load the model on a new owner thread; returns when it is ready.
 
         Args:
             path: A model folder (see the module docstring for what it holds).
             dtype: The floating point type of the forward pass.
+            keep_alive: Seconds or a duration (``"5m"``) the model stays loaded after
+                its last call; 0 unloads it after each call, -1 keeps it; None (the
+                default) follows ``MLXI_KEEP_ALIVE``, else keeps it loaded.
+            pinned: Never unload it to make room for another model, nor when idle.
 
         Raises:
             ValueError: For an unsupported model or an unknown dtype.
             FileNotFoundError: When the folder lacks config.json or weights.
+            ModelTooLarge: The weights alone exceed the memory budget (nothing is read).
         """
         if dtype not in get_args(EmbeddingDtype):
             raise ValueError(
@@ -148,6 +167,16 @@ class EmbeddingEngine:
         self._model: BertModel | None = None
         self._lease: Any = None  # a store model is marked in use while loaded
         self._tokenizer: Any = None
+        self._weights_bytes = 0
+        self._residency = Residency(
+            self,
+            self.path.name,
+            "embedding",
+            str(self.path),
+            keep_alive=keep_alive,
+            pinned=pinned,
+            publish=self._publish_residency,
+        )
         # An engine dropped without close() still stops its thread and frees its streams.
         self._finalizer = weakref.finalize(self, stop_owner_thread, self._executor, False)
         try:
@@ -162,6 +191,29 @@ class EmbeddingEngine:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether the weights are in memory (False once idle past the keep-alive)."""
+        return self._model is not None
+
+    def resident_bytes(self) -> tuple[int, int]:
+        """(weights, caches) in bytes; an embedding model keeps no cache."""
+        return (self._weights_bytes, 0) if self._model is not None else (0, 0)
+
+    def unload_if_idle(self) -> bool:
+        """Unload the weights if no call uses them; the next call loads them again.
+
+        Returns:
+            True when the model was unloaded.
+        """
+        if self._closed:
+            return False
+        try:
+            done = self._executor.submit(self._unload_idle)
+        except RuntimeError:  # closed meanwhile
+            return False
+        return done.result()
 
     def check_max_length(self, max_length: int | None, name: object) -> None:
         """Refuse a ``max_length`` above the model's limit (``name`` is the user's model name)."""
@@ -211,6 +263,7 @@ class EmbeddingEngine:
         self._finalizer.detach()
         self._executor.submit(self._unload)
         stop_owner_thread(self._executor, True)
+        self._residency.unloaded()
 
     # -- caller side -------------------------------------------------------------------
 
@@ -259,7 +312,15 @@ class EmbeddingEngine:
     def _submit(self, request: _Request) -> Any:
         if self._closed:
             raise RuntimeError(f"The embedding engine for {self.path} is closed.")
-        return self._executor.submit(self._run, request)
+        # In use from here: an unload queued after this call waits for its end.
+        self._residency.begin_use()
+        try:
+            future = self._executor.submit(self._run, request)
+        except BaseException:
+            self._residency.end_use()
+            raise
+        future.add_done_callback(lambda _: self._residency.end_use())
+        return future
 
     def _warn_truncated(self, truncated: int, total: int, limit: int) -> None:
         if truncated:
@@ -273,22 +334,41 @@ class EmbeddingEngine:
     # -- owner thread ------------------------------------------------------------------
 
     def _load(self) -> EmbeddingModelInfo:
+        from mlx.utils import tree_flatten
+
         from mlx_integrations.models.resolve import lease_model
 
-        self._lease = lease_model(self.path)
+        # Room within the memory budget first: a model too large is refused unread.
+        self._residency.reserve(weights_on_disk(self.path, recursive=True))
         try:
-            return self._load_model()
+            self._lease = lease_model(self.path)
+            info = self._load_model()
+            assert self._model is not None
+            leaves = tree_flatten(self._model.parameters(), destination={})
+            self._weights_bytes = sum(v.nbytes for v in cast("dict[str, Any]", leaves).values())
         except BaseException:
             self._unload()
+            self._residency.load_failed()
             raise
+        self._residency.loaded()
+        return info
+
+    def _unload_idle(self) -> bool:
+        """Owner thread: unload unless a call is queued or running."""
+        if not self._residency.try_begin_unload():
+            return False
+        try:
+            self._unload()
+        finally:
+            self._residency.unloaded()
+        return True
 
     def _load_model(self) -> EmbeddingModelInfo:
         import mlx.core as mx
 
         # Only the tokenizer comes from transformers: its "PyTorch was not found" advice
-        # does not apply (mlx-lm silences it the same way).
-        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-        from transformers import AutoTokenizer
+        # does not apply, and is dropped (that message alone, not process-wide).
+        AutoTokenizer = _auto_tokenizer()
 
         from mlx_integrations.embeddings.bert import load_bert
 
@@ -323,6 +403,7 @@ class EmbeddingEngine:
 
         self._model = None
         self._tokenizer = None
+        self._weights_bytes = 0
         mx.clear_cache()
         lease, self._lease = self._lease, None
         if lease is not None:
@@ -334,6 +415,8 @@ class EmbeddingEngine:
         texts = request.texts
         if not texts:
             return [], 0
+        if self._model is None:  # unloaded while idle: load again, on this thread
+            self._load()
         if self._st_config.do_lower_case:
             texts = [t.lower() for t in texts]
         enc = self._tokenizer(texts, truncation=True, max_length=request.max_length)
@@ -383,6 +466,33 @@ class EmbeddingEngine:
             return 0
         full = self._tokenizer(candidates, truncation=False, verbose=False)["input_ids"]
         return sum(len(row) > limit for row in full)
+
+
+class _WithoutMessage(logging.Filter):
+    """A logging filter that drops the records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _auto_tokenizer() -> Any:
+    """transformers' ``AutoTokenizer``, imported without its "PyTorch was not found"
+    warning: the engine uses its tokenizers alone, which need no torch.
+
+    Only that message of that import is dropped; transformers' other warnings stay.
+    """
+    quiet = _WithoutMessage("PyTorch was not found.")
+    logger = logging.getLogger("transformers")
+    logger.addFilter(quiet)
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        logger.removeFilter(quiet)
+    return AutoTokenizer
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -464,7 +574,7 @@ def resolve_embedding_model(name: str | os.PathLike[str]) -> Path:
 
 
 def get_embedding_engine(
-    model: str | os.PathLike[str], *, dtype: EmbeddingDtype = "float32"
+    model: str | os.PathLike[str], *, dtype: EmbeddingDtype = "float32", keep_alive: Any = None
 ) -> EmbeddingEngine:
     """Return the process-wide engine for a model, loading it on first use.
 
@@ -474,17 +584,21 @@ def get_embedding_engine(
     Args:
         model: A model name (see :func:`resolve_embedding_model`).
         dtype: The floating point type of the forward pass.
+        keep_alive: Set the shared engine's keep-alive (seconds or ``"5m"``; 0: unload
+            after each call; -1: keep loaded); None leaves it as it is.
 
     Returns:
-        A loaded engine.
+        An engine (its model loaded unless it was unloaded while idle).
     """
     path = resolve_embedding_model(model)
     key = (path, dtype)
     with _pool_lock:
         engine = _pool.get(key)
         if engine is None or engine.closed:
-            engine = EmbeddingEngine(path, dtype=dtype)
+            engine = EmbeddingEngine(path, dtype=dtype, keep_alive=keep_alive)
             _pool[key] = engine
+        elif keep_alive is not None:
+            engine.keep_alive = keep_alive
         return engine
 
 

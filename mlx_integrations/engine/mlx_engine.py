@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
@@ -28,16 +27,12 @@ from mlx_integrations.chat.template import (
 )
 from mlx_integrations.chat.tool_formats import ToolFormat, detect_format
 from mlx_integrations.chat.tools import read_tool_request
-from mlx_integrations.engine.base import (
-    BaseEngine,
-    EngineBusy,
-    GenerationOutput,
-    run_blocking_startup_work,
-)
+from mlx_integrations.engine.base import EngineBusy, GenerationOutput
 from mlx_integrations.engine.cache.disk import open_disk_cache
 from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
+from mlx_integrations.engine.lifecycle import ModelLifecycle
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import (
     KNOWN_KWARGS,
@@ -66,14 +61,13 @@ from mlx_integrations.models.resolve import (
     resolve_model_path,
     vocab_size,
 )
-from mlx_integrations.runtime.owner import close_at_exit, make_owner_thread, stop_owner_thread
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class MLXEngine(BaseEngine):
+class MLXEngine(ModelLifecycle):
     """An engine serving one mlx-lm model from the thread that owns it.
 
     MLX arrays belong to the thread that made them, so one owner thread loads the
@@ -92,6 +86,13 @@ class MLXEngine(BaseEngine):
     dropped, never stored in the prefix cache, and the engine keeps serving. A failed
     load keeps no owner thread and no lease; the next request loads again.
 
+    The model loads at the first request (or :meth:`start`) and stays loaded until
+    :meth:`stop`, or until it has been idle for ``keep_alive``; the next request then
+    loads it again. Under a memory budget (``MLXI_MAX_MEMORY``) idle models of the
+    process make room for it, and a request whose KV cache would not fit is refused
+    with :class:`~mlx_integrations.runtime.residency.RequestTooLarge` before it runs
+    (see :mod:`~mlx_integrations.engine.lifecycle`).
+
     Args:
         model: A model folder, or a name the model store resolves.
         options: How the engine serves the model (:class:`EngineOptions`).
@@ -100,11 +101,24 @@ class MLXEngine(BaseEngine):
             ``preserve_native_tool_format``, ``chat_template_kwargs``,
             ``load_warm_caches``, ``tool_format``, ``cache_dir``, ``disk_cache_mb``);
             they override ``options``.
+        keep_alive: Seconds or a duration (``"5m"``) the model stays loaded after its
+            last request; 0 unloads it when a request ends, -1 keeps it loaded; None
+            (the default) follows ``MLXI_KEEP_ALIVE``, else keeps it loaded.
+        pinned: Never unload the model to make room for another, nor when its
+            keep-alive ends.
     """
 
     engine_type = "mlx"
 
-    def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        options: EngineOptions | None = None,
+        keep_alive: Any = None,
+        pinned: bool = False,
+        **kwargs: Any,
+    ):
         opts = EngineOptions.build(options, kwargs)
         self._options = opts
         self._name = str(model)
@@ -129,15 +143,12 @@ class MLXEngine(BaseEngine):
         self._model: Any = None
         self._tokenizer: Any = None
         self._capabilities = NO_TEMPLATE
-        self._executor: ThreadPoolExecutor | None = None
-        self._start_lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self._load_listeners: list[Callable[[bool], None]] = []
         self._jobs: dict[str, Job] = {}
         self._running: set[str] = set()
         self._started_at = time.monotonic()
         self._busy_rejections = 0
         self._tally = RequestTally()
+        self._init_lifecycle(keep_alive, pinned)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MLXEngine:
         # An engine is a resource (weights, owner thread): copies of adapters share it.
@@ -195,60 +206,6 @@ class MLXEngine(BaseEngine):
         assert self._tool_format is not None
         return self._tool_format
 
-    @property
-    def is_loaded(self) -> bool:
-        return self._model is not None
-
-    def prepare_for_start(self) -> None:
-        """Load the model on its owner thread; blocks until loaded. Idempotent.
-
-        A failed load keeps nothing: the owner thread is stopped and the store lease
-        released, so the next call tries again from the start.
-        """
-        with self._start_lock:
-            if self._model is not None:
-                return
-            if self._executor is None:
-                self._executor = make_owner_thread(f"mlxi-owner-{self._path.name}")
-                close_at_exit(self, _release_owner_thread)
-            try:
-                self._executor.submit(self._load).result()
-                self._on_loaded(self._executor)
-            except BaseException:
-                with self._state_lock:
-                    executor, self._executor = self._executor, None
-                if executor is not None:
-                    stop_owner_thread(executor, wait=True)
-                self._notify_load(False)
-                raise
-            self._notify_load(True)
-
-    def add_load_listener(self, listener: Callable[[bool], None]) -> None:
-        """Call ``listener(loaded)`` after each load attempt (the engine pool uses it)."""
-        self._load_listeners.append(listener)
-
-    def _notify_load(self, loaded: bool) -> None:
-        for listener in list(self._load_listeners):
-            try:
-                listener(loaded)
-            except Exception:  # a listener must not turn a load into a failure
-                logger.exception("A load listener of %s failed", self._name)
-
-    async def start(self) -> None:
-        if self._model is None:
-            await run_blocking_startup_work(self.prepare_for_start)
-
-    async def stop(self) -> None:
-        """Abort queued and running requests, free the model. Idempotent."""
-        with self._state_lock:
-            for job in self._jobs.values():
-                job.abort.set()
-            executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        await asyncio.to_thread(executor.submit(self._unload).result)
-        stop_owner_thread(executor)
-
     async def generate(
         self,
         prompt: str,
@@ -289,12 +246,13 @@ class MLXEngine(BaseEngine):
             raise ValueError("prompt is empty; pass some text to continue")
         check_text(prompt, "prompt")
         params = self._params(max_tokens, temperature, top_p, stop, kwargs)
-        await self.start()
-        bos = getattr(self._tokenizer, "bos_token", None)
-        add_special = bos is None or not prompt.startswith(bos)
-        tokens = self._tokenizer.encode(prompt, add_special_tokens=add_special)
-        async for out in self._submit(params, prompt, tokens, final_only=final_only):
-            yield out
+        with self._in_use():  # the model stays loaded from here to the last chunk
+            await self.start()
+            bos = getattr(self._tokenizer, "bos_token", None)
+            add_special = bos is None or not prompt.startswith(bos)
+            tokens = self._tokenizer.encode(prompt, add_special_tokens=add_special)
+            async for out in self._submit(params, prompt, tokens, final_only=final_only):
+                yield out
 
     async def chat(
         self,
@@ -355,28 +313,29 @@ class MLXEngine(BaseEngine):
             normalized, media = await asyncio.to_thread(
                 gather_media, normalized, images, videos, limits
             )
-        await self.start()
-        if not isinstance(fmt, ToolFormat):
-            fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
-        prompt = self.render_prompt(
-            normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
-        )
-        tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
-        in_reasoning = opens_reasoning(prompt, self._tokenizer)
-        if "tool_choice" in kwargs or "response_format" in kwargs:
-            # OpenAI-style constraints, built once the prompt is known: after a prompt that
-            # opens a thinking block they hold from its end marker on. Off the event loop.
-            params.logits_processors += await asyncio.to_thread(
-                constraint_processors,
-                self._tokenizer,
-                fmt,
-                tool_request,
-                kwargs.get("response_format"),
-                self._tokenizer.think_end if in_reasoning else None,
+        with self._in_use():  # the model stays loaded from here to the last chunk
+            await self.start()
+            if not isinstance(fmt, ToolFormat):
+                fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
+            prompt = self.render_prompt(
+                normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
             )
-        async for out in self._submit(params, prompt, tokens, media, final_only):
-            out.starts_in_reasoning = in_reasoning
-            yield out
+            tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
+            in_reasoning = opens_reasoning(prompt, self._tokenizer)
+            if "tool_choice" in kwargs or "response_format" in kwargs:
+                # OpenAI-style constraints, built once the prompt is known: after a prompt that
+                # opens a thinking block they hold from its end marker on. Off the event loop.
+                params.logits_processors += await asyncio.to_thread(
+                    constraint_processors,
+                    self._tokenizer,
+                    fmt,
+                    tool_request,
+                    kwargs.get("response_format"),
+                    self._tokenizer.think_end if in_reasoning else None,
+                )
+            async for out in self._submit(params, prompt, tokens, media, final_only):
+                out.starts_in_reasoning = in_reasoning
+                yield out
 
     def render_prompt(
         self,
@@ -439,6 +398,7 @@ class MLXEngine(BaseEngine):
                 ),
                 prefix_cache=self._prefix.stats(),
                 memory=memory_stats(),
+                residency=self._residency.stats(),
             )
 
     def get_cache_stats(self) -> PrefixCacheStats:  # type: ignore[override]
@@ -487,9 +447,6 @@ class MLXEngine(BaseEngine):
             f"{type(self).__name__} for {self._name!r} is busy; retry later or create "
             "the engine with admission='wait' to queue requests"
         )
-
-    def _on_loaded(self, executor: ThreadPoolExecutor) -> None:
-        """Called once the model is loaded, before any request is dispatched."""
 
     def _on_owner(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the owner thread when it is free."""
@@ -587,6 +544,7 @@ class MLXEngine(BaseEngine):
         if self._context_length:
             # Prompt and reply share the window: stop there with finish_reason="length".
             params.max_tokens = min(params.max_tokens, self._context_length - len(tokens))
+        kv_bytes = await self._admit_kv(len(tokens), params.max_tokens)
         channel = Channel()
         arrival = time.perf_counter()
         job = Job(
@@ -601,7 +559,12 @@ class MLXEngine(BaseEngine):
             executor = self._executor
             if executor is None:
                 raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
-            self._dispatch(executor, job)
+            self._reserve_kv(params.request_id, kv_bytes)
+            try:
+                self._dispatch(executor, job)
+            except BaseException:
+                self._release_kv(params.request_id)
+                raise
             self._jobs[params.request_id] = job
         async for item in channel.receive():
             yield item
@@ -631,16 +594,11 @@ class MLXEngine(BaseEngine):
         """
         rid = job.params.request_id
         with self._state_lock:
-            self._jobs.pop(rid, None)
+            registered = self._jobs.pop(rid, None) is not None
             started = rid in self._running
             self._running.discard(rid)
             self._tally.record(rid, len(job.tokens), result, started)
+        if registered:
+            self._release_kv(rid)
         job.emit(result)
 
-
-def _release_owner_thread(engine: MLXEngine) -> None:
-    """At exit: release the owner thread's streams of an engine that was never stopped."""
-    with engine._state_lock:
-        executor, engine._executor = engine._executor, None
-    if executor is not None:
-        stop_owner_thread(executor)

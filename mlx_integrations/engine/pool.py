@@ -2,9 +2,17 @@
 
 Engines are keyed by the resolved model folder and the engine options. Ten
 ``ChatMLX(model=X)`` objects hold one engine; an engine whose last user released
-it stays loaded (building the next adapter for it costs nothing) until
+it stays in the pool (building the next adapter for it costs nothing) until
 :func:`unload_idle` or :func:`shutdown` is called (from async code: ``await``
 :func:`aunload_idle` or :func:`ashutdown`, which never block the event loop).
+
+Whether its model stays in memory meanwhile is its residency
+(:mod:`mlx_integrations.runtime.residency`), for every engine of the process, pooled
+or not, chat or embedding: a model idle past its ``keep_alive`` is unloaded and loads
+again at the next request (:func:`set_default_keep_alive`, ``MLXI_KEEP_ALIVE``;
+forever by default); under a memory budget (:func:`set_memory_budget`,
+``MLXI_MAX_MEMORY``) the least recently used idle models make room for a new one, a
+:func:`pin`'ned model stays; :func:`resident_models` lists them all.
 
 An engine whose model fails to load leaves the pool at once (the engine itself keeps
 no thread and no lease): the next adapter made for that model gets a fresh engine,
@@ -26,6 +34,43 @@ from typing import Any
 
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.models.resolve import resolve_model_path
+from mlx_integrations.runtime.residency import (
+    ResidentModelInfo,
+    default_keep_alive,
+    memory_budget,
+    memory_in_use,
+    pin_path,
+    resident_models,
+    set_default_keep_alive,
+    set_memory_budget,
+)
+
+__all__ = [
+    "DEFAULT_ENGINE_TYPE",
+    "ENGINE_CLASSES",
+    "ResidentModelInfo",
+    "acquire",
+    "apply_keep_alive",
+    "ashutdown",
+    "aunload_idle",
+    "default_engine_type",
+    "default_keep_alive",
+    "engine_class",
+    "engine_for",
+    "memory_budget",
+    "memory_in_use",
+    "pin",
+    "release",
+    "resident_models",
+    "retain",
+    "set_default_keep_alive",
+    "set_memory_budget",
+    "share",
+    "shared_engines",
+    "shutdown",
+    "unload_idle",
+    "unpin",
+]
 
 
 @dataclass
@@ -46,7 +91,9 @@ def _key(path: Path, engine_type: str, options: dict[str, Any]) -> tuple[Any, ..
     return (str(path), engine_type, tuple(sorted((k, repr(v)) for k, v in options.items())))
 
 
-def acquire(model: str | Path, *, engine_type: str = "simple", **options: Any) -> BaseEngine:
+def acquire(
+    model: str | Path, *, engine_type: str = "simple", keep_alive: Any = None, **options: Any
+) -> BaseEngine:
     """Return the shared engine for ``model`` (made on first use) and count a user.
 
     Args:
@@ -54,18 +101,71 @@ def acquire(model: str | Path, *, engine_type: str = "simple", **options: Any) -
         engine_type: ``"simple"`` (one request at a time), ``"batched"``
             (continuous batching) or ``"distributed"`` (sharded over the ranks of
             ``mlxi launch``); see :data:`ENGINE_CLASSES`.
+        keep_alive: Seconds or a duration (``"5m"``, ``"1h30m"``) the model stays
+            loaded after its last request; 0 unloads it after each request, -1 keeps it.
+            It is the shared engine's: the last value given wins, as with Ollama's
+            requests. None leaves it as it is (new engines: the process default,
+            :func:`default_keep_alive`). Not part of the key.
         **options: Engine constructor options; different options, different engine.
+
+    Raises:
+        ValueError, TypeError: A ``keep_alive`` that is no duration, or other than
+            forever for a distributed engine.
     """
     path = resolve_model_path(model)
     key = _key(path, engine_type, options)
     with _lock:
         slot = _slots.get(key)
         if slot is None:
-            slot = _Slot(_make(path, engine_type, options))
+            engine = _make(path, engine_type, options)
+            if keep_alive is not None:
+                apply_keep_alive(engine, keep_alive)
+            slot = _Slot(engine)
             _slots[key] = slot
             _watch_loads(slot.engine, key)
+        elif keep_alive is not None:
+            apply_keep_alive(slot.engine, keep_alive)
         slot.refs += 1
         return slot.engine
+
+
+def apply_keep_alive(engine: BaseEngine, keep_alive: Any) -> None:
+    """Set ``engine.keep_alive`` (seconds or a duration; see :func:`acquire`).
+
+    Raises:
+        ValueError: The engine has no keep-alive (an engine of another project), or
+            refuses this one (a distributed engine stays loaded).
+    """
+    if not hasattr(type(engine), "keep_alive"):
+        raise ValueError(
+            f"keep_alive={keep_alive!r} was given, but {type(engine).__name__} has no "
+            "keep-alive: it decides itself when its model is loaded; drop keep_alive"
+        )
+    engine.keep_alive = keep_alive  # type: ignore[attr-defined]
+
+
+def pin(model: str | Path | BaseEngine) -> None:
+    """Keep a model loaded: never unloaded to make room, nor when its keep-alive ends.
+
+    Args:
+        model: A folder, store name or pulled Hub id (every engine of that model,
+            chat or embedding, now and later), or one engine.
+    """
+    _pin(model, True)
+
+
+def unpin(model: str | Path | BaseEngine) -> None:
+    """Undo :func:`pin` (and an engine's own ``pinned=True``)."""
+    _pin(model, False)
+
+
+def _pin(model: str | Path | BaseEngine, pinned: bool) -> None:
+    if isinstance(model, BaseEngine):
+        if not hasattr(type(model), "pinned"):
+            raise ValueError(f"{type(model).__name__} cannot be pinned: it has no residency")
+        model.pinned = pinned  # type: ignore[attr-defined]
+        return
+    pin_path(str(resolve_model_path(model)), pinned)
 
 
 def _watch_loads(engine: BaseEngine, key: tuple[Any, ...]) -> None:
@@ -141,7 +241,9 @@ def default_engine_type(model: str | Path, options: Mapping[str, Any]) -> str:
         config = json.loads((resolve_model_path(model) / "config.json").read_text())
     except (OSError, ValueError):
         return DEFAULT_ENGINE_TYPE  # the engine says what is wrong with the folder
-    return "simple" if isinstance(config, dict) and is_vision_config(config) else DEFAULT_ENGINE_TYPE
+    if isinstance(config, dict) and is_vision_config(config):
+        return "simple"
+    return DEFAULT_ENGINE_TYPE
 
 
 def engine_class(engine_type: str) -> type[BaseEngine]:
@@ -186,10 +288,12 @@ def engine_for(
     engine_type: str,
     options: dict[str, Any],
     adapter: str,
+    keep_alive: Any = None,
 ) -> tuple[BaseEngine, bool]:
     """The engine an adapter runs on: the one it was given, or the pooled one for ``model``.
 
     A pooled engine counts ``owner`` as a user until ``owner`` is garbage-collected.
+    A ``keep_alive`` (not None) is set on the engine, pooled or given.
 
     Returns:
         (engine, True when it came from the pool).
@@ -203,11 +307,13 @@ def engine_for(
                 f"{adapter} needs model=... (a folder, store alias or pulled Hub id) or "
                 "engine=... (any BaseEngine)"
             )
-        pooled = acquire(model, engine_type=engine_type, **options)
+        pooled = acquire(model, engine_type=engine_type, keep_alive=keep_alive, **options)
         weakref.finalize(owner, release, pooled)
         return pooled, True
     if not isinstance(engine, BaseEngine):
         raise TypeError(f"engine must be a BaseEngine, got {type(engine).__name__}")
+    if keep_alive is not None:
+        apply_keep_alive(engine, keep_alive)
     return engine, False
 
 

@@ -29,6 +29,10 @@ class SerialEngine(MLXEngine):
     def _is_full(self) -> bool:
         return bool(self._jobs)
 
+    def _kv_total(self, reserved: list[int]) -> int:
+        # One request runs at a time; the one before gave its KV to the prefix cache.
+        return max(reserved, default=0)
+
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
         # The executor's single worker is the owner thread; its queue is the wait line.
         executor.submit(self._execute, job)

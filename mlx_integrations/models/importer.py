@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import shutil
 import struct
@@ -24,6 +25,8 @@ from mlx_integrations.models.manifest import (
 from mlx_integrations.models.names import validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
 from mlx_integrations.models.store import ModelStore, StoredModel, default_store
+
+logger = logging.getLogger(__name__)
 
 
 def import_model(
@@ -58,6 +61,20 @@ def import_model(
     given = given_path(source)
     # The name the user gave says GGUF: a link's target may be a suffix-less cache blob.
     if given.is_file() and given.suffix.lower() == ".gguf":
+        if not overwrite and not store.contains(name):
+            # One copy per file: the same file (or an identical one) stored under
+            # another name gets this name as an alias.
+            same = stored_gguf(given, store, dtype=dtype)
+            if same is not None:
+                logger.warning(
+                    "%s is already in the model store as %r (the same file, sha256 %s); "
+                    "%r now names it too, nothing was copied.",
+                    given.name,
+                    same.name,
+                    (same.manifest.source.sha256 or "?")[:12],
+                    name,
+                )
+                return store.tag(same.name, name)
         return _import_gguf(given, name, store, overwrite, dtype, progress)
     src = given.resolve()
     if not src.is_dir():
@@ -99,6 +116,39 @@ def import_model(
             dtype=dtype_of(config),
         )
         return build.commit(manifest)
+
+
+def stored_gguf(path: Path, store: ModelStore, *, dtype: str | None = None) -> StoredModel | None:
+    """The stored import of the GGUF file at ``path``, or of a file with the same bytes.
+
+    Cheapest first: an import of this very file, unchanged since (its size and mtime
+    are recorded), then an import whose source has the same sha256 (the file is read
+    once for that, and only when some import records a sha256).
+
+    Args:
+        path: The GGUF file.
+        store: The store to look in.
+        dtype: Only imports converted to this weight dtype (None: any).
+    """
+    imports = [
+        m
+        for m in store.list()
+        if m.manifest.source.kind == "gguf" and dtype in (None, m.manifest.dtype)
+    ]
+    if not imports:
+        return None
+    st = path.stat()
+    revision = f"{st.st_size}:{st.st_mtime_ns}"
+    real = path.resolve()
+    for model in imports:
+        src = model.manifest.source
+        if src.path and src.revision == revision and Path(src.path).resolve() == real:
+            return model
+    hashed = [m for m in imports if m.manifest.source.sha256]
+    if not hashed:
+        return None
+    digest = sha256_file(path)
+    return next((m for m in hashed if m.manifest.source.sha256 == digest), None)
 
 
 def given_path(source: str | Path) -> Path:

@@ -14,6 +14,7 @@ from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub.pull import dtype_of, quantization_of
 from mlx_integrations.models.manifest import FileEntry, Manifest, ModelSource, QuantizationInfo
 from mlx_integrations.models.names import is_valid_name
+from mlx_integrations.models.quality.report import QuantizationQuality
 from mlx_integrations.models.resolve import resolve_model
 from mlx_integrations.models.store import ModelStore, default_store
 
@@ -81,6 +82,8 @@ class ModelInfo:
             None when the model has none.
         chat_template_file: The file ``chat_template`` was read from.
         generation: Defaults of ``generation_config.json``; None without that file.
+        quality: What quantization cost, measured when ``mlxi quantize`` made the model
+            (None otherwise).
     """
 
     name: str
@@ -101,10 +104,13 @@ class ModelInfo:
     chat_template: str | None = None
     chat_template_file: str | None = None
     generation: GenerationDefaults | None = None
+    quality: QuantizationQuality | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for ``mlxi show --json``."""
-        return asdict(self)
+        data = asdict(self)
+        data["quality"] = self.quality.to_dict() if self.quality else None  # with its verdict
+        return data
 
 
 def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInfo:
@@ -162,6 +168,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         chat_template=templates.get("default"),
         chat_template_file=template_file if "default" in templates else None,
         generation=generation_defaults(path),
+        quality=manifest.quality if manifest else None,
     )
 
 

@@ -1,6 +1,9 @@
 """Models in use: one ``flock``'ed lease file per process that holds a stored model.
 
-Layout: ``$MLXI_HOME/in-use/<folder>.<pid>.<x>.lock``, holding ``"<pid> <identity>"``.
+Layout: ``$MLXI_HOME/in-use/<folder>.<pid>.<x>.lock``, holding ``"<pid> <identity>"``,
+then on a second line what the process holds of the model, as JSON (memory, last use,
+keep-alive, expiry: see :func:`lease_details`), rewritten as that changes. Files of
+earlier versions have the first line alone, and read as leases without details.
 The system drops the flock when the process ends, however it ends, so a lease whose
 file nobody locks is stale and is cleaned up. These functions expect the store's
 lock to be held where they change files (see :meth:`ModelStore.lock`).
@@ -10,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import threading
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +34,49 @@ class ModelLease:
     Release it with :meth:`release` (engines do when they stop) or by ``with``.
     """
 
-    def __init__(self, path: Path, fh: Any) -> None:
+    def __init__(self, path: Path, fh: Any, identity: str = "") -> None:
         self.path = path
         self._fh = fh
         self._pid = os.getpid()
+        self._identity = identity
+        self._lock = threading.Lock()
 
     @property
     def held(self) -> bool:
         """True until released."""
         return not self._fh.closed
 
+    def update(self, details: Mapping[str, Any]) -> None:
+        """Record what this process holds of the model, for ``mlxi ps``: memory, last use,
+        keep-alive and expiry (a JSON object; see :func:`lease_details`).
+
+        The file is rewritten in place (the flock stays on it); a reader that catches it
+        half-written sees no details this once. Does nothing once released.
+        """
+        text = f"{self._pid} {self._identity}\n{json.dumps(dict(details), sort_keys=True)}\n"
+        with self._lock:
+            if self._fh.closed or os.getpid() != self._pid:
+                return
+            try:
+                self._fh.seek(0)
+                self._fh.truncate()
+                self._fh.write(text)
+                self._fh.flush()
+            except (OSError, ValueError):  # a full disk: the claim itself still holds
+                pass
+
     def release(self) -> None:
         """Give the claim up. Idempotent.
 
         In a forked child the file is only closed: the claim is the parent's.
         """
-        if self._fh.closed:
-            return
-        if os.getpid() == self._pid:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        self._fh.close()
+        with self._lock:
+            if self._fh.closed:
+                return
+            if os.getpid() == self._pid:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            self._fh.close()
 
     def __enter__(self) -> ModelLease:
         return self
@@ -84,7 +112,7 @@ def take_lease(home: Path, model_dir: Path) -> ModelLease:
         fh.close()
         path.unlink(missing_ok=True)
         raise
-    return ModelLease(path, fh)
+    return ModelLease(path, fh, identity)
 
 
 def holders(home: Path, model_dir: Path, *, clean: bool = True) -> tuple[int, ...]:
@@ -116,6 +144,36 @@ def lease_files(home: Path, folder: str | None = None) -> list[Path]:
         if len(parts) == 4 and parts[1].isdigit() and folder in (None, parts[0]):
             out.append(path)
     return sorted(out)
+
+
+def lease_details(home: Path, model_dir: Path) -> dict[int, dict[str, Any]]:
+    """What each live process records of a model folder: pid -> details.
+
+    The details are the process's last report (``memory_bytes``, ``weights_bytes``,
+    ``cache_bytes``, ``state``, ``in_use``, ``last_used``, ``keep_alive_s``,
+    ``expires_at``, ``pinned``...: the keys of ``ResidencyStats``); an empty dict for a
+    lease without them (written by an earlier version, or caught mid-write). A process
+    holding the model twice (two engines) gives the one with the most memory.
+    """
+    identity = model_identity(model_dir)
+    out: dict[int, dict[str, Any]] = {}
+    for path in lease_files(home, model_dir.name):
+        if not lease_alive(path) or _lease_identity(path) not in (None, identity):
+            continue
+        pid = int(path.name.rsplit(".", 3)[1])
+        details = _lease_json(path)
+        if pid not in out or details.get("memory_bytes", 0) > out[pid].get("memory_bytes", 0):
+            out[pid] = details
+    return out
+
+
+def _lease_json(path: Path) -> dict[str, Any]:
+    try:
+        lines = path.read_text().splitlines()
+        data = json.loads(lines[1]) if len(lines) > 1 else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def leased_folders(home: Path) -> set[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlx_integrations.models.folders import read_json
+from mlx_integrations.models.quality.report import QuantizationQuality
 
 MANIFEST_FILE = "mlxi-manifest.json"
 SCHEMA_VERSION = 1
@@ -79,6 +80,10 @@ class QuantizationInfo:
 class Manifest:
     """What the store knows about one model.
 
+    ``quality`` holds what quantization cost a model that ``quantize_model`` made
+    (None for other models, for vision models, with ``evaluate=False`` and in manifests
+    written before it was measured).
+
     Examples:
         >>> m = Manifest(name="tiny", source=ModelSource(kind="local", path="/m"))
         >>> Manifest.from_json(m.to_json()) == m
@@ -92,6 +97,7 @@ class Manifest:
     dtype: str | None = None
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     schema: int = SCHEMA_VERSION
+    quality: QuantizationQuality | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -120,6 +126,7 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         """Build a manifest from :meth:`to_dict` data."""
         q = data.get("quantization")
+        quality = data.get("quality")
         return cls(
             name=data["name"],
             source=ModelSource(**data["source"]),
@@ -128,6 +135,7 @@ class Manifest:
             dtype=data.get("dtype"),
             created_at=data.get("created_at", ""),
             schema=data.get("schema", SCHEMA_VERSION),
+            quality=QuantizationQuality.from_dict(quality) if quality else None,
         )
 
     @classmethod

@@ -28,6 +28,7 @@ from mlx_integrations.models.manifest import (
 from mlx_integrations.models.manifest import model_files as list_model_files
 from mlx_integrations.models.names import is_valid_name, looks_like_path, validate_name
 from mlx_integrations.models.progress import ProgressCallback, report
+from mlx_integrations.models.quality.report import QuantizationQuality
 from mlx_integrations.models.resolve import resolve_model
 from mlx_integrations.models.store import ModelStore, StoredModel, default_store
 
@@ -97,9 +98,15 @@ def quantize_model(
     dtype: str | None = None,
     store: ModelStore | None = None,
     overwrite: bool = False,
+    evaluate: bool = True,
     progress: ProgressCallback | None = None,
 ) -> StoredModel:
     """Quantize a model (store name, repo id, folder or GGUF file) into the store.
+
+    Then the quantized model is compared with its source on a short built-in text
+    (perplexity ratio and KL divergence, a few seconds for a small model); the figures
+    are kept in the manifest as ``quality``, whose ``warning()`` says when the model lost
+    too much. A vision-language model is not compared (``quality`` stays None).
 
     Args:
         source: The model to quantize (resolved like :func:`resolve_model`).
@@ -111,13 +118,16 @@ def quantize_model(
         dtype: Dtype of the weights left unquantized (default: the model's).
         store: The store (default: ``$MLXI_HOME``).
         overwrite: Replace a model of that name.
+        evaluate: Compare the result with its source (False: skip, ``quality`` is None).
         progress: Receives ``"quantize"`` updates.
 
     Returns:
         The quantized model in the store.
 
     Examples:
-        >>> quantize_model("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
+        >>> model = quantize_model("smollm2-135m-instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
+        >>> model.manifest.quality.verdict  # doctest: +SKIP
+        'degraded'
     """
     group = check_quantization(bits, group_size, mode, recipe, dtype)
     store = store or default_store()
@@ -137,6 +147,8 @@ def quantize_model(
             src_path.mkdir()
             convert_gguf(read_supported_gguf(gguf), src_path, dtype="float32")
         convert, extra = _converter(src_path)
+        # mlx-lm cannot load a vision-language model's folder: it is not compared.
+        vision = isinstance(read_json_object(src_path / "config.json").get("vision_config"), dict)
         out = build.path / "converted"
         report(progress, "quantize", f"Quantizing to {bits} bits", 0, 1, "step")
         # mlx-lm writes the weight shards, then their index, then config and tokenizer:
@@ -149,6 +161,10 @@ def quantize_model(
         for item in out.iterdir():
             os.rename(item, build.path / item.name)
         out.rmdir()
+        quality = None
+        if evaluate and not vision:
+            # Against the weights it was made from: for a GGUF source, its conversion.
+            quality = _compare(src_path, build.path, progress)
         if gguf is not None:
             shutil.rmtree(src_path)
         report(progress, "quantize", f"Quantizing to {bits} bits", 1, 1, "step", done=True)
@@ -164,8 +180,21 @@ def quantize_model(
             files=hash_files(build.path, files, known=weights.entries(build.path, files)),
             quantization=quantization,
             dtype=dtype or _dtype(build.path),
+            quality=quality,
         )
         return build.commit(manifest)
+
+
+def _compare(
+    source: Path, quantized: Path, progress: ProgressCallback | None
+) -> QuantizationQuality:
+    """The quantized model against its source on the built-in text."""
+    from mlx_integrations.models.quality.measure import measure_quality
+
+    report(progress, "quantize", "Comparing with the source", 0, 1, "step")
+    quality = measure_quality(source, quantized)
+    report(progress, "quantize", "Comparing with the source", 1, 1, "step", done=True)
+    return quality
 
 
 def _base(source: str | Path) -> str:

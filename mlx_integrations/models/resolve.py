@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 import struct
@@ -26,6 +28,8 @@ from typing import Any
 from mlx_integrations.models.errors import InvalidNameError, ModelNotFoundError
 from mlx_integrations.models.names import is_repo_id, is_valid_name, looks_like_path
 from mlx_integrations.models.store import ModelStore, default_store, lease_model_folder
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_model(
@@ -106,18 +110,42 @@ def gguf_store_name(path: Path) -> str:
 
 
 def _gguf_in_store(path: Path, store: ModelStore) -> Path:
-    """Import a GGUF file once; reuse the import while the file is unchanged."""
-    from mlx_integrations.models.importer import import_model
+    """Import a GGUF file once per content, saying so on stderr; reuse it after that.
 
+    An import of this file (unchanged), or of a file with the same sha256 under any
+    store name (``mlxi import x.gguf name`` included), is used as it is.
+    """
+    from mlx_integrations.models.importer import import_model, stored_gguf
+
+    stored = stored_gguf(path, store)
+    if stored is not None:
+        return stored.path
     name = gguf_store_name(path)
-    st = path.stat()
-    if store.contains(name):
-        model = store.get(name)
-        src = model.manifest.source
-        same_file = src.path is not None and Path(src.path).resolve() == path.resolve()
-        if same_file and src.revision == f"{st.st_size}:{st.st_mtime_ns}":
-            return model.path
+    # A conversion takes a while and a few times the file's size on disk: say so, once.
+    converted = _converted_bytes(path)
+    logger.warning(
+        "Importing %s (%s) into the model store as %s (one time%s) ...",
+        path.name,
+        _megabytes(path.stat().st_size),
+        name,
+        f": about {_megabytes(converted)} of float32 weights" if converted else "",
+    )
     return import_model(path, name, store=store, overwrite=True).path
+
+
+def _converted_bytes(path: Path) -> int | None:
+    """About how many bytes a GGUF file's float32 import holds; None if unknown."""
+    from mlx_integrations.models.gguf.reader import read_gguf_header
+
+    try:
+        header = read_gguf_header(path)
+    except (OSError, ValueError):
+        return None  # the import itself says what is wrong with the file
+    return 4 * sum(math.prod(t.shape) for t in header.tensors.values())
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def _hf_cached(repo_id: str) -> Path | None:
@@ -211,11 +239,13 @@ def check_model_dir(path: Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: The folder, config.json or the weights are missing.
-        ValueError: config.json or a weights file is corrupt.
+        ValueError: config.json or a weights file is corrupt, or the folder holds an
+            embedding model (see :func:`reject_embedding_model`).
     """
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a folder; pass the folder of an MLX model")
     config_file = path / "config.json"
+    reject_embedding_model(path)
     if not config_file.is_file():
         raise FileNotFoundError(
             f"{path} is not a model folder: it has no config.json; pass a folder made by "
@@ -234,6 +264,59 @@ def check_model_dir(path: Path) -> dict[str, Any]:
     for file in weights:
         check_safetensors(file)
     return config
+
+
+ENCODER_MODEL_TYPES = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "mpnet",
+    "distilbert",
+    "albert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "modernbert",
+    "nomic_bert",
+    "jina_bert",
+    "mobilebert",
+    "ernie",
+)
+"""``model_type`` values of encoder-only models (BERT family): they embed or classify
+text and generate none."""
+
+
+def reject_embedding_model(path: Path) -> None:
+    """Refuse an embedding model where a chat model is wanted, saying what to use.
+
+    An encoder (``model_type`` in :data:`ENCODER_MODEL_TYPES`) or a sentence-transformers
+    folder (``modules.json``) generates no text: mlx-lm would fail with a bare
+    "Model type bert not supported.".
+
+    Raises:
+        ValueError: Naming the model, what it is, and the embedding adapters to use.
+    """
+    why = []
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None  # no readable config: check_model_dir says what is wrong
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type in ENCODER_MODEL_TYPES:
+        why.append(f"model_type {model_type!r}")
+    if (path / "modules.json").is_file():
+        why.append("a sentence-transformers modules.json")
+    if not why:
+        return
+    raise ValueError(
+        f"{str(path)!r} holds an embedding model ({' and '.join(why)}), not a chat model: "
+        "ChatMLX, MLXLLM and mlxi run generate text with decoder models. Embed text "
+        "with it instead: `from mlx_integrations.langchain import MLXEmbeddings; "
+        f"MLXEmbeddings(model_name={str(path)!r})` (LangChain) or `from "
+        "mlx_integrations.llama_index import MLXEmbedding; "
+        f"MLXEmbedding(model_name={str(path)!r})` (LlamaIndex)."
+    )
 
 
 def context_length(config: dict[str, Any]) -> int | None:

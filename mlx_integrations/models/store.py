@@ -53,6 +53,7 @@ from mlx_integrations.models.folders import (
 from mlx_integrations.models.leases import (
     ModelLease,
     holders,
+    lease_details,
     leased_folders,
     take_lease,
 )
@@ -246,13 +247,20 @@ class ModelStore:
 
     def in_use(self) -> list[tuple[StoredModel, tuple[int, ...]]]:
         """The stored models that some process has loaded, with those processes' ids."""
+        return [(model, tuple(sorted(procs))) for model, procs in self.loaded()]
+
+    def loaded(self) -> list[tuple[StoredModel, dict[int, dict[str, Any]]]]:
+        """The stored models that some process has loaded, with what each process
+        reports of it: pid -> memory, last use, keep-alive, expiry
+        (:func:`~mlx_integrations.models.leases.lease_details`; empty from processes
+        of earlier versions)."""
         leased = leased_folders(self.home)
         out = []
         for model in self.list():
             if model.path.name in leased:  # only these can have users
-                users = holders(self.home, model.path, clean=False)
-                if users:
-                    out.append((model, users))
+                procs = lease_details(self.home, model.path)
+                if procs:
+                    out.append((model, procs))
         return out
 
     def model_dir(self, name: str) -> Path:

@@ -16,6 +16,7 @@ from pydantic import (
 
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.engine.params import validate_template_kwargs
+from mlx_integrations.runtime.memory import parse_keep_alive
 from mlx_integrations.settings.fields import (
     check_timeout,
     model_field_names,
@@ -105,6 +106,13 @@ class ChatSettings(BaseModel):
     streamed or not); then its request is stopped on the engine and the call raises
     ``TimeoutError``. None waits as long as the reply takes. A call may pass its own
     ``timeout=``."""
+    keep_alive: float | str | None = None
+    """How long the model stays in memory after a call, as Ollama's ``keep_alive``:
+    seconds, or a duration (``"5m"``, ``"1h30m"``, ``"300ms"``); 0 unloads it as soon as
+    a call ends, -1 keeps it loaded. The next call loads it again, unseen but for the
+    time it takes. It is the engine's setting (adapters on one pooled engine share it;
+    the last one made with a value wins). None (the default) leaves the engine's: for a
+    new engine the process default, ``MLXI_KEEP_ALIVE``, else forever."""
 
     _owns_engine: bool = PrivateAttr(default=False)
 
@@ -112,6 +120,13 @@ class ChatSettings(BaseModel):
     @classmethod
     def _positive_timeout(cls, value: Any) -> float | None:
         return check_timeout(value)
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is not None:
+            parse_keep_alive(value)  # a bad one is refused here, with what to give
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +154,7 @@ class ChatSettings(BaseModel):
             engine_type=self.engine_type,
             options=options,
             adapter=type(self).__name__,
+            keep_alive=self.keep_alive,
         )
         object.__setattr__(self, "engine", engine)
         if self.model is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mlx_integrations.embeddings.engine import (
     EmbeddingDtype,
@@ -15,6 +15,7 @@ from mlx_integrations.embeddings.engine import (
     PoolingMode,
     get_embedding_engine,
 )
+from mlx_integrations.runtime.memory import parse_keep_alive
 from mlx_integrations.settings.fields import model_field_names, reject_unknown_fields
 
 Role = Literal["query", "document"]
@@ -46,15 +47,28 @@ class EmbeddingSettings(BaseModel):
     dtype: EmbeddingDtype = "float32"
     """Floating point type of the forward pass (``float16`` halves memory on a GPU)."""
 
+    keep_alive: float | str | None = None
+    """How long the model stays in memory after a call, as Ollama's ``keep_alive``:
+    seconds or a duration (``"5m"``, ``"1h30m"``); 0 unloads it after each call, -1
+    keeps it loaded; the next call loads it again. It is the shared engine's setting.
+    None (the default) leaves it: for a new engine ``MLXI_KEEP_ALIVE``, else forever."""
+
     _engine: EmbeddingEngine | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
     def _reject_unknown_fields(cls, data: Any) -> Any:
         # LlamaIndex's BaseEmbedding drops them silently; another library's name
-        # (Ollama's keep_alive, sentence-transformers' normalize_embeddings) gets a pointer.
+        # (sentence-transformers' normalize_embeddings) gets a pointer.
         reject_unknown_fields(cls.__name__, data, model_field_names(cls))
         return data
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is not None:
+            parse_keep_alive(value)  # a bad one is refused here, with what to give
+        return value
 
     @model_validator(mode="after")
     def _load_engine(self) -> Self:
@@ -85,7 +99,9 @@ class EmbeddingSettings(BaseModel):
     def _get_engine(self) -> EmbeddingEngine:
         # Reload through the pool if the shared engine was closed meanwhile.
         if self._engine is None or self._engine.closed:
-            self._engine = get_embedding_engine(self.model_name, dtype=self.dtype)
+            self._engine = get_embedding_engine(
+                self.model_name, dtype=self.dtype, keep_alive=self.keep_alive
+            )
         return self._engine
 
     def _options(self, engine: EmbeddingEngine, role: Role) -> EmbedOptions:

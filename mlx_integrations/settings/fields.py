@@ -124,11 +124,6 @@ _GPU_LAYERS = (
     "is one), with no layers to offload"
 )
 _THREADS = "no equivalent: MLX and its BLAS choose their CPU threads"
-_KEEP_ALIVE = (
-    "no equivalent yet: a model stays loaded while an adapter uses it; free the models "
-    "no adapter uses with mlx_integrations.engine.pool.unload_idle() (chat) or "
-    "mlx_integrations.embeddings.engine.clear_embedding_engines() (embeddings)"
-)
 _REPEAT_WINDOW = "no equivalent: repetition_penalty looks at the last 20 tokens"
 _SAMPLING = "no equivalent: sample with temperature, top_p, top_k and min_p"
 _PENALTY = "no equivalent field: use repetition_penalty (> 1 discourages repeats)"
@@ -149,7 +144,6 @@ FOREIGN_NAMES: dict[str, ForeignName] = {
     # Ollama (ChatOllama, OllamaEmbeddings, LlamaIndex's Ollama and OllamaEmbedding)
     "num_predict": ForeignName(_OLLAMA, ("max_tokens",)),
     "num_ctx": ForeignName(_OLLAMA, ("context_window", "max_length"), _CONTEXT),
-    "keep_alive": ForeignName(_OLLAMA, (), _KEEP_ALIVE),
     "repeat_penalty": ForeignName(_OLLAMA, ("repetition_penalty",)),
     "repeat_last_n": ForeignName(_OLLAMA, (), _REPEAT_WINDOW, _CHAT),
     "num_gpu": ForeignName(_OLLAMA, (), _GPU_LAYERS),

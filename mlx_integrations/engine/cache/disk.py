@@ -416,12 +416,12 @@ class DiskCache:
                 raise BadEntry("tensors changed while the file was read")
             mx.eval(list(loaded.values()))  # a bad file fails here, not inside a prefill
             cache = kv_files.build_cache(loaded, metadata)
-        except FileNotFoundError:
-            with self._lock:
-                self._forget(name)  # another process removed it
-            return None
         except (BadEntry, OSError, RuntimeError, ValueError, KeyError) as exc:
-            self._drop(name, exc)
+            if path.exists():
+                self._drop(name, exc)
+            else:  # removed meanwhile (the budget, another process): not damaged
+                with self._lock:
+                    self._forget(name)
             return None
         n = min(kv_files.common_prefix_len(stored, tokens), len(tokens) - 1)
         for layer in cache:

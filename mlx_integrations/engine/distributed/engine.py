@@ -114,6 +114,10 @@ class DistributedEngine(SerialEngine):
     """
 
     engine_type = "distributed"
+    _fixed_residency = (
+        "a DistributedEngine stays loaded until stop(), since its ranks cannot load the "
+        "model again; give keep_alive=-1 or None"
+    )
 
     def __init__(
         self,

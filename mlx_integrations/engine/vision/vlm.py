@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -107,35 +108,15 @@ class VisionTokenizer:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> Any:
-        from mlx_vlm.prompt_utils import get_chat_template, get_message_json
+        from mlx_vlm.prompt_utils import get_chat_template
 
         kwargs.pop("return_dict", None)
         formatted: list[Any] = []
         for msg in messages:
-            content = msg.get("content")
             if msg.get("tool_calls") or msg.get("role") == "tool":
                 formatted.append(dict(msg))
-                continue
-            if not isinstance(content, list):
-                content = content or ""
-                n_images, videos = 0, []
             else:
-                n_images = sum(1 for p in content if p["type"] == "image")
-                videos = [p["video"] for p in content if p["type"] == "video"]
-                content = [p for p in content if p["type"] != "video"]
-            extra: dict[str, Any] = {"video": videos} if videos else {}
-            try:
-                out = get_message_json(
-                    self._model_type,
-                    content,
-                    msg["role"],
-                    skip_image_token=n_images == 0,
-                    num_images=n_images,
-                    **extra,
-                )
-            except ValueError as exc:  # e.g. a single-image family given several
-                raise ValueError(f"{exc} (model type {self._model_type!r})") from None
-            formatted.append(out)
+                formatted.append(self._message_json(msg["role"], msg.get("content")))
         # Rendered by the tokenizer (which holds the processor's template): the processor
         # would warn on every template variable it does not know (enable_thinking...).
         hf = getattr(self._wrapped, "_tokenizer", self._wrapped)
@@ -143,6 +124,88 @@ class VisionTokenizer:
         if tokenize:
             return self._wrapped.encode(text, add_special_tokens=False)
         return text
+
+    def _message_json(self, role: str, content: Any) -> Any:
+        """One message as mlx-vlm formats it for the model's family, parts in the order
+        given (mlx-vlm writes a message's videos before its text: each is put back)."""
+        if not isinstance(content, list):
+            return self._formatted(role, content or "", 0, [])
+        n_images = sum(1 for p in content if p["type"] == "image")
+        videos = [p["video"] for p in content if p["type"] == "video"]
+        if videos:
+            # Each video marked by a text part, which mlx-vlm keeps in its place.
+            marked, seen = [], 0
+            for part in content:
+                if part["type"] == "video":
+                    part, seen = {"type": "text", "text": _video_mark(seen)}, seen + 1
+                marked.append(part)
+            placed = _videos_in_place(self._formatted(role, marked, n_images, videos), seen)
+            if placed is not None:
+                return placed
+            # A family that takes no video parts this way: formatted as mlx-vlm does.
+            content = [p for p in content if p["type"] != "video"]
+        return self._formatted(role, content, n_images, videos)
+
+    def _formatted(self, role: str, content: Any, n_images: int, videos: list[str]) -> Any:
+        from mlx_vlm.prompt_utils import get_message_json
+
+        extra: dict[str, Any] = {"video": videos} if videos else {}
+        try:
+            return get_message_json(
+                self._model_type,
+                content,
+                role,
+                skip_image_token=n_images == 0,
+                num_images=n_images,
+                **extra,
+            )
+        except ValueError as exc:  # e.g. a single-image family given several
+            raise ValueError(f"{exc} (model type {self._model_type!r})") from None
+
+
+_MARK = re.compile(" ?\x00mlxi-video-(\\d+)\x00 ?")
+
+
+def _video_mark(index: int) -> str:
+    """A text part standing for the message's ``index``-th video while mlx-vlm formats it."""
+    return f"\x00mlxi-video-{index}\x00"
+
+
+def _videos_in_place(message: Any, count: int) -> Any:
+    """Put the ``count`` video parts of a message formatted by mlx-vlm where their marks
+    are (:func:`_video_mark`); mlx-vlm writes them first, before the text.
+
+    Returns:
+        The message with its parts in the order given, or None when it is not as
+        expected (a family that takes no video parts): it is then formatted unmarked.
+    """
+    items = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(items, list):
+        return None
+    clips = [i for i in items if isinstance(i, dict) and i.get("type") == "video"]
+    if len(clips) != count:
+        return None
+    placed: list[Any] = []
+    used: list[int] = []
+    for item in items:
+        if item in clips:
+            continue
+        text = item.get("text") if isinstance(item, dict) else None
+        if not isinstance(text, str) or not _MARK.search(text):
+            placed.append(item)
+            continue
+        # text, index, text, index, ..., text: the marks of the videos it holds
+        for k, piece in enumerate(_MARK.split(text)):
+            if k % 2 and int(piece) < count:
+                used.append(int(piece))
+                placed.append(clips[int(piece)])
+            elif k % 2 == 0 and piece:
+                placed.append(
+                    {**item, **{key: piece for key in ("text", "content") if key in item}}
+                )
+    if sorted(used) != list(range(count)):
+        return None
+    return {**message, "content": placed}
 
 
 @dataclass

@@ -22,13 +22,13 @@ from mlx_integrations.cli.output import (
     human_age,
     human_count,
     human_size,
-    loaded_models_result,
     prints_result,
     quality_text,
     quality_warnings,
     removal_lines,
     stdin_is_tty,
 )
+from mlx_integrations.cli.serve import ps, serve, stop
 from mlx_integrations.cli.warm import warm
 
 from mlx_integrations import __version__
@@ -303,15 +303,7 @@ def list_(
 app.command("ls", help="List the models of the store (same as list).")(list_)
 
 
-@app.command()
-@handle_errors
-@prints_result
-def ps(json_output: bool = JSON_OPTION) -> Result:
-    """List the stored models that running processes have loaded (engines, mlxi run):
-    memory held, last use, and until when each stays loaded (its keep-alive)."""
-    from mlx_integrations.models.store import default_store
-
-    return loaded_models_result(default_store().loaded())
+app.command()(ps)
 
 
 @app.command()
@@ -626,6 +618,9 @@ def run(
 
 
 app.command()(doctor)
+
+app.command()(serve)
+app.command()(stop)
 
 
 from mlx_integrations.cli.launch import launch_command  # noqa: E402

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines", ("mlx_integrations.engine",)),
     ("adapter settings", ("mlx_integrations.settings",)),
     ("adapters", ("mlx_integrations.langchain", "mlx_integrations.llama_index")),
+    ("server", ("mlx_integrations.serve",)),
     ("cli", ("mlx_integrations.cli",)),
 ]
 MAX_MODULES_PER_FOLDER = 13

@@ -109,6 +109,9 @@ class Finished:
     """Tokens drafted by speculative decoding (0 when it did not run)."""
     accepted_draft_tokens: int = 0
     """Drafted tokens the model accepted."""
+    stop_sequence: str | None = None
+    """The stop sequence that ended the reply, where the engine says (None for the
+    end-of-sequence token, the token limit, or an engine that does not say)."""
 
     def speculative_metadata(self) -> dict[str, Any]:
         """Acceptance figures for the adapters' metadata; empty without speculation."""
@@ -386,4 +389,5 @@ async def _chat_events(
         text=last.text,
         draft_tokens=last.mtp_drafts,
         accepted_draft_tokens=last.mtp_accepted,
+        stop_sequence=getattr(last, "stop_sequence", None),
     )

@@ -32,6 +32,9 @@ class MLXGenerationOutput(GenerationOutput):
     """Decode tokens per second, first token excluded."""
     starts_in_reasoning: bool = False
     """The rendered prompt opened a thinking block: the reply begins as reasoning."""
+    stop_sequence: str | None = None
+    """The stop sequence that ended the reply (``finish_reason="stop"``), None for
+    the end-of-sequence token or any other end."""
 
 
 class OutputBuilder:
@@ -98,6 +101,10 @@ class OutputBuilder:
             self._detok.finalize()
             new_text += self._stop.feed(self._detok.last_segment)
             new_text += self._stop.flush()
+            if self._stop.stopped and reason == "length":
+                # Text held back (an incomplete character) held a stop string: the
+                # reply ends at it, as if it had been found a token earlier.
+                reason = "stop"
         self.finish_reason = reason
         self.text += new_text
         return self._chunk(new_text)
@@ -120,6 +127,7 @@ class OutputBuilder:
             cached_tokens=self.cached_tokens,
             ttft_s=ttft,
             generation_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+            stop_sequence=self._stop.matched,
         )
 
 

@@ -254,13 +254,17 @@ class ModelLifecycle(BaseEngine, ResidencyControls):
     async def _admit_kv(self, prompt_tokens: int, max_tokens: int) -> int:
         """Refuse a request whose KV cache would not fit, before it is dispatched.
 
+        Where it does not fit, idle models are unloaded (least recently used first),
+        then the engine's own prefix cache is dropped, then requests in flight are
+        waited for (up to the budget's ``wait_s``).
+
         Returns:
             Its estimated KV bytes (0 when there is no estimate), for
             :meth:`_reserve_kv`.
 
         Raises:
             RequestTooLarge: It does not fit in what the budget (or the device) has
-                left, even after unloading idle models.
+                left, even then.
         """
         need = self.kv_cache_bytes(prompt_tokens + max_tokens) or 0
         if not need:
@@ -269,8 +273,15 @@ class ModelLifecycle(BaseEngine, ResidencyControls):
         extra = self._kv_total([*reserved, need]) - self._kv_total(reserved)
         if extra > 0 and not self._residency.fits(extra):
             what = f"A request of {prompt_tokens} prompt tokens and max_tokens={max_tokens}"
-            await asyncio.to_thread(self._residency.admit, extra, what)
+            await asyncio.to_thread(self._residency.admit, extra, what, self._reclaim_caches)
         return need
+
+    def _reclaim_caches(self) -> int:
+        """Drop the prefix cache (warm entries stay) for a request's room; bytes freed."""
+        if not self._prefix.nbytes:
+            return 0
+        cleared = self.clear_runtime_caches()
+        return int(cleared["freed_cache_mb"] * 1024 * 1024) if cleared else 0
 
     def _reserve_kv(self, request_id: str, nbytes: int) -> None:
         """Count a dispatched request (called under the state lock)."""

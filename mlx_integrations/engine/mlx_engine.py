@@ -601,4 +601,3 @@ class MLXEngine(ModelLifecycle):
         if registered:
             self._release_kv(rid)
         job.emit(result)
-

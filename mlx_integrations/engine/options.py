@@ -14,6 +14,7 @@ from mlx_integrations.engine.jobs import Admission
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.stats import SpeculativeStats
 from mlx_integrations.engine.vision.media import MediaLimits
+from mlx_integrations.engine.vision.policy import MediaPolicy
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ class EngineOptions:
     max_image_pixels: int = 50_000_000
     """Most pixels (width x height) one image may have; checked before it is decoded,
     since a file of a few KiB can hold an image of gigabytes."""
+    media_policy: MediaPolicy | None = None
+    """Which local files and hosts an image or video source may name; None lets every
+    one through (the caller's own files). A server passes
+    :meth:`MediaPolicy.restricted() <mlx_integrations.engine.vision.policy.MediaPolicy.restricted>`."""
 
     def __post_init__(self) -> None:
         if self.tool_format is not None:
@@ -141,6 +146,8 @@ class EngineOptions:
         pixels = self.max_image_pixels
         if isinstance(pixels, bool) or not isinstance(pixels, int) or pixels < 1:
             raise ValueError(f"max_image_pixels must be an integer >= 1, got {pixels!r}")
+        if self.media_policy is not None and not isinstance(self.media_policy, MediaPolicy):
+            raise TypeError(f"media_policy must be a MediaPolicy, got {self.media_policy!r}")
         template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
 
@@ -152,6 +159,7 @@ class EngineOptions:
             int(self.max_media_mb * 1024 * 1024),
             float(self.media_timeout_s),
             self.max_image_pixels,
+            self.media_policy or MediaPolicy(),
         )
 
     def vision_kv_options(self) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class SimpleEngine(SerialEngine):
         ...     await engine.stop()
         >>> asyncio.run(main())  # doctest: +SKIP
         >>> fast_quotes = SimpleEngine("path/to/mlx-model", prompt_lookup=4)  # doctest: +SKIP
+        >>> for_a_while = SimpleEngine("path/to/mlx-model", keep_alive="5m")  # doctest: +SKIP
         >>> small_kv = SimpleEngine("path/to/mlx-model", kv_bits=8)  # doctest: +SKIP
 
     Args:
@@ -82,7 +83,8 @@ class SimpleEngine(SerialEngine):
         **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
             ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
             ``num_draft_tokens``, ``prompt_lookup``, ``kv_bits``...); they override
-            ``options``.
+            ``options``. And ``keep_alive`` and ``pinned``, the model's residency
+            (:class:`~mlx_integrations.engine.mlx_engine.MLXEngine`).
 
     Raises:
         FileNotFoundError: The model or the draft model is not found.

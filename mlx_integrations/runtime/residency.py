@@ -14,9 +14,11 @@ loads and unloads. In return, for every such model in the process:
   memory, the load waits up to ``wait_s`` for one to go idle, then is refused with
   :class:`MemoryBudgetExceeded`. A model larger than the budget alone is refused before
   anything is read, with :class:`ModelTooLarge`.
-- Admission: a request whose KV cache would not fit in what is left (of the budget, or
-  of the device's memory limit) is refused with :class:`RequestTooLarge` before it
-  runs; idle models are unloaded first if that makes room.
+- Admission: before a request runs, its KV cache (estimated from the model's config)
+  must fit in what is left of the budget, or of the device's memory limit. Idle models
+  are unloaded first if that makes room; requests in flight are waited for (up to
+  ``wait_s``); a request that could not fit even beside its own model alone (and the
+  pinned ones) is refused at once with :class:`RequestTooLarge`.
 
 The bookkeeping of the whole process (budget, eviction order, the expiry thread) is
 :mod:`.residency_manager`. This module knows no model and imports no MLX (the device's
@@ -256,24 +258,28 @@ class Residency:
                 self.last_used_wall = time.time()
                 self.served = True
                 self.retry_at = 0.0
-                manager.cond.notify_all()  # loads waiting for room
+            manager.cond.notify_all()  # loads and requests waiting for room
         if idle:
             manager.changed(self)
 
-    def admit(self, nbytes: int, what: str) -> None:
+    def admit(self, nbytes: int, what: str, reclaim: Callable[[], int] | None = None) -> None:
         """Make sure ``nbytes`` more fit beside every resident model, or refuse.
 
-        Idle models are unloaded (least recently used first) if that makes room; busy
-        ones are not waited for.
+        Idle models are unloaded (least recently used first) if that makes room; when
+        requests in flight hold the rest, it waits for them (up to the budget's
+        ``wait_s``). A request that could not fit even beside its own model alone is
+        refused at once.
 
         Args:
             nbytes: The bytes a request will add (its KV cache).
             what: The request, as the error message names it.
+            reclaim: Drops the engine's own caches and returns the bytes freed; tried
+                after idle models, before waiting.
 
         Raises:
             RequestTooLarge: It does not fit.
         """
-        manager.make_room(self, nbytes, for_request=what)
+        manager.make_room(self, nbytes, for_request=what, reclaim=reclaim)
 
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit now, without unloading anything."""

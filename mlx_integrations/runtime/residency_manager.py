@@ -146,14 +146,24 @@ class ResidencyManager:
 
     # ------------------------------------------------------------- room
 
-    def make_room(self, entry: Entry, nbytes: int, for_request: str | None = None) -> None:
+    def make_room(
+        self,
+        entry: Entry,
+        nbytes: int,
+        for_request: str | None = None,
+        reclaim: Callable[[], int] | None = None,
+    ) -> None:
         """Unload idle models (least recently used first) until ``nbytes`` fit.
 
         For a load (``for_request`` None) ``entry``'s own reservation is ``nbytes``;
-        a request adds ``nbytes`` to what ``entry`` holds.
+        a request adds ``nbytes`` to what ``entry`` holds, and ``reclaim()`` (its own
+        engine's caches, dropped; returns the bytes freed) is tried before it waits.
+        When busy models (or the engine's other requests) hold the rest, wait up to
+        ``wait_s`` for them; a request that could not fit even then is refused at once.
         """
-        deadline = time.monotonic() + (0.0 if for_request else self.wait_s)
+        deadline = time.monotonic() + self.wait_s
         tried: set[int] = set()
+        reclaimed = False
         with self.cond:
             while True:
                 limit = self.limit(for_request=for_request is not None)
@@ -169,21 +179,40 @@ class ResidencyManager:
                 if victim is not None:
                     self._evict(victim, tried)
                     continue
-                if for_request is not None:
-                    entry.rejections += 1
-                    raise RequestTooLarge(
-                        _no_room_for_request(self, entry, for_request, nbytes, limit)
-                    )
+                if reclaim is not None and not reclaimed:
+                    reclaimed = True
+                    self.cond.release()
+                    try:
+                        freed = reclaim()
+                    finally:
+                        self.cond.acquire()
+                    if freed:
+                        continue
                 busy = [
                     e
                     for e in self.entries
                     if e is not entry and (e.users or e.state in ("loading", "unloading"))
                 ]
                 remaining = deadline - time.monotonic()
-                if not busy or remaining <= 0:
+                if for_request is not None:
+                    if not self.could_fit(entry, nbytes, limit) or remaining <= 0:
+                        entry.rejections += 1
+                        raise RequestTooLarge(
+                            _no_room_for_request(self, entry, for_request, nbytes, limit)
+                        )
+                elif not busy or remaining <= 0:
                     raise MemoryBudgetExceeded(_no_room(entry, nbytes, int(limit), self))
                 self.cond.wait(remaining)
                 tried.clear()  # states changed: try everyone again
+                reclaimed = False
+
+    def could_fit(self, entry: Entry, nbytes: int, limit: float) -> bool:
+        """Whether ``nbytes`` more fit once every request ends and every idle model is
+        unloaded: beside ``entry``'s weights and the pinned models (the lock held)."""
+        floor = entry.memory()[0] + sum(
+            sum(e.memory()) for e in self.entries if e is not entry and e.pinned
+        )
+        return floor + nbytes <= limit
 
     def _victim(self, entry: Entry, tried: set[int]) -> Entry | None:
         idle = [

@@ -66,21 +66,24 @@ def test_a_short_keep_alive_counts_from_the_last_call(minilm_path: Path):
         engine.close()
 
 
-def test_an_embedder_and_a_chat_model_share_the_budget(minilm_path: Path, tiny_llama: Path):
+def test_an_embedder_and_a_chat_model_share_the_budget(minilm_path: Path, tmp_path: Path):
     import asyncio
 
     from mlx_integrations.engine import SimpleEngine
+    from tests.support.tiny_models import build_tiny_model
+
+    chat_model = build_tiny_model(tmp_path / "chat", hidden_size=128, num_hidden_layers=4)
 
     for entry in list(manager.entries):  # other tests' idle models out first
         if entry.owner is not None and entry.state == "loaded":
             entry.owner.unload_if_idle()
     embedder = EmbeddingEngine(minilm_path)
-    chat = SimpleEngine(tiny_llama)
+    chat = SimpleEngine(chat_model)
     try:
         vectors = embedder.embed(TEXTS)
-        weights = embedder.residency_stats()["weights_bytes"]
         # Room for the embedder or the chat model, not both.
-        residency.set_memory_budget(weights + weights_on_disk(tiny_llama) // 2)
+        room = weights_on_disk(minilm_path) + weights_on_disk(chat_model) // 2
+        residency.set_memory_budget(room)
         asyncio.run(chat.generate("Hello", max_tokens=2, temperature=0.0))
         assert chat.is_loaded and not embedder.is_loaded  # least recently used, idle
         assert embedder.residency_stats()["evictions"] == 1

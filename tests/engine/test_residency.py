@@ -315,9 +315,7 @@ async def test_a_load_waits_for_a_busy_model_to_go_idle(model_a, model_b):
 
 
 @pytest.mark.parametrize("cls", [SimpleEngine, BatchedEngine])
-async def test_a_request_too_large_is_refused_before_prefill_and_the_engine_serves_on(
-    model_a, cls
-):
+async def test_a_request_too_large_is_refused_before_prefill_and_the_engine_serves_on(model_a, cls):
     engine = cls(model_a)
     try:
         first = await greedy(engine)
@@ -340,8 +338,8 @@ async def test_a_request_too_large_is_refused_before_prefill_and_the_engine_serv
         await engine.stop()
 
 
-@pytest.mark.parametrize(("cls", "second_fits"), [(SimpleEngine, True), (BatchedEngine, False)])
-async def test_a_batch_adds_up_its_requests_a_serial_engine_does_not(model_a, cls, second_fits):
+@pytest.mark.parametrize("cls", [SimpleEngine, BatchedEngine])
+async def test_a_batch_adds_up_its_requests_a_serial_engine_does_not(model_a, cls):
     engine = cls(model_a)
     try:
         await greedy(engine)
@@ -349,18 +347,27 @@ async def test_a_batch_adds_up_its_requests_a_serial_engine_does_not(model_a, cl
         # Room for one request of 500 tokens beside the model, not for two at once.
         one = engine.kv_cache_bytes(500)
         assert one is not None
-        residency.set_memory_budget(residency.memory_in_use() + int(1.5 * one))
+        budget = residency.memory_in_use() + int(1.5 * one)
+        residency.set_memory_budget(budget, wait_s=0)
         stream = engine.stream_chat(MSGS, max_tokens=480, temperature=0.0)
         await stream.__anext__()
         second = asyncio.ensure_future(engine.chat(MSGS, max_tokens=480, temperature=0.0))
-        if second_fits:  # one request runs at a time: it waits in line for the first
+        if cls is SimpleEngine:  # one request runs at a time: it waits in line
             async for _ in stream:
                 pass
             assert (await second).completion_tokens > 0
-        else:  # a batch would hold both caches at once
-            with pytest.raises(RequestTooLarge):
-                await second
-            await stream.aclose()
+            return
+        with pytest.raises(RequestTooLarge, match=r"only 0\.5 MiB"):
+            await second  # a batch would hold both caches at once; no wait allowed
+        # Allowed to wait, it runs once the first has ended and given its room back.
+        residency.set_memory_budget(budget, wait_s=60)
+        second = asyncio.ensure_future(engine.chat(MSGS, max_tokens=480, temperature=0.0))
+        await asyncio.sleep(0.05)
+        assert not second.done()
+        async for _ in stream:
+            pass
+        assert (await second).completion_tokens > 0
+        assert engine.get_stats()["residency"]["memory_rejections"] == 1
     finally:
         await engine.stop()
 

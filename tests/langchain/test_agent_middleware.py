@@ -11,6 +11,7 @@ from typing import Literal
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import ModelRequest
+from langchain.agents.structured_output import ToolStrategy
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
@@ -80,17 +81,30 @@ def test_rounds_and_a_named_tool(tiny):
 
 
 def test_structured_response_comes_after_the_tool(tiny):
+    # ChatMLX's profile says it does structured output: the answer is JSON in the schema.
     agent = create_agent(
         tiny, tools=[get_weather], middleware=[RequireToolCall()], response_format=Weather
     )
     result = agent.invoke(QUESTION)
     assert calls(result["messages"]) == ["get_weather"]
     assert isinstance(result["messages"][2], ToolMessage)
-    assert isinstance(result["structured_response"], Weather)
-    assert (
-        Weather.model_validate_json(result["messages"][-1].content)
-        == (result["structured_response"])
+    answer = result["structured_response"]
+    assert isinstance(answer, Weather)
+    assert Weather.model_validate_json(result["messages"][-1].content) == answer
+
+
+def test_structured_response_as_a_tool_call_comes_after_the_tool(tiny_llama):
+    # With ToolStrategy the answer is a call of a tool named after the schema; the agent
+    # forces some call on every step, which need not be a real tool's without the middleware.
+    agent = create_agent(
+        ChatMLX(model=str(tiny_llama), temperature=0, max_tokens=48),
+        tools=[get_weather],
+        middleware=[RequireToolCall()],
+        response_format=ToolStrategy(Weather),
     )
+    result = agent.invoke(QUESTION)
+    assert calls(result["messages"]) == ["get_weather", "Weather"]
+    assert isinstance(result["structured_response"], Weather)
 
 
 def test_async_and_streamed(tiny):

@@ -262,3 +262,41 @@ def test_a_model_reached_through_a_symlink_is_claimed(store, tiny_llama, tmp_pat
 
     assert asyncio.run(users_while_loaded()) == (os.getpid(),)
     assert remove_model("tiny", store=store).kind == "model"
+
+
+async def test_ps_shows_what_a_process_holds_and_until_when(
+    store, tiny_llama, monkeypatch: pytest.MonkeyPatch
+):
+    """The lease says memory, last use and expiry; `mlxi ps` reads it from any process."""
+    import time
+
+    monkeypatch.setenv("MLXI_HOME", str(store.home))
+    import_model(tiny_llama, "tiny", store=store)
+    engine = SimpleEngine(store.get("tiny").path, keep_alive="5m")
+    await engine.generate("Hello", max_tokens=2, temperature=0.0)
+    try:
+        # Reports are at most one a second: the idle one after the request comes soon.
+        deadline = time.monotonic() + 30
+        while store.loaded()[0][1][os.getpid()].get("in_use"):
+            assert time.monotonic() < deadline, "the idle state was never reported"
+            time.sleep(0.05)
+        [(model, procs)] = store.loaded()
+        details = procs[os.getpid()]
+        assert model.name == "tiny" and details["state"] == "loaded"
+        assert details["memory_bytes"] >= details["weights_bytes"] > 0
+        assert details["keep_alive_s"] == 300 and not details["pinned"]
+        assert time.time() < details["expires_at"] <= time.time() + 300
+        [shown] = json.loads(CliRunner().invoke(app, ["ps", "--json"]).stdout)
+        [proc] = shown["processes"]
+        assert proc["pid"] == os.getpid() and proc["keep_alive_s"] == 300
+        row = CliRunner().invoke(app, ["ps"]).stdout.splitlines()[1]
+        assert row.split()[0] == "tiny" and str(os.getpid()) in row.split()
+        assert row.rstrip().endswith(("4 minutes from now", "5 minutes from now")), row
+        # Idle past its keep-alive, the model is unloaded and leaves the list.
+        engine.keep_alive = 0
+        from mlx_integrations.runtime.residency import wake
+
+        assert wake(wait=30) and not engine.is_loaded
+        assert store.loaded() == []
+    finally:
+        await engine.stop()

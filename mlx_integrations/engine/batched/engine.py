@@ -117,7 +117,9 @@ class BatchedEngine(MLXEngine):
             (:class:`~mlx_integrations.engine.options.EngineOptions`).
         **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
             ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
-            ``prompt_lookup``...); they override ``options``.
+            ``prompt_lookup``...); they override ``options``. And ``keep_alive`` and
+            ``pinned``, the model's residency
+            (:class:`~mlx_integrations.engine.mlx_engine.MLXEngine`).
 
     Raises:
         FileNotFoundError: The draft model is not found.

@@ -5,5 +5,7 @@
 - :mod:`.disk`: the optional disk tier under it (``cache_dir``), which outlives the
   process; :mod:`.kv_files` is its file format, :mod:`.disk_warm` fills it ahead of time;
 - :mod:`.kv_quantization`: a quantized KV cache (``kv_bits``): options, checks and the
-  in-place conversion.
+  in-place conversion;
+- :mod:`.kv_estimate`: what a request's KV cache will take, from the model's config,
+  for admission before it runs.
 """

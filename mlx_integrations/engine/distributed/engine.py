@@ -105,7 +105,10 @@ class DistributedEngine(SerialEngine):
         start_timeout: Seconds to wait for every rank to join (default
             ``$MLXI_START_TIMEOUT`` or 120).
         options: :class:`EngineOptions` (``admission``, ``prefill_step_size``, ...).
-        **kwargs: Fields of ``EngineOptions`` as keywords.
+        **kwargs: Fields of ``EngineOptions`` as keywords, and ``pinned``. A
+            ``keep_alive`` other than forever (-1 or None) is refused with
+            ``ValueError``: the ranks cannot load the model again, so the engine keeps
+            it until :meth:`stop`, and the memory budget never unloads it.
 
     Raises:
         ValueError: An unknown ``parallel``, a timeout that is not a positive number,

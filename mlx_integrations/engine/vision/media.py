@@ -22,9 +22,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from mlx_integrations.engine.vision.policy import MediaError, MediaPolicy
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -32,10 +34,6 @@ if TYPE_CHECKING:
 MiB = 1024 * 1024
 _BASE64 = re.compile(r"^[A-Za-z0-9+/=_\-\s]+$")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
-
-
-class MediaError(ValueError):
-    """An image or video source that cannot be used, with what to do about it."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +47,15 @@ class MediaLimits:
             redirects, headers and body.
         max_pixels: Most pixels (width x height) one decoded image may have; a small
             file can hold a huge image, so the size is checked before decoding.
+        policy: Which local files and hosts a source may name (every one by default;
+            a server restricts them, see :class:`MediaPolicy`).
     """
 
     max_images: int = 8
     max_bytes: int = 20 * MiB
     timeout_s: float = 10.0
     max_pixels: int = 50_000_000
+    policy: MediaPolicy = field(default_factory=MediaPolicy)
 
 
 def describe(source: Any) -> str:
@@ -135,7 +136,7 @@ def resolve_video(
         MediaError: As :func:`load_image` for the source, or not a readable video.
     """
     if isinstance(source, str):
-        path = _local_path(source)
+        path = _local_path(source.strip(), limits.policy)
         if path is not None:
             _check_file(path, limits, "video")
             return _check_video(str(path), f"video file {str(path)!r}")
@@ -198,7 +199,7 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
         return _check_size(_data_url(text, where), limits, where), where
     if text.lower().startswith(("http://", "https://")):
         return _download(text, limits, where), where
-    path = _local_path(text)
+    path = _local_path(text, limits.policy)
     if path is not None:
         return read_file(path, limits, kind), f"{kind} file {str(path)!r}"
     scheme = _SCHEME.match(text)
@@ -218,8 +219,17 @@ def read_source(source: Any, limits: MediaLimits, *, kind: str) -> tuple[bytes, 
     raise MediaError(f"{where} is neither a file, a URL nor base64 data")
 
 
-def _local_path(text: str) -> Path | None:
-    """The path a ``file://`` URL or a plain path names, None for anything else."""
+def _local_path(text: str, policy: MediaPolicy = MediaPolicy()) -> Path | None:
+    """The path a ``file://`` URL or a plain path names, None for anything else.
+
+    Under a policy that restricts files, a path is checked before anything is looked
+    up, so whether a refused file exists is never told.
+    """
+    if policy.restricts_files:
+        candidate = _path_candidate(text)
+        if candidate is None:
+            return None
+        text = str(policy.check_local(candidate))
     if text.lower().startswith("file://"):
         parsed = urllib.parse.urlparse(text)
         if parsed.netloc not in ("", "localhost"):
@@ -243,6 +253,25 @@ def _local_path(text: str) -> Path | None:
     if len(text) > 64 and _BASE64.match(text):  # raw base64 ("." never appears in it)
         return None
     raise MediaError(f"there is no file {describe(text)}; check the path")
+
+
+def _path_candidate(text: str) -> Path | None:
+    """The path ``text`` would name (a ``file://`` URL or a plain path), None for a URL
+    of another scheme or raw base64; nothing is looked up."""
+    if text.lower().startswith("file://"):
+        parsed = urllib.parse.urlparse(text)
+        if parsed.netloc not in ("", "localhost"):
+            raise MediaError(
+                f"{describe(text)} names the host {describe(parsed.netloc)}; file:// URLs "
+                "must be local (file:///path/to/image.png)"
+            )
+        return Path(urllib.parse.unquote(parsed.path))
+    scheme = _SCHEME.match(text)
+    if scheme and len(scheme.group(1)) > 1:
+        return None
+    if len(text) > 64 and _BASE64.match(text) and "." not in text:
+        return None  # raw base64 (a path this long without a dot is taken as data)
+    return Path(text)
 
 
 def _exists(path: Path) -> bool:
@@ -332,7 +361,12 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
             raise MediaError(
                 f"{describe(req.full_url)} redirects to {describe(newurl)}, which is not http(s)"
             )
+        self.policy.check_url(newurl)  # a redirect is held to the policy too
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def __init__(self, policy: MediaPolicy) -> None:
+        super().__init__()
+        self.policy = policy
 
 
 class _Deadline:
@@ -340,7 +374,9 @@ class _Deadline:
     a timer shuts every socket the download opened (redirects open more) when the time
     is up, so neither headers nor a body sent a byte at a time outlast it."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, policy: MediaPolicy = MediaPolicy()) -> None:
+        self.policy = policy
+        self.url = ""
         self.at = time.monotonic() + timeout_s
         self.expired = False
         self._sockets: list[socket.socket] = []
@@ -390,6 +426,9 @@ class _DeadlineConnect:
         super().connect()  # type: ignore[misc]
         if self._deadline is not None:
             self._deadline.watch(self.sock)
+            # The address connected to, not the one looked up before: a name that
+            # resolves elsewhere the second time is caught here.
+            self._deadline.policy.check_address(self.sock.getpeername()[0], self._deadline.url)
 
 
 class _HTTPConnection(_DeadlineConnect, http.client.HTTPConnection):
@@ -451,11 +490,19 @@ def _download(url: str, limits: MediaLimits, where: str) -> bytes:
     The time counts from before the connection opens (name lookup is left to the
     system's resolver and its own timeout).
     """
+    limits.policy.check_url(url)
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-integrations"})
-    with _Deadline(limits.timeout_s) as deadline:
-        opener = urllib.request.build_opener(
-            _HttpOnlyRedirects, _HTTPHandler(deadline), _HTTPSHandler(deadline)
-        )
+    with _Deadline(limits.timeout_s, limits.policy) as deadline:
+        deadline.url = url
+        handlers: list[Any] = [
+            _HttpOnlyRedirects(limits.policy),
+            _HTTPHandler(deadline),
+            _HTTPSHandler(deadline),
+        ]
+        if not limits.policy.unrestricted:
+            # A proxy would be the peer checked: a restricted download goes direct.
+            handlers.append(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(*handlers)
         try:
             with opener.open(request, timeout=limits.timeout_s) as response:
                 declared = response.headers.get("Content-Length")

@@ -1,8 +1,9 @@
 """Compare a quantized model with its source on a short built-in English text.
 
 One forward pass of each model over the same tokens (the source's tokenizer), the
-next-token log-probabilities taken in float32: the perplexity of each model on the text
-and the mean KL divergence KL(source || quantized) over the text's positions.
+next-token log-probabilities taken in float32: the perplexity of each model on the text,
+the mean KL divergence KL(source || quantized) over the text's positions and how often
+both predict the same most likely token.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def measure_quality(
     *,
     text: str | None = None,
     max_tokens: int = MAX_TOKENS,
+    dequantize: bool | None = None,
 ) -> QuantizationQuality:
     """Perplexity and KL divergence of ``quantized`` against ``source`` on one text.
 
@@ -41,6 +43,11 @@ def measure_quality(
         quantized: The quantized model folder.
         text: The text to read (default: :func:`sample_text`).
         max_tokens: Tokens of the text that are read, at most.
+        dequantize: Run the quantized model with its weights dequantized: the same
+            values through float matrix products, so the same predictions up to
+            rounding. None does so on the CPU, where MLX's quantized matrix product
+            is many times slower than a float one; the memory it takes is what the
+            source took a moment before.
 
     Returns:
         The figures, with the time the comparison took.
@@ -54,7 +61,7 @@ def measure_quality(
         True
     """
     import mlx.core as mx
-    from mlx_lm.utils import load, load_model
+    from mlx_lm.utils import dequantize_model, load, load_model
 
     if max_tokens < 2:
         raise ValueError(f"max_tokens={max_tokens} leaves nothing to predict; use 2 or more.")
@@ -71,6 +78,10 @@ def measure_quality(
     del model  # before the second model loads
     mx.clear_cache()
     model, _ = load_model(Path(quantized))
+    if dequantize is None:
+        dequantize = mx.default_device() == mx.cpu
+    if dequantize:
+        dequantize_model(model)
     candidate = _log_probs(model, tokens)
     del model
     if candidate.shape != reference.shape:
@@ -82,12 +93,14 @@ def measure_quality(
     nll_quantized = _mean_nll(candidate, targets)
     # KL(P||Q) = sum_v P(v) (log P(v) - log Q(v)), averaged over the positions.
     kl = (mx.exp(reference) * (reference - candidate)).sum(axis=-1).mean().item()
+    same = (reference.argmax(axis=-1) == candidate.argmax(axis=-1)).astype(mx.float32)
     mx.clear_cache()
     return QuantizationQuality(
         ppl_source=_exp(nll_source),
         ppl_quantized=_exp(nll_quantized),
         ppl_ratio=_exp(nll_quantized - nll_source),
         mean_kl=max(float(kl), 0.0),  # rounding can leave a tiny negative for equal models
+        top1_agreement=float(same.mean().item()),
         tokens=len(ids),
         seconds=round(time.perf_counter() - start, 3),
     )
@@ -106,8 +119,8 @@ def _log_probs(model: Any, tokens: Any) -> Any:
 def _mean_nll(log_probs: Any, targets: Any) -> float:
     import mlx.core as mx
 
-    picked = mx.take_along_axis(log_probs, targets[:, None], axis=-1)
-    return float(-picked.mean().item())
+    picked: Any = mx.take_along_axis(log_probs, targets[:, None], axis=-1)
+    return -float(picked.mean().item())
 
 
 def _exp(x: float) -> float:

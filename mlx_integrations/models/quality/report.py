@@ -6,16 +6,19 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-# Above either figure the quantized model is no longer a close copy of its source.
-# Chosen from measurements on SmolLM2-135M-Instruct and tiny random models:
-# see QuantizationQuality.verdict.
+# SmolLM2-135M-Instruct (float32 source) on the built-in text, as (perplexity ratio,
+# mean KL): 8 bits (1.006, 0.001), 6 bits (1.05, 0.02), 5 bits (1.05, 0.09),
+# 4 bits group 64 (1.32, 0.37) and group 32 (1.24, 0.29), both with garbled answers,
+# 3 bits (3.7 to 5.2, 1.4 to 1.8), 2 bits (over 1000, 7 to 12). Larger models lose
+# less at 4 bits (a KL of a few hundredths is usual), and stay "close".
 DEGRADED_PPL_RATIO = 1.10
 DEGRADED_KL = 0.10
-# Above either of these its answers come out garbled.
-DAMAGED_PPL_RATIO = 1.50
-DAMAGED_KL = 0.50
+DAMAGED_PPL_RATIO = 1.20
+DAMAGED_KL = 0.25
 
 Verdict = Literal["close", "degraded", "damaged"]
+
+_RECIPE_FOR_BITS = {2: "mixed_2_6", 3: "mixed_3_6", 4: "mixed_4_6"}
 
 
 class QuantizationSettings(Protocol):
@@ -49,28 +52,35 @@ class QuantizationQuality:
         ppl_ratio: ``ppl_quantized / ppl_source`` (1.0: no loss).
         mean_kl: Mean KL divergence KL(source || quantized) of the next-token
             distributions over the text's positions, in nats (0.0: the same predictions).
+        top1_agreement: Share of the positions where both models rank the same token
+            first (1.0: always).
         tokens: Tokens of the text that both models read.
         seconds: Time the comparison took (loading both models included).
 
-    Example:
-        >>> q = QuantizationQuality(20.0, 20.4, 1.02, 0.01, 480, 2.5)
-        >>> q.verdict
-        'close'
+    Examples:
+        >>> q = QuantizationQuality(20.0, 20.4, 1.02, 0.01, 0.97, 480, 2.5)
+        >>> q.verdict, q.warning()
+        ('close', None)
+        >>> QuantizationQuality(22.8, 30.2, 1.32, 0.37, 0.63, 510, 9.0).verdict
+        'damaged'
     """
 
     ppl_source: float
     ppl_quantized: float
     ppl_ratio: float
     mean_kl: float
+    top1_agreement: float
     tokens: int
     seconds: float
 
     @property
     def verdict(self) -> Verdict:
-        """``"close"``, ``"degraded"`` (noticeably worse) or ``"damaged"`` (garbled).
+        """``"close"``, ``"degraded"`` (noticeably worse) or ``"damaged"`` (expect garbled
+        answers).
 
-        8-bit models stay ``"close"`` (ratio about 1.00, KL about 0.001). A figure that is
-        not finite means the quantized model broke down: ``"damaged"``.
+        ``"degraded"`` past a perplexity ratio of 1.10 or a mean KL of 0.10 nats,
+        ``"damaged"`` past 1.20 or 0.25. A figure that is not finite means the quantized
+        model broke down: ``"damaged"``.
         """
         if not (math.isfinite(self.ppl_ratio) and math.isfinite(self.mean_kl)):
             return "damaged"
@@ -84,18 +94,21 @@ class QuantizationQuality:
         """A warning when the model is not a close copy of its source, else None.
 
         Args:
-            settings: The quantization used (``manifest.quantization``); the hint names
-                remedies that differ from it.
+            settings: The quantization used (``manifest.quantization``): the hint
+                names settings that keep more of the model than these.
         """
         verdict = self.verdict
         if verdict == "close":
             return None
-        figures = f"perplexity x{self.ppl_ratio:.2f}, KL {self.mean_kl:.3f} against its source"
+        figures = (
+            f"perplexity x{self.ppl_ratio:.2f} and KL {self.mean_kl:.2f} against its source; "
+            f"the same next token at {self.top1_agreement:.0%} of positions"
+        )
         if verdict == "damaged":
-            message = f"the quantized model is badly damaged ({figures}); expect garbled answers."
+            message = f"the quantized model lost too much ({figures}): expect garbled answers."
         else:
-            message = f"the quantized model is noticeably worse ({figures})."
-        return QualityWarning(message, _remedies(settings))
+            message = f"the quantized model is noticeably worse than its source ({figures})."
+        return QualityWarning(message, remedies(settings))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures, with the verdict."""
@@ -109,24 +122,32 @@ class QuantizationQuality:
             ppl_quantized=float(data["ppl_quantized"]),
             ppl_ratio=float(data["ppl_ratio"]),
             mean_kl=float(data["mean_kl"]),
+            top1_agreement=float(data["top1_agreement"]),
             tokens=int(data["tokens"]),
-            seconds=float(data.get("seconds", 0.0)),
+            seconds=float(data["seconds"]),
         )
 
 
-def _remedies(settings: QuantizationSettings | None) -> str:
-    """The settings that keep more of the model, as ``mlxi quantize`` options."""
-    options = []
-    if settings is None or settings.bits < 8:
-        options.append("--bits 8")
-    if settings is None or (
-        settings.mode == "affine" and settings.recipe is None and settings.group_size > 32
-    ):
-        options.append("--group-size 32")
-    if settings is None or (settings.mode == "affine" and settings.recipe != "mixed_4_6"):
-        options.append("--recipe mixed_4_6")
-    if not options:
-        return "Quantize with more bits, or use the unquantized model."
-    return "Quantize again with " + ", ".join(options[:-1]) + (
-        f" or {options[-1]}" if len(options) > 1 else options[-1]
-    ) + " (mlxi quantize ... --force)."
+def remedies(settings: QuantizationSettings | None) -> str:
+    """The ``mlxi quantize`` options that keep more of a model than ``settings`` did,
+    strongest first."""
+    if settings is not None and settings.mode != "affine":
+        stronger = ["--mode affine --bits 8"]
+        if settings.mode != "mxfp8":
+            stronger.insert(0, "--mode mxfp8")
+        return f"Quantize again with {' or '.join(stronger)} and --force."
+    bits = settings.bits if settings is not None else 4
+    if bits >= 8:
+        return "This model does not take quantization well: use the unquantized model."
+    more_bits = "--bits 8" if bits >= 6 else "--bits 8 (or 6)"
+    weaker = []
+    if settings is None or settings.group_size > 32:
+        weaker.append("--group-size 32")
+    recipe = _RECIPE_FOR_BITS.get(bits) if settings is None or settings.recipe is None else None
+    if settings is not None and settings.recipe not in (None, "mixed_4_6"):
+        recipe = "mixed_4_6"
+    if recipe is not None:
+        weaker.append(f"--recipe {recipe}")
+    verb = "improves" if len(weaker) == 1 else "improve"
+    tail = f"; {' or '.join(weaker)} {verb} it less" if weaker else ""
+    return f"Quantize again with {more_bits} and --force{tail}."

@@ -1,0 +1,174 @@
+"""Errors as OpenAI and Anthropic clients read them: status, type, the bad field.
+
+Handlers raise :class:`APIError`; any other exception is mapped by
+:func:`api_error` (bad input is 400 naming the field, a full engine 503 with
+Retry-After, a missing model 404...). The body takes OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``) or, on ``/v1/messages``,
+Anthropic's (``{"type": "error", "error": {"type", "message"}}``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["APIError", "anthropic_error_body", "api_error", "openai_error_body"]
+
+RETRY_AFTER_S = 1
+"""Seconds a client told to come back (429/503) waits."""
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    """An HTTP error with what the client needs to act on it.
+
+    Args:
+        status: The HTTP status.
+        message: What went wrong and what to do.
+        param: The request field at fault (400s), if one is.
+        code: A machine-readable code (``model_not_found``, ``engine_busy``...).
+        retry_after: Seconds before trying again (sent as ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+
+
+def openai_error_body(error: APIError) -> dict[str, Any]:
+    """``{"error": {...}}`` as OpenAI's API answers."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": _OPENAI_TYPES.get(error.status, "server_error"),
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def anthropic_error_body(error: APIError) -> dict[str, Any]:
+    """``{"type": "error", "error": {...}}`` as Anthropic's API answers."""
+    return {
+        "type": "error",
+        "error": {
+            "type": _ANTHROPIC_TYPES.get(error.status, "api_error"),
+            "message": error.message,
+        },
+    }
+
+
+# Where the chat core's and the engines' messages name the field at fault.
+_PARAMS: list[tuple[str, str]] = [
+    (r"^messages\[|messages is empty|^messages must", "messages"),
+    (r"^prompt\b", "prompt"),
+    (r"^tools\[|^tools must|^Tool '|^The parameters of tool", "tools"),
+    (r"^tool_choice\b", "tool_choice"),
+    (r"^parallel_tool_calls\b", "parallel_tool_calls"),
+    (r"response_format|json_schema|^The schema|^schema", "response_format"),
+    (r"^max_tokens\b", "max_tokens"),
+    (r"^temperature\b", "temperature"),
+    (r"^top_p\b", "top_p"),
+    (r"^top_k\b", "top_k"),
+    (r"^min_p\b", "min_p"),
+    (r"^repetition_penalty\b", "repetition_penalty"),
+    (r"^presence_penalty\b", "presence_penalty"),
+    (r"^frequency_penalty\b", "frequency_penalty"),
+    (r"^logit_bias\b", "logit_bias"),
+    (r"^seed\b", "seed"),
+    (r"^stop\b", "stop"),
+    (r"^chat_template_kwargs\b", "chat_template_kwargs"),
+    (r"\b(image|video)\b|^local file|^there is no file", "messages"),
+    (r"context window|context length|shorten the conversation", "messages"),
+]
+
+
+def guess_param(message: str) -> str | None:
+    """The request field a validation message is about, where it says."""
+    for pattern, param in _PARAMS:
+        if re.search(pattern, message):
+            return param
+    return None
+
+
+def api_error(exc: BaseException, *, param: str | None = None) -> APIError:
+    """The HTTP error for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    from mlx_integrations.engine.base import EngineBusy
+    from mlx_integrations.runtime.residency import (
+        MemoryBudgetExceeded,
+        ModelTooLarge,
+        RequestTooLarge,
+    )
+
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, EngineBusy):
+        return APIError(
+            503,
+            f"The model is busy serving other requests ({message}); retry shortly",
+            code="engine_busy",
+            retry_after=RETRY_AFTER_S,
+        )
+    if isinstance(exc, (MemoryBudgetExceeded, RequestTooLarge)):
+        return APIError(
+            503,
+            f"Not enough memory for this request now: {message}",
+            code=getattr(exc, "code", "memory_budget_exceeded"),
+            retry_after=RETRY_AFTER_S,
+        )
+    if isinstance(exc, ModelTooLarge):
+        return APIError(507, message, param="model", code="model_too_large")
+    if isinstance(exc, TimeoutError):
+        return APIError(504, message or "The request timed out", code="timeout")
+    if isinstance(exc, (ValueError, TypeError)):
+        return APIError(400, message, param=param or guess_param(message))
+    if isinstance(exc, FileNotFoundError):
+        return APIError(404, message, param="model", code="model_not_found")
+    logger.error("Request failed", exc_info=(type(exc), exc, exc.__traceback__))
+    return APIError(500, f"The server failed to answer: {type(exc).__name__}: {message}")

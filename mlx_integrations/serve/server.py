@@ -1,0 +1,241 @@
+"""Running the app: uvicorn in the foreground (``mlxi serve``) or in a background thread.
+
+On SIGTERM or Ctrl-C the server stops taking connections and new requests (503 with
+Retry-After), lets the replies in flight finish for up to ``shutdown_timeout_s``,
+then cancels what is left (each cancelled reply stops its engine request) and lets
+go of its models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.serve.config import ServeConfig
+from mlx_integrations.serve.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BackgroundServer", "security_warnings", "serve"]
+
+
+def security_warnings(config: ServeConfig) -> list[str]:
+    """What a person starting this server should know before others can reach it."""
+    exposed = config.host not in ("127.0.0.1", "localhost", "::1")
+    warnings = []
+    if exposed and not config.api_key:
+        warnings.append(
+            f"mlxi serve listens on {config.host}:{config.port} WITHOUT an API key: anyone "
+            "who can reach this machine can use its models. Set --api-key (or MLXI_API_KEY), "
+            "or bind 127.0.0.1."
+        )
+    if exposed and config.allow_private_media_urls:
+        warnings.append(
+            "--allow-private-media-urls lets requests make this server fetch from its own "
+            "network (loopback, private addresses)."
+        )
+    return warnings
+
+
+def _uvicorn_server(app: Any, config: ServeConfig, log_level: str, **extra: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that marks the app draining as soon as shutdown begins."""
+
+        ready = threading.Event()
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            self.ready.set()
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            app.state.server.draining = True
+            await super().shutdown(sockets=sockets)
+
+    settings = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        lifespan="off",  # the models are loaded before, and let go after
+        timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
+        timeout_keep_alive=5,
+        **extra,
+    )
+    server = Server(settings)
+    server.ready = threading.Event()
+    return server
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``.
+
+    Raises:
+        OSError: The address is taken or cannot be bound, with what to do.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise OSError(
+            f"cannot bind {host!r}: {exc.strerror}; give an IP address or a name of this machine"
+        ) from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); is another server running "
+            "there? Pick another port with --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(
+    config: ServeConfig,
+    *,
+    log_level: str = "info",
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Bind the address, load the preloaded models, then serve until SIGTERM or Ctrl-C.
+
+    Args:
+        config: The settings.
+        log_level: uvicorn's log level.
+        announce: Called with the base URL once the models are loaded and the socket
+            listens (``--port 0`` picks a free port: this says which).
+
+    Raises:
+        OSError: The address is taken (before any model loads).
+        APIError: A model named to preload is missing (404) or of the wrong kind.
+    """
+    from mlx_integrations.engine import pool
+    from mlx_integrations.serve.app import create_app
+
+    sock = bind(config.host, config.port)
+    state = ServerState(config)
+    try:
+        await state.registry.preload()
+        if announce is not None:
+            host, port = sock.getsockname()[:2]
+            host = f"[{host}]" if ":" in host else host
+            announce(f"http://{host}:{port}")
+        app = create_app(state=state, preload=False)
+        server = _uvicorn_server(app, config, log_level)
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()
+        state.registry.close()
+        await pool.ashutdown()
+
+
+class BackgroundServer:
+    """A server on a free port of 127.0.0.1, in a thread of this process.
+
+    For notebooks, tests and programs that hold their own engines: ``url`` is ready
+    when ``start()`` returns (the models are loaded and the socket accepts).
+
+    Args:
+        config: The settings (``host``/``port`` are replaced by 127.0.0.1 and a free port).
+        engines: Engines to serve under the given names.
+
+    Examples:
+        >>> from mlx_integrations.serve import BackgroundServer, ServeConfig
+        >>> with BackgroundServer(ServeConfig()) as url:  # doctest: +SKIP
+        ...     print(url)  # http://127.0.0.1:54321
+    """
+
+    def __init__(
+        self,
+        config: ServeConfig | None = None,
+        *,
+        engines: dict[str, BaseEngine] | None = None,
+        log_level: str = "warning",
+    ):
+        from mlx_integrations.serve.app import create_app
+
+        config = config or ServeConfig()
+        self._socket = bind("127.0.0.1", 0)
+        port = self._socket.getsockname()[1]
+        self.config = ServeConfig(**{**config.__dict__, "host": "127.0.0.1", "port": port})
+        self.state = ServerState(self.config, engines=engines)
+        self.app = create_app(state=self.state, preload=False)
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = _uvicorn_server(self.app, self.config, log_level)
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def start(self, timeout: float = 120.0) -> str:
+        """Load the preloaded models, start serving; return the base URL.
+
+        Raises:
+            RuntimeError: The server did not start (its error is chained).
+        """
+        self._thread = threading.Thread(target=self._run, name="mlxi-serve", daemon=True)
+        self._thread.start()
+        ready = self._server.ready
+        while not ready.wait(0.05):
+            if not self._thread.is_alive() or self._failure is not None:
+                raise RuntimeError("the server did not start") from self._failure
+            timeout -= 0.05
+            if timeout <= 0:
+                raise RuntimeError("the server did not start in time")
+        return self.url
+
+    def _run(self) -> None:
+        async def main() -> None:
+            await self.state.registry.preload()
+            await self._server.serve(sockets=[self._socket])
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._failure = exc
+            logger.error("The background server failed", exc_info=True)
+
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does: stop accepting, let replies in flight finish."""
+        self._server.should_exit = True
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Shut down (replies in flight finish first) and let go of the models."""
+        self.begin_shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.state.registry.close()
+        self._socket.close()
+
+    @property
+    def stopped(self) -> bool:
+        """The server's thread has ended."""
+        return self._thread is not None and not self._thread.is_alive()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def background_server(
+    config: ServeConfig | None = None, *, engines: dict[str, BaseEngine] | None = None
+) -> Iterator[BackgroundServer]:
+    """A started :class:`BackgroundServer`, stopped at the end of the block."""
+    server = BackgroundServer(config, engines=engines)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

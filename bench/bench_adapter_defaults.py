@@ -7,9 +7,15 @@ side in one run with the sides alternating which goes first, over several rounds
 1. **Concurrent calls**: ``abatch`` of four short prompts, against the same four
    ``invoke``\\ d one after the other, on the same adapter (target >= 1.8x on the
    default; ``engine_type="simple"`` is shown beside it).
-2. **A lone call**: one ``invoke`` (tokens/s, timed from the call to its return,
-   prefill included) and the time to the first chunk of one ``stream``, default
-   ``ChatMLX`` over ``ChatMLX(engine_type="simple")`` (target >= 0.97x tokens/s).
+2. **A lone call**: one ``invoke`` (timed from the call to its return, prefill
+   included: its tokens/s) and the time to the first chunk of one ``stream``, the
+   speed of a default ``ChatMLX`` over that of ``ChatMLX(engine_type="simple")``
+   (target >= 0.97x; above 1 the default is faster).
+
+Each ratio is the median of the per-round ratios, with their range; "best over best"
+divides the fastest round of one side by the fastest of the other, which a busy
+machine disturbs least; "CPU" is the same median ratio of the process's CPU time
+(``time.process_time``), which other processes on the machine hardly move.
 
 Requests are greedy, so both sides reply with the same tokens (checked), and each
 timed call starts from an empty prefix cache (``clear_runtime_caches()``), so every
@@ -31,7 +37,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,6 +51,29 @@ from mlx_integrations.langchain import ChatMLX
 from tests.support.tiny_models import build_tiny_model
 
 SHORT = QUESTIONS[:4]
+T = TypeVar("T")
+
+
+@dataclass
+class Timing:
+    """Wall-clock and process CPU seconds of one measured span."""
+
+    wall: float
+    cpu: float
+
+
+class _Clock:
+    """Times a span: ``with _Clock() as c: ...`` then ``c.timing``; ``c.lap()`` mid-span."""
+
+    def __enter__(self) -> _Clock:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def lap(self) -> Timing:
+        return Timing(time.perf_counter() - self._wall, time.process_time() - self._cpu)
+
+    def __exit__(self, *exc: object) -> None:
+        self.timing = self.lap()
 
 
 def _tokens(message: object) -> int:
@@ -50,61 +81,73 @@ def _tokens(message: object) -> int:
     return int(usage.get("output_tokens", 0))
 
 
-def abatch_vs_sequential(llm: ChatMLX) -> tuple[float, list[str]]:
-    """(sequential seconds / abatch seconds, the replies), both from an empty cache."""
+def abatch_vs_sequential(llm: ChatMLX) -> tuple[tuple[Timing, Timing], list[int]]:
+    """((the 4 one by one, abatch of the 4), reply tokens), both from an empty cache."""
     llm.clear_runtime_caches()
-    start = time.perf_counter()
-    one_by_one = [llm.invoke(q) for q in SHORT]
-    sequential = time.perf_counter() - start
+    with _Clock() as sequential:
+        one_by_one = [llm.invoke(q) for q in SHORT]
     llm.clear_runtime_caches()
-    start = time.perf_counter()
-    together = asyncio.run(llm.abatch(SHORT))
-    concurrent = time.perf_counter() - start
+    with _Clock() as concurrent:
+        together = asyncio.run(llm.abatch(SHORT))
     replies = [str(m.content) for m in one_by_one]
     assert replies == [str(m.content) for m in together], "abatch replies differ"
-    return sequential / concurrent, replies
+    return (sequential.timing, concurrent.timing), [_tokens(m) for m in together]
 
 
-def lone_invoke(llm: ChatMLX, question: str) -> tuple[float, str]:
-    """(tokens/s of one invoke, its reply), from an empty cache."""
+def lone_invoke(llm: ChatMLX, question: str) -> tuple[Timing, int]:
+    """(one invoke, its reply tokens), from an empty cache."""
     llm.clear_runtime_caches()
-    start = time.perf_counter()
-    reply = llm.invoke(question)
-    return _tokens(reply) / (time.perf_counter() - start), str(reply.content)
+    with _Clock() as clock:
+        reply = llm.invoke(question)
+    return clock.timing, _tokens(reply)
 
 
-def lone_ttft(llm: ChatMLX, question: str) -> float:
-    """Seconds to the first chunk with text of one stream, from an empty cache."""
+def lone_ttft(llm: ChatMLX, question: str) -> tuple[Timing, str]:
+    """(time to the first chunk with text of one stream, the reply), from an empty cache."""
     llm.clear_runtime_caches()
-    start = time.perf_counter()
-    first: float | None = None
-    for chunk in llm.stream(question):
-        if chunk.content and first is None:
-            first = time.perf_counter() - start
+    first: Timing | None = None
+    text = ""
+    with _Clock() as clock:
+        for chunk in llm.stream(question):
+            if chunk.content and first is None:
+                first = clock.lap()
+            text += str(chunk.content)
     if first is None:
         raise RuntimeError("the stream had no text")
-    return first
+    return first, text
 
 
 def _alternate(
-    rounds: int, sides: dict[str, ChatMLX], measure: Callable[[ChatMLX], tuple[float, object]]
-) -> tuple[dict[str, list[float]], list[float]]:
-    """Per-side values over ``rounds`` alternating rounds, and default / simple each round."""
-    got: dict[str, list[float]] = {name: [] for name in sides}
-    ratios: list[float] = []
+    rounds: int, sides: dict[str, ChatMLX], measure: Callable[[ChatMLX], tuple[T, object]]
+) -> tuple[dict[str, list[T]], object]:
+    """Per-side values over ``rounds`` rounds, the sides alternating which goes first;
+    and what the calls returned (the same on both sides: greedy replies)."""
+    got: dict[str, list[T]] = {name: [] for name in sides}
     names = list(sides)
+    reply: object = None
     for r in range(rounds):
         replies = {}
         for name in names if r % 2 == 0 else names[::-1]:
             value, replies[name] = measure(sides[name])
             got[name].append(value)
         assert replies["default"] == replies["simple"], "greedy replies differ"
-        ratios.append(got["default"][-1] / got["simple"][-1])
-    return got, ratios
+        reply = replies["default"]
+    return got, reply
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}x (rounds {min(values):.2f}-{max(values):.2f})"
+def _ratio(slow: list[Timing], fast: list[Timing]) -> str:
+    """How many times faster ``fast`` ran than ``slow``, round by round."""
+    wall = [s.wall / f.wall for s, f in zip(slow, fast, strict=True)]
+    cpu = [s.cpu / f.cpu for s, f in zip(slow, fast, strict=True)]
+    best = min(s.wall for s in slow) / min(f.wall for f in fast)
+    return (
+        f"{statistics.median(wall):.2f}x (rounds {min(wall):.2f}-{max(wall):.2f}; best over "
+        f"best {best:.2f}x; CPU {statistics.median(cpu):.2f}x)"
+    )
+
+
+def _median_ms(values: list[Timing]) -> float:
+    return statistics.median(v.wall for v in values) * 1000
 
 
 def bench(model: str, label: str, rounds: int, max_tokens: int) -> None:
@@ -120,21 +163,26 @@ def bench(model: str, label: str, rounds: int, max_tokens: int) -> None:
     for llm in sides.values():  # load and warm up outside the timings
         asyncio.run(llm.abatch(SHORT))
 
-    speedups, _ = _alternate(rounds, sides, abatch_vs_sequential)
-    for name, values in speedups.items():
-        print(f"  abatch of 4 / sequential, {name:<8} {_spread(values)}")
+    pairs, tokens = _alternate(rounds, sides, abatch_vs_sequential)
+    print(f"  abatch of 4 short prompts (reply tokens {tokens}), speed-up over one by one:")
+    for name, both in pairs.items():
+        sequential, together = [p[0] for p in both], [p[1] for p in both]
+        print(
+            f"    {name:<8} {_ratio(sequential, together)}  "
+            f"({_median_ms(sequential):.0f} ms / {_median_ms(together):.0f} ms)"
+        )
 
     question = QUESTIONS[2]
-    rates, ratios = _alternate(rounds, sides, lambda llm: lone_invoke(llm, question))
+    invokes, n = _alternate(rounds, sides, lambda llm: lone_invoke(llm, question))
     print(
-        f"  lone invoke tok/s   default {statistics.median(rates['default']):7.1f}  "
-        f"simple {statistics.median(rates['simple']):7.1f}  ratio {_spread(ratios)}"
+        f"  lone invoke ({n} tokens), default speed / simple: "
+        f"{_ratio(invokes['simple'], invokes['default'])}  "
+        f"({_median_ms(invokes['default']):.1f} ms / {_median_ms(invokes['simple']):.1f} ms)"
     )
-    ttfts, ratios = _alternate(rounds, sides, lambda llm: (lone_ttft(llm, question), ""))
+    ttfts, _ = _alternate(rounds, sides, lambda llm: lone_ttft(llm, question))
     print(
-        f"  lone TTFT ms        default {statistics.median(ttfts['default']) * 1000:7.1f}  "
-        f"simple {statistics.median(ttfts['simple']) * 1000:7.1f}  ratio {_spread(ratios)} "
-        "(lower is faster)"
+        f"  lone TTFT, default speed / simple: {_ratio(ttfts['simple'], ttfts['default'])}  "
+        f"({_median_ms(ttfts['default']):.1f} ms / {_median_ms(ttfts['simple']):.1f} ms)"
     )
     stats = default.get_stats()
     if "peak_batch_size" in stats:

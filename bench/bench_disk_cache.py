@@ -9,13 +9,16 @@ measurement is a new Python process that loads the model (not timed), then times
 - **disk**: an engine with ``cache_dir`` filled by an earlier process that served the
   same system prompt and tools with another question (the disk tier kept the longest
   prefill-piece-aligned prefix of that prompt), so only the rest is prefilled;
+- **shared**: the same, filled by an earlier process that served two other questions
+  (the second shared the system prompt and tools with the first: the disk tier kept
+  that shared prefix);
 - **warm**: the same, with the folder filled by ``warm_disk_cache`` (``mlxi warm
   --cache-dir``), which stores the exact prefix of the system prompt and tools.
 
-The three run alternating, ``--rounds`` times, in one run; reported are the medians
-and the ratio of each to cold (target: disk <= 0.2x). The process that fills the disk
-tier also reports what a write costs the owner thread (the views of the KV it hands
-the writer) and the writer thread (the file write). Greedy replies of the disk and warm
+The four run alternating, ``--rounds`` times, in one run, each on a copy of its filled
+folder; reported are the medians and the ratio of each to cold (target: disk <= 0.2x).
+The process that fills the disk tier also reports what a write costs the owner thread
+(the views of the KV it hands the writer) and the writer thread (the file write). Greedy replies of the disk and warm
 processes are checked against the cold one's.
 
 Runs on a tiny random model (always) and on SmolLM2-135M-Instruct (``--smollm``; the
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +53,7 @@ SYSTEM = (
 )
 AREAS = ["order", "warehouse", "vehicle", "driver", "route", "invoice", "customer", "parcel"]
 ACTIONS = ["get", "list", "update", "cancel", "schedule", "estimate", "audit", "export"]
-FILL_QUESTION = "Which orders for Lyon are late today?"
+FILL_QUESTIONS = ["Which orders for Lyon are late today?", "Cancel order 4411 if unpaid."]
 QUESTION = "Plan tomorrow's routes for the Paris warehouse, fewest vehicles first."
 
 
@@ -125,14 +129,15 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     options = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     engine = SimpleEngine(args.model, **options)
     await engine.start()  # the weights load before the clock starts
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": args.question}]
-    start = time.perf_counter()
-    ttft = None
-    chunks = []
-    async for chunk in engine.stream_chat(messages, tools=tools, max_tokens=8, temperature=0):
-        ttft = time.perf_counter() - start if ttft is None else ttft
-        chunks.append(chunk)
-    out = chunks[-1]
+    for question in args.question:  # the last one is timed
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        start = time.perf_counter()
+        ttft = None
+        chunks = []
+        async for chunk in engine.stream_chat(messages, tools=tools, max_tokens=8, temperature=0):
+            ttft = time.perf_counter() - start if ttft is None else ttft
+            chunks.append(chunk)
+        out = chunks[-1]
     await engine.stop()  # writes out what is queued
     disk = engine.get_cache_stats()["disk"]
     return {
@@ -146,9 +151,13 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_child(model: str, tools: Path, question: str, cache_dir: str | None) -> dict[str, Any]:
+def run_child(
+    model: str, tools: Path, questions: list[str], cache_dir: str | None
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--model", model, "--tools", str(tools)]
-    cmd += ["--question", question] + (["--cache-dir", cache_dir] if cache_dir else [])
+    for question in questions:
+        cmd += ["--question", question]
+    cmd += ["--cache-dir", cache_dir] if cache_dir else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -165,28 +174,38 @@ def bench(model: str, label: str, rounds: int, target: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tools_file = Path(tmp) / "tools.json"
         tools_file.write_text(json.dumps(tools))
-        filled, warmed = str(Path(tmp) / "disk"), str(Path(tmp) / "warm")
-        fill = run_child(model, tools_file, FILL_QUESTION, filled)
-        warm = warm_disk_cache(model, warmed, system=SYSTEM, tools=tools)
+        dirs = {
+            "cold": None,
+            "disk": str(Path(tmp) / "disk"),
+            "shared": str(Path(tmp) / "shared"),
+            "warm": str(Path(tmp) / "warm"),
+        }
+        fill = run_child(model, tools_file, FILL_QUESTIONS[:1], dirs["disk"])
+        fill2 = run_child(model, tools_file, FILL_QUESTIONS, dirs["shared"])
+        warm = warm_disk_cache(model, dirs["warm"], system=SYSTEM, tools=tools)
         print(
-            f"\n{label}: prompt {n} tokens ({len(tools)} tools); the filling process wrote "
-            f"{fill['files']} file(s): owner thread {fill['snapshot_s'] * 1e3:.1f} ms, "
-            f"writer thread {fill['write_s'] * 1e3:.1f} ms; warm_disk_cache stored "
-            f"{warm.tokens} tokens"
+            f"\n{label}: prompt {n} tokens ({len(tools)} tools); a process of one request "
+            f"wrote {fill['files']} file: owner thread {fill['snapshot_s'] * 1e3:.1f} ms, "
+            f"writer thread {fill['write_s'] * 1e3:.1f} ms; one of two requests wrote "
+            f"{fill2['files']} files; warm_disk_cache stored {warm.tokens} tokens"
         )
-        sides: dict[str, list[dict[str, Any]]] = {"cold": [], "disk": [], "warm": []}
-        dirs = {"cold": None, "disk": filled, "warm": warmed}
+        sides: dict[str, list[dict[str, Any]]] = {side: [] for side in dirs}
         for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for side in order:
-                sides[side].append(run_child(model, tools_file, QUESTION, dirs[side]))
+                # Each run on a copy of the filled folder: it finds what the fillers left,
+                # not what an earlier run of the same question wrote.
+                folder = dirs[side]
+                if folder is not None:
+                    folder = str(shutil.copytree(folder, Path(tmp) / f"{side}-{r}"))
+                sides[side].append(run_child(model, tools_file, [QUESTION], folder))
         cold = statistics.median(x["ttft_s"] for x in sides["cold"])
         for side, runs in sides.items():
             ttft = statistics.median(x["ttft_s"] for x in runs)
             ratios = [x["ttft_s"] / c["ttft_s"] for x, c in zip(runs, sides["cold"], strict=True)]
             same = all(x["tokens"] == sides["cold"][0]["tokens"] for x in runs)
             print(
-                f"  {side:5s} TTFT {ttft * 1e3:8.1f} ms  {ttft / cold:5.3f}x cold "
+                f"  {side:6s} TTFT {ttft * 1e3:8.1f} ms  {ttft / cold:5.3f}x cold "
                 f"(rounds {min(ratios):.3f}-{max(ratios):.3f})  cached "
                 f"{'/'.join(str(x['cached_tokens']) for x in runs)} of "
                 f"{runs[0]['prompt_tokens']} tokens, "
@@ -204,7 +223,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--tools", help=argparse.SUPPRESS)
-    parser.add_argument("--question", help=argparse.SUPPRESS)
+    parser.add_argument("--question", action="append", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
@@ -225,8 +244,6 @@ def main() -> None:
             )
             bench(str(model), "tiny llama (hidden 256, 4 layers)", args.rounds, args.tokens)
     if args.smollm:
-        import shutil
-
         from tests.support.smollm import ensure_smollm2
 
         with tempfile.TemporaryDirectory() as tmp:

@@ -135,7 +135,10 @@ def pull(
         quantized = quantize_model(model.name, bits=quantize_bits, progress=progress)
     size = human_size(quantized.manifest.size_bytes)
     lines = [line, f"quantized {model.name} -> {quantized.name} ({quantize_bits} bits, {size})"]
-    return Result({**result.to_dict(), "quantized": quantized.summary()}, lines)
+    q, quality = quantized.manifest.quantization, quantized.manifest.quality
+    figures = quality.to_dict() if quality else None
+    data = {**result.to_dict(), "quantized": {**quantized.summary(), "quality": figures}}
+    return Result(data, lines, warnings=quality_warnings(quality, q))
 
 
 @app.command("import")
@@ -192,6 +195,7 @@ def import_(
             if model.name == name
             else f"{name} now names {model.name}, which holds the same file (nothing copied)"
         ],
+        warnings=quality_warnings(model.manifest.quality, model.manifest.quantization),
     )
 
 

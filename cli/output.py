@@ -133,8 +133,8 @@ def quality_text(quality: Any) -> str:
     """A ``QuantizationQuality`` in one line: the figures and the verdict."""
     return (
         f"perplexity {quality.ppl_source:.2f} -> {quality.ppl_quantized:.2f} "
-        f"(x{quality.ppl_ratio:.3f}), KL {quality.mean_kl:.4f} over {quality.tokens} tokens: "
-        f"{quality.verdict}"
+        f"(x{quality.ppl_ratio:.3f}), KL {quality.mean_kl:.4f}, same top token "
+        f"{quality.top1_agreement:.0%} ({quality.tokens} tokens): {quality.verdict}"
     )
 
 

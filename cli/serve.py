@@ -194,7 +194,7 @@ def serve(
         from mlx_integrations.serve.errors import APIError
 
         if isinstance(exc, APIError):  # a preloaded model that is missing: its 404 text
-            raise ValueError(exc.message) from None
+            raise (FileNotFoundError if exc.status == 404 else ValueError)(exc.message) from None
         raise
 
 

@@ -475,6 +475,12 @@ class MLXEngine(ModelLifecycle):
             if self._vision:
                 self._loaded_vision = load_vision_model(self._path, self._name)
                 model, tokenizer = self._loaded_vision.model, self._loaded_vision.tokenizer
+            elif self._tokenizer is not None:
+                # Loaded again after an idle unload: the tokenizer kept is the same
+                # object, so what is cached for it (grammars, tool formats) stays valid.
+                from mlx_lm.utils import load_model
+
+                model, tokenizer = load_model(self._path)[0], self._tokenizer
             else:
                 loaded = mlx_lm.load(str(self._path))
                 model, tokenizer = loaded[0], loaded[1]

@@ -57,11 +57,12 @@ class EngineOptions:
     cache_dir: str | None = None
     """A folder for the disk tier of the prefix cache: prompt KV that outlives the
     process (:mod:`~mlx_integrations.engine.cache.disk`). Entries the memory tier evicts,
-    and the longest piece-aligned prefix of each prompt of two prefill pieces or more,
-    are written there in the background; a new engine (in this process or the next)
-    loads the longest stored prefix of a prompt instead of prefilling it. One folder
-    may serve many models: entries are kept per model weights and KV format. None (the
-    default) keeps the prefix cache in memory only. A ``Path`` is taken too."""
+    and of each prompt of two prefill pieces or more its longest prefix of a multiple
+    of 256 tokens or the longer prefix it shared with an earlier prompt, are written in
+    the background; a new engine (in this process or the next) loads the longest stored
+    prefix of a prompt instead of prefilling it. One folder may serve many models:
+    entries are kept per model weights and KV format. None (the default) keeps the
+    prefix cache in memory only. A ``Path`` is taken too."""
     disk_cache_mb: float = 4096
     """Budget of the disk tier, per model and KV format; the least recently used files
     are removed beyond it. Used with ``cache_dir``."""

@@ -228,7 +228,8 @@ class SimpleEngine(SerialEngine):
             reusable = reusable and cache is not None
             if reusable and cache is not None:
                 # The cache holds the prompt and the sampled tokens it has seen.
-                self._prefix.put(job.tokens + builder.tokens, cache, prompt=len(job.tokens))
+                context = job.tokens + builder.tokens
+                self._prefix.put(context, cache, prompt=len(job.tokens), reused=reused)
                 if draft_cache is not None:
                     self._draft.cache.put(job.tokens + builder.tokens, draft_cache)
         return final

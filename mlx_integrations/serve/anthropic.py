@@ -239,8 +239,10 @@ def read_parts(body: Body) -> tuple[ChatParts, bool]:
     response_format = None
     fmt = output.get("format")
     if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(
-            fmt.get("schema"), dict
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
         ):
             raise body.error(
                 "output_config.format", "must be {'type': 'json_schema', 'schema': {...}}"

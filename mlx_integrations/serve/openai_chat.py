@@ -269,7 +269,3 @@ def stream_response(
         state.metrics.add("client_disconnects_total", endpoint=endpoint)
 
     return EventStream(frames, on_error=on_error, on_disconnect=gone)  # type: ignore[return-value]
-
-
-def refuse_unsupported(name: str) -> APIError:
-    return APIError(400, f"{name!r} is not supported by this server", param=name)

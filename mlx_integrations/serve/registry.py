@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -209,28 +208,28 @@ class ModelRegistry:
                 code="model_not_loaded",
             )
         engine = served.engine
-        unloaded = False
-        if hasattr(type(engine), "keep_alive"):
+        unload = getattr(engine, "unload_if_idle", None)
+        unloaded = bool(await asyncio.to_thread(unload)) if unload is not None else False
+        if not unloaded and hasattr(type(engine), "keep_alive"):
             try:
-                engine.keep_alive = 0  # a busy model goes when its last request ends
+                engine.keep_alive = 0  # busy: it goes when its last request ends
             except ValueError:
                 pass  # a distributed engine stays loaded
-        unload = getattr(engine, "unload_if_idle", None)
-        if unload is not None:
-            unloaded = bool(await asyncio.to_thread(unload))
+        unloaded = unloaded or not getattr(engine, "is_loaded", True)
         return {"model": name, "unloaded": unloaded, "pending": not unloaded}
 
     def running(self) -> list[dict[str, Any]]:
-        """The models this process holds in memory: the server's names, their folder,
-        kind and residency (memory, last use, keep-alive, expiry)."""
-        by_path = {str(s.path): s.name for s in self.served()}
+        """The models this server holds in memory: each name, its folder and kind, and
+        its residency (memory, last use, keep-alive, expiry; the ``ResidencyStats`` keys)."""
         rows = []
-        now = time.time()
-        for info in pool.resident_models():
-            row: dict[str, Any] = dict(info)
-            row["model"] = info["name"]
-            row["name"] = by_path.get(info["path"], info["name"])
-            row["checked_at"] = now
+        for served in self.served():
+            stats = getattr(served.engine, "residency_stats", None)
+            row: dict[str, Any] = dict(stats()) if stats is not None else {"state": "loaded"}
+            if row.get("state") == "unloaded":
+                continue
+            row.update(
+                name=served.name, model=served.config.target, path=str(served.path), kind=served.kind
+            )
             rows.append(row)
         return rows
 

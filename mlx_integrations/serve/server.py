@@ -9,6 +9,7 @@ go of its models.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import socket
@@ -59,6 +60,18 @@ def _uvicorn_server(app: Any, config: ServeConfig, log_level: str, **extra: Any)
         async def shutdown(self, sockets: Any = None) -> None:
             app.state.server.draining = True
             await super().shutdown(sockets=sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn raises a caught SIGTERM again once it has stopped, which would
+            # end the process before the models are let go; a graceful stop exits 0.
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    captured = getattr(self, "_captured_signals", None)
+                    if isinstance(captured, list):
+                        captured.clear()
 
     settings = uvicorn.Config(
         app,

@@ -51,3 +51,10 @@ def test_no_eval_skips_the_comparison(home):
     shown = mlxi("show", "tiny-q2")
     assert "quality" not in shown.stdout and "Warning" not in shown.stderr
     assert json.loads(mlxi("show", "tiny-q2", "--json").stdout)["quality"] is None
+
+
+def test_quantizing_on_import_warns_too(home, tiny_llama):
+    result = mlxi("import", str(tiny_llama), "tiny-q2", "--q-bits", "2")
+    assert result.exit_code == 0, result.stderr
+    assert "imported tiny-q2" in result.stdout
+    assert "Warning: the quantized model lost too much" in result.stderr

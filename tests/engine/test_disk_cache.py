@@ -101,6 +101,23 @@ async def test_a_fresh_engine_replies_from_disk_as_a_cold_prefill(model, cold, t
     assert disk["hits"] == 1
 
 
+async def test_the_prefix_requests_share_is_kept_for_the_next_process(model, tmp_path):
+    # Pieces of 128: the prompts' piece-aligned prefixes stop before their shared part does.
+    eng = SimpleEngine(model, prefill_step_size=128, cache_dir=tmp_path)
+    try:
+        first = await eng.chat(ASK, max_tokens=8, temperature=0)
+        second = await eng.chat(OTHER, max_tokens=8, temperature=0)
+    finally:
+        await eng.stop()
+    shared = second.cached_tokens  # the system prompt and the user turn's opening
+    assert first.prompt_tokens // 128 * 128 < shared < second.prompt_tokens
+    third = [ASK[0], {"role": "user", "content": "Name one island."}]
+    out, disk = await reply(SimpleEngine, model, third, cache_dir=tmp_path)
+    cold_third, _ = await reply(SimpleEngine, model, third)
+    assert out.cached_tokens == shared and disk["hits"] == 1
+    assert out.tokens == cold_third.tokens
+
+
 SCRIPT = """
 import asyncio, json, sys
 sys.path.insert(0, {root!r})

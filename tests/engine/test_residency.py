@@ -10,6 +10,7 @@ expiry thread is woken and waited for, never raced against a sleep.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import struct
 import threading
@@ -131,6 +132,23 @@ async def test_the_memory_figures_drop_by_the_weights(model_a):
         # Weights and the prefix cache's KV leave MLX's active memory.
         assert freed >= weights + 0.9 * loaded["residency"]["cache_bytes"]
         assert after["residency"]["memory_bytes"] == 0
+    finally:
+        await engine.stop()
+
+
+async def test_what_the_budget_counts_is_what_mlx_holds_after_a_batch(model_a):
+    """Caches taken out of a batch hold their own bytes, not the batch's buffers."""
+    engine = BatchedEngine(model_a)
+    try:
+        for n in (4, 3):
+            prompts = [f"{'Paris ' * (i + 1)}weather?" for i in range(n)]
+            await asyncio.gather(
+                *[engine.generate(p, max_tokens=30, temperature=0.7) for p in prompts]
+            )
+            gc.collect()
+            counted = engine.get_stats()["residency"]["memory_bytes"]
+            assert engine.get_cache_stats()["entry_count"] >= n  # their KV is cached
+            assert active_mb(engine) * MiB == pytest.approx(counted, rel=0.01)
     finally:
         await engine.stop()
 

@@ -120,12 +120,13 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> Non
         time.sleep(0.01)
 
 
-def no_eos_bias(engine: Any) -> dict[str, float]:
-    """A logit_bias that bans the model's end tokens: the reply runs to max_tokens."""
-    tokenizer = engine.tokenizer
-    ids = set(tokenizer.eos_token_ids)
-    ids.add(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    return {str(i): -100.0 for i in ids}
+def no_eos_bias(model: Any) -> dict[str, float]:
+    """A logit_bias that bans the end tokens of a tiny model (a folder or its engine):
+    the reply runs to max_tokens."""
+    folder = Path(getattr(model, "model_path", model))
+    added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    ends = {"<|endoftext|>", "<|im_end|>"}
+    return {str(t["id"]): -100.0 for t in added if t["content"] in ends}
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str | None, Any]]:

@@ -64,13 +64,17 @@ def test_the_stream_is_the_event_sequence_strict_clients_check(url: str):
     assert delta["usage"]["output_tokens"] > 0
     whole = httpx.post(f"{url}/v1/messages", json={**body, "stream": False}, timeout=60).json()
     streamed = "".join(
-        d["delta"]["text"] for n, d in events if n == "content_block_delta" and d["delta"]["type"] == "text_delta"
+        d["delta"]["text"]
+        for n, d in events
+        if n == "content_block_delta" and d["delta"]["type"] == "text_delta"
     )
     assert streamed == "".join(b["text"] for b in whole["content"] if b["type"] == "text")
 
 
 def test_the_sdk_stream_helper_accumulates_the_message(client: anthropic.Anthropic):
-    with client.messages.stream(model="exact", messages=USER, max_tokens=10, extra_body=GREEDY) as stream:
+    with client.messages.stream(
+        model="exact", messages=USER, max_tokens=10, extra_body=GREEDY
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[0].text == text  # type: ignore[union-attr]
@@ -78,12 +82,15 @@ def test_the_sdk_stream_helper_accumulates_the_message(client: anthropic.Anthrop
     assert final.stop_reason in ("end_turn", "max_tokens")
 
 
-@pytest.mark.parametrize(
-    "choice", [{"type": "any"}, {"type": "tool", "name": "get_time"}]
-)
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_time"}])
 def test_forced_tool_use_holds(client: anthropic.Anthropic, choice):
     reply = client.messages.create(
-        model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, max_tokens=64, extra_body=GREEDY  # type: ignore[arg-type]
+        model="tiny",
+        messages=USER,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=64,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     )
     assert reply.stop_reason == "tool_use"
     uses = [b for b in reply.content if b.type == "tool_use"]
@@ -94,7 +101,14 @@ def test_forced_tool_use_holds(client: anthropic.Anthropic, choice):
 
 
 def test_streamed_tool_use_is_the_whole_one(client: anthropic.Anthropic):
-    kwargs = dict(model="exact", messages=USER, tools=TOOLS, tool_choice={"type": "any"}, max_tokens=64, extra_body=GREEDY)
+    kwargs = dict(
+        model="exact",
+        messages=USER,
+        tools=TOOLS,
+        tool_choice={"type": "any"},
+        max_tokens=64,
+        extra_body=GREEDY,
+    )
     whole = client.messages.create(**kwargs)  # type: ignore[call-overload]
     with client.messages.stream(**kwargs) as stream:  # type: ignore[arg-type]
         final = stream.get_final_message()
@@ -105,7 +119,12 @@ def test_streamed_tool_use_is_the_whole_one(client: anthropic.Anthropic):
 
 def test_tool_choice_none_and_tool_results(client: anthropic.Anthropic):
     first = client.messages.create(
-        model="tiny", messages=USER, tools=TOOLS, tool_choice={"type": "any"}, max_tokens=64, extra_body=GREEDY
+        model="tiny",
+        messages=USER,
+        tools=TOOLS,
+        tool_choice={"type": "any"},
+        max_tokens=64,
+        extra_body=GREEDY,
     )
     use = next(b for b in first.content if b.type == "tool_use")
     reply = client.messages.create(
@@ -127,13 +146,20 @@ def test_tool_choice_none_and_tool_results(client: anthropic.Anthropic):
         extra_body=GREEDY,
     )
     assert all(b.type != "tool_use" for b in reply.content)
-    alone = client.messages.count_tokens(model="tiny", messages=USER, tools=TOOLS, tool_choice={"type": "none"})  # type: ignore[arg-type]
+    alone = client.messages.count_tokens(
+        model="tiny", messages=USER, tools=TOOLS, tool_choice={"type": "none"}
+    )  # type: ignore[arg-type]
     # The call and its result are in the prompt (tool_choice none: the tools are not).
-    assert reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0) > alone.input_tokens + 10
+    assert (
+        reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+        > alone.input_tokens + 10
+    )
 
 
 def test_stop_sequences_are_reported(client: anthropic.Anthropic):
-    base = dict(model="exact", messages=USER, max_tokens=10, extra_body={"temperature": 1.0, "seed": 7})
+    base = dict(
+        model="exact", messages=USER, max_tokens=10, extra_body={"temperature": 1.0, "seed": 7}
+    )
     whole = client.messages.create(**base)  # type: ignore[call-overload]
     text = whole.content[0].text  # type: ignore[union-attr]
     assert len(text) > 6, text
@@ -147,14 +173,20 @@ def test_stop_sequences_are_reported(client: anthropic.Anthropic):
 
 def test_thinking_comes_back_as_thinking_blocks(client: anthropic.Anthropic):
     reply = client.messages.create(
-        model="thinker", messages=USER, max_tokens=10, extra_body=GREEDY,
+        model="thinker",
+        messages=USER,
+        max_tokens=10,
+        extra_body=GREEDY,
         thinking={"type": "enabled", "budget_tokens": 1024},
     )
     assert reply.content[0].type == "thinking"
     thinking = reply.content[0].thinking  # type: ignore[union-attr]
     assert thinking
     with client.messages.stream(
-        model="thinker", messages=USER, max_tokens=10, extra_body=GREEDY,
+        model="thinker",
+        messages=USER,
+        max_tokens=10,
+        extra_body=GREEDY,
         thinking={"type": "enabled", "budget_tokens": 1024},
     ) as stream:
         final = stream.get_final_message()
@@ -162,18 +194,36 @@ def test_thinking_comes_back_as_thinking_blocks(client: anthropic.Anthropic):
     assert final.content[0].thinking == thinking  # type: ignore[union-attr]
     # A thinking block sent back is the assistant's reasoning in the prompt.
     again = client.messages.create(
-        model="thinker", max_tokens=4, extra_body=GREEDY,
-        messages=[*USER, {"role": "assistant", "content": [b.model_dump() for b in reply.content]}, {"role": "user", "content": "Go on."}],
+        model="thinker",
+        max_tokens=4,
+        extra_body=GREEDY,
+        messages=[
+            *USER,
+            {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+            {"role": "user", "content": "Go on."},
+        ],
     )
-    assert again.usage.input_tokens + (again.usage.cache_read_input_tokens or 0) > reply.usage.input_tokens
+    assert (
+        again.usage.input_tokens + (again.usage.cache_read_input_tokens or 0)
+        > reply.usage.input_tokens
+    )
 
 
 def test_count_tokens_is_the_prompt_a_call_reports(client: anthropic.Anthropic):
-    counted = client.messages.count_tokens(model="exact", messages=USER, tools=TOOLS, system="Be brief.")  # type: ignore[arg-type]
+    counted = client.messages.count_tokens(
+        model="exact", messages=USER, tools=TOOLS, system="Be brief."
+    )  # type: ignore[arg-type]
     reply = client.messages.create(
-        model="exact", messages=USER, tools=TOOLS, system="Be brief.", max_tokens=2, extra_body=GREEDY  # type: ignore[arg-type]
+        model="exact",
+        messages=USER,
+        tools=TOOLS,
+        system="Be brief.",
+        max_tokens=2,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     )
-    assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+    assert counted.input_tokens == reply.usage.input_tokens + (
+        reply.usage.cache_read_input_tokens or 0
+    )
 
 
 def test_errors_come_in_anthropic_shape(client: anthropic.Anthropic):
@@ -183,27 +233,42 @@ def test_errors_come_in_anthropic_shape(client: anthropic.Anthropic):
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(
-            model="tiny", messages=USER, max_tokens=4, tools=TOOLS,
+            model="tiny",
+            messages=USER,
+            max_tokens=4,
+            tools=TOOLS,
             tool_choice={"type": "tool", "name": "nope"},
         )
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "nope" in bad.value.message
     with pytest.raises(anthropic.BadRequestError) as role:
-        client.messages.create(model="tiny", messages=[{"role": "robot", "content": "x"}], max_tokens=4)  # type: ignore[typeddict-item]
+        client.messages.create(
+            model="tiny", messages=[{"role": "robot", "content": "x"}], max_tokens=4
+        )  # type: ignore[typeddict-item]
     assert "role" in role.value.message
 
 
 def test_a_tool_input_streams_as_one_json_delta(url: str):
     body = {
-        "model": "exact", "messages": USER, "tools": TOOLS, "tool_choice": {"type": "any"},
-        "max_tokens": 64, "temperature": 0, "stream": True,
+        "model": "exact",
+        "messages": USER,
+        "tools": TOOLS,
+        "tool_choice": {"type": "any"},
+        "max_tokens": 64,
+        "temperature": 0,
+        "stream": True,
     }
     with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=60) as response:
         events = list(sse_events(response))
-    start = next(d for n, d in events if n == "content_block_start" and d["content_block"]["type"] == "tool_use")
+    start = next(
+        d
+        for n, d in events
+        if n == "content_block_start" and d["content_block"]["type"] == "tool_use"
+    )
     assert start["content_block"]["input"] == {}
     partial = "".join(
-        d["delta"]["partial_json"] for n, d in events
+        d["delta"]["partial_json"]
+        for n, d in events
         if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"
     )
     jsonschema.validate(json.loads(partial), SCHEMAS[start["content_block"]["name"]])
@@ -214,7 +279,9 @@ def test_output_config_format_holds_the_schema(client: anthropic.Anthropic):
     from tests.serve.conftest import CITY_SCHEMA
 
     reply = client.messages.create(
-        model="tiny", messages=[{"role": "user", "content": "A city as JSON."}], max_tokens=120,
+        model="tiny",
+        messages=[{"role": "user", "content": "A city as JSON."}],
+        max_tokens=120,
         output_config={"format": {"type": "json_schema", "schema": CITY_SCHEMA}},
         extra_body=GREEDY,
     )

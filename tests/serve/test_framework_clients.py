@@ -43,14 +43,22 @@ QUESTION = "What is the weather in Paris?"
 
 def _openai(url: str, **kwargs) -> ChatOpenAI:
     return ChatOpenAI(
-        base_url=f"{url}/v1", api_key="unused", model="tiny", temperature=0, max_retries=0,  # type: ignore[arg-type]
+        base_url=f"{url}/v1",
+        api_key="unused",
+        model="tiny",
+        temperature=0,
+        max_retries=0,  # type: ignore[arg-type]
         **kwargs,
     )
 
 
 def _anthropic(url: str, **kwargs) -> ChatAnthropic:
     return ChatAnthropic(
-        base_url=url, api_key="unused", model="tiny", temperature=0, max_retries=0,  # type: ignore[arg-type, call-arg]
+        base_url=url,
+        api_key="unused",
+        model="tiny",
+        temperature=0,
+        max_retries=0,  # type: ignore[arg-type, call-arg]
         **kwargs,
     )
 
@@ -60,7 +68,11 @@ def _anthropic(url: str, **kwargs) -> ChatAnthropic:
 
 def test_chat_openai_invoke_and_stream_agree(url: str):
     llm = ChatOpenAI(
-        base_url=f"{url}/v1", api_key="unused", model="exact", temperature=0, max_tokens=12,  # type: ignore[arg-type]
+        base_url=f"{url}/v1",
+        api_key="unused",
+        model="exact",
+        temperature=0,
+        max_tokens=12,  # type: ignore[arg-type]
         stream_usage=True,
     )
     whole = llm.invoke(QUESTION)
@@ -68,7 +80,10 @@ def test_chat_openai_invoke_and_stream_agree(url: str):
     assert "".join(str(c.content) for c in chunks) == whole.content
     assert whole.usage_metadata is not None and whole.usage_metadata["output_tokens"] > 0
     streamed_usage = [c.usage_metadata for c in chunks if c.usage_metadata]
-    assert streamed_usage and streamed_usage[-1]["output_tokens"] == whole.usage_metadata["output_tokens"]
+    assert (
+        streamed_usage
+        and streamed_usage[-1]["output_tokens"] == whole.usage_metadata["output_tokens"]
+    )
 
 
 @pytest.mark.parametrize("choice", ["any", "get_time"])
@@ -99,7 +114,12 @@ def test_chat_openai_structured_output_holds(url: str, method: str):
     schema = City if method != "json_mode" else CITY_SCHEMA
     structured = llm.with_structured_output(schema, method=method)  # type: ignore[arg-type]
     if method == "json_mode":  # JSON mode holds any object; the schema is for the model to read
-        result = llm.bind(response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}).invoke("A city as JSON.")
+        result = llm.bind(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": CITY_SCHEMA},
+            }
+        ).invoke("A city as JSON.")
         import json
 
         jsonschema.validate(json.loads(str(result.content)), CITY_SCHEMA)
@@ -149,8 +169,14 @@ def test_chat_anthropic_structured_output_holds(url: str):
 
 def _llama(url: str, model: str = "tiny") -> OpenAILike:
     return OpenAILike(
-        api_base=f"{url}/v1", api_key="unused", model=model, is_chat_model=True,
-        is_function_calling_model=True, context_window=4096, max_tokens=64, temperature=0,
+        api_base=f"{url}/v1",
+        api_key="unused",
+        model=model,
+        is_chat_model=True,
+        is_function_calling_model=True,
+        context_window=4096,
+        max_tokens=64,
+        temperature=0,
         max_retries=0,
     )
 
@@ -185,3 +211,29 @@ def test_openai_like_structured_predict_holds(url: str):
 
     city = _llama(url).structured_predict(City, PromptTemplate("Name a city {x}."), x="now")
     assert isinstance(city, City)
+
+
+# ------------------------------------------------------ the same in-process and over HTTP
+
+
+def test_in_process_and_over_http_answer_alike(url: str, tiny_llama):
+    """ChatMLX and ChatOpenAI pointed at the server make the same chat-core call: the
+    same greedy text, the same forced call, the same structured object."""
+    from mlx_integrations.langchain import ChatMLX
+
+    local = ChatMLX(
+        model=str(tiny_llama), temperature=0, max_tokens=64, engine_options={"cache_memory_mb": 0}
+    )
+    remote = ChatOpenAI(
+        base_url=f"{url}/v1", api_key="unused", model="exact", temperature=0, max_tokens=64,  # type: ignore[arg-type]
+        max_retries=0,
+    )
+    assert remote.invoke(QUESTION).content == local.invoke(QUESTION).content
+    forced_local = local.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(QUESTION)
+    forced_remote = remote.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(QUESTION)
+    assert [(c["name"], c["args"]) for c in forced_remote.tool_calls] == [
+        (c["name"], c["args"]) for c in forced_local.tool_calls
+    ]
+    # ChatOpenAI sends the schema in OpenAI's strict form, which the model reads in its
+    # prompt: a schema of other words, a reply of other words; both hold to it.
+    assert isinstance(remote.with_structured_output(City).invoke("A city."), City)

@@ -21,9 +21,7 @@ def client(url: str) -> openai.OpenAI:
 
 
 def test_chat_answers_with_usage(client: openai.OpenAI):
-    reply = client.chat.completions.create(
-        model="tiny", messages=USER, max_tokens=8, temperature=0
-    )
+    reply = client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
     choice = reply.choices[0]
     assert reply.object == "chat.completion"
     assert reply.model == "tiny"
@@ -63,9 +61,7 @@ def test_stream_joins_to_the_whole_answer_and_ends_with_usage(client: openai.Ope
 
 
 def test_a_second_turn_reports_its_cached_prompt_tokens(client: openai.OpenAI):
-    first = client.chat.completions.create(
-        model="tiny", messages=USER, max_tokens=6, temperature=0
-    )
+    first = client.chat.completions.create(model="tiny", messages=USER, max_tokens=6, temperature=0)
     history = [*USER, {"role": "assistant", "content": first.choices[0].message.content}]
     second = client.chat.completions.create(
         model="tiny",
@@ -78,10 +74,16 @@ def test_a_second_turn_reports_its_cached_prompt_tokens(client: openai.OpenAI):
     assert details.cached_tokens >= first.usage.prompt_tokens - 1  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
 def test_forced_tool_choice_holds(client: openai.OpenAI, choice):
     reply = client.chat.completions.create(
-        model="tiny", messages=USER, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=64,
+        model="tiny",
+        messages=USER,
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        max_tokens=64,
         temperature=0,
     )
     message = reply.choices[0].message
@@ -97,7 +99,11 @@ def test_forced_tool_choice_holds(client: openai.OpenAI, choice):
 
 def test_tool_choice_none_shows_no_tools_and_calls_none(client: openai.OpenAI):
     reply = client.chat.completions.create(
-        model="tiny", messages=USER, tools=[WEATHER], tool_choice="none", max_tokens=16,
+        model="tiny",
+        messages=USER,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_tokens=16,
         temperature=0,
     )
     assert not reply.choices[0].message.tool_calls
@@ -106,8 +112,13 @@ def test_tool_choice_none_shows_no_tools_and_calls_none(client: openai.OpenAI):
 
 def test_parallel_calls_when_asked(client: openai.OpenAI):
     reply = client.chat.completions.create(
-        model="exact", messages=USER, tools=[WEATHER, TIME], tool_choice="required",
-        parallel_tool_calls=True, max_tokens=200, temperature=0,
+        model="exact",
+        messages=USER,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=True,
+        max_tokens=200,
+        temperature=0,
     )
     calls = reply.choices[0].message.tool_calls or []
     assert len(calls) >= 1
@@ -117,8 +128,12 @@ def test_parallel_calls_when_asked(client: openai.OpenAI):
 
 def test_streamed_tool_call_deltas_join_to_the_whole_call(client: openai.OpenAI):
     kwargs = dict(
-        model="exact", messages=USER, tools=[WEATHER, TIME], tool_choice="required",
-        max_tokens=64, temperature=0,
+        model="exact",
+        messages=USER,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=64,
+        temperature=0,
     )
     whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     calls: dict[int, dict[str, str]] = {}
@@ -141,7 +156,11 @@ def test_streamed_tool_call_deltas_join_to_the_whole_call(client: openai.OpenAI)
 
 def test_tool_results_go_back_to_the_model(client: openai.OpenAI):
     first = client.chat.completions.create(
-        model="tiny", messages=USER, tools=[WEATHER], tool_choice="required", max_tokens=64,
+        model="tiny",
+        messages=USER,
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=64,
         temperature=0,
     )
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
@@ -163,13 +182,20 @@ def test_tool_results_go_back_to_the_model(client: openai.OpenAI):
     "response_format",
     [
         {"type": "json_object"},
-        {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}},
+        {
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True},
+        },
     ],
 )
 def test_response_format_is_valid_by_construction(client: openai.OpenAI, response_format):
     reply = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "A city, as JSON."}],
-        response_format=response_format, max_tokens=120, temperature=0.8, seed=1,
+        model="tiny",
+        messages=[{"role": "user", "content": "A city, as JSON."}],
+        response_format=response_format,
+        max_tokens=120,
+        temperature=0.8,
+        seed=1,
     )
     assert reply.choices[0].finish_reason == "stop"
     value = json.loads(reply.choices[0].message.content or "")
@@ -189,8 +215,11 @@ def test_parse_helper_reads_a_schema_reply(client: openai.OpenAI):
         population: int = Field(ge=0, le=99)
 
     reply = client.chat.completions.parse(
-        model="tiny", messages=[{"role": "user", "content": "A city."}], response_format=City,
-        max_tokens=120, temperature=0,
+        model="tiny",
+        messages=[{"role": "user", "content": "A city."}],
+        response_format=City,
+        max_tokens=120,
+        temperature=0,
     )
     assert isinstance(reply.choices[0].message.parsed, City)
 
@@ -247,7 +276,9 @@ def test_reasoning_comes_in_reasoning_content(client: openai.OpenAI):
 )
 def test_a_bad_field_is_a_400_that_names_it(client: openai.OpenAI, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(**{"model": "tiny", "messages": USER, "max_tokens": 4, **extra})
+        client.chat.completions.create(
+            **{"model": "tiny", "messages": USER, "max_tokens": 4, **extra}
+        )
     error = caught.value.body
     assert isinstance(error, dict)
     assert error["param"] == param, error
@@ -288,7 +319,9 @@ def test_errors_after_the_stream_began_arrive_as_an_event(url: str, server: Back
 
 
 def test_completions_continue_raw_text(client: openai.OpenAI):
-    whole = client.completions.create(model="exact", prompt="The capital of", max_tokens=6, temperature=0)
+    whole = client.completions.create(
+        model="exact", prompt="The capital of", max_tokens=6, temperature=0
+    )
     assert whole.object == "text_completion"
     assert whole.usage is not None and whole.usage.completion_tokens <= 6
     streamed = "".join(

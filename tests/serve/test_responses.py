@@ -20,7 +20,10 @@ def client(url: str) -> openai.OpenAI:
 
 def test_text_in_text_out(client: openai.OpenAI):
     reply = client.responses.create(
-        model="exact", input="What is the weather in Paris?", max_output_tokens=8, temperature=0,
+        model="exact",
+        input="What is the weather in Paris?",
+        max_output_tokens=8,
+        temperature=0,
         instructions="Be brief.",
     )
     assert reply.object == "response"
@@ -32,21 +35,31 @@ def test_text_in_text_out(client: openai.OpenAI):
 
 
 def test_the_stream_helper_accumulates_the_response(client: openai.OpenAI):
-    whole = client.responses.create(model="exact", input="Hello", max_output_tokens=8, temperature=0)
-    with client.responses.stream(model="exact", input="Hello", max_output_tokens=8, temperature=0) as stream:
+    whole = client.responses.create(
+        model="exact", input="Hello", max_output_tokens=8, temperature=0
+    )
+    with client.responses.stream(
+        model="exact", input="Hello", max_output_tokens=8, temperature=0
+    ) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text == whole.output_text
     numbers = []
-    for event in client.responses.create(model="exact", input="Hello", max_output_tokens=4, stream=True):
+    for event in client.responses.create(
+        model="exact", input="Hello", max_output_tokens=4, stream=True
+    ):
         numbers.append(event.sequence_number)
     assert numbers == list(range(len(numbers)))
 
 
 def test_forced_function_call_and_its_output(client: openai.OpenAI):
     reply = client.responses.create(
-        model="tiny", input="Weather in Paris?", tools=[TOOL], tool_choice="required",  # type: ignore[list-item]
-        max_output_tokens=64, temperature=0,
+        model="tiny",
+        input="Weather in Paris?",
+        tools=[TOOL],
+        tool_choice="required",  # type: ignore[list-item]
+        max_output_tokens=64,
+        temperature=0,
     )
     calls = [o for o in reply.output if o.type == "function_call"]
     assert len(calls) == 1
@@ -55,22 +68,41 @@ def test_forced_function_call_and_its_output(client: openai.OpenAI):
         model="tiny",
         input=[
             {"role": "user", "content": "Weather in Paris?"},
-            {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+            {
+                "type": "function_call",
+                "call_id": calls[0].call_id,
+                "name": "get_weather",
+                "arguments": calls[0].arguments,
+            },
             {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"},
         ],
-        tools=[TOOL], tool_choice="none", max_output_tokens=4, temperature=0,  # type: ignore[list-item]
+        tools=[TOOL],
+        tool_choice="none",
+        max_output_tokens=4,
+        temperature=0,  # type: ignore[list-item]
     )
     assert all(o.type != "function_call" for o in follow.output)
     plain = client.responses.create(
-        model="tiny", input="Weather in Paris?", tools=[TOOL], tool_choice="none",  # type: ignore[list-item]
-        max_output_tokens=1, temperature=0,
+        model="tiny",
+        input="Weather in Paris?",
+        tools=[TOOL],
+        tool_choice="none",  # type: ignore[list-item]
+        max_output_tokens=1,
+        temperature=0,
     )
     # The call and its output are in the prompt.
     assert follow.usage.input_tokens > plain.usage.input_tokens + 10  # type: ignore[union-attr]
 
 
 def test_streamed_function_call_is_the_whole_one(client: openai.OpenAI):
-    kwargs = dict(model="exact", input="Weather in Paris?", tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64, temperature=0)
+    kwargs = dict(
+        model="exact",
+        input="Weather in Paris?",
+        tools=[TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=64,
+        temperature=0,
+    )
     whole = client.responses.create(**kwargs)  # type: ignore[call-overload]
     with client.responses.stream(**kwargs) as stream:  # type: ignore[arg-type]
         final = stream.get_final_response()
@@ -80,8 +112,13 @@ def test_streamed_function_call_is_the_whole_one(client: openai.OpenAI):
 
 def test_text_format_json_schema_holds(client: openai.OpenAI):
     reply = client.responses.create(
-        model="tiny", input="A city as JSON.", max_output_tokens=120, temperature=0,
-        text={"format": {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA, "strict": True}},
+        model="tiny",
+        input="A city as JSON.",
+        max_output_tokens=120,
+        temperature=0,
+        text={
+            "format": {"type": "json_schema", "name": "city", "schema": CITY_SCHEMA, "strict": True}
+        },
     )
     jsonschema.validate(json.loads(reply.output_text), CITY_SCHEMA)
 

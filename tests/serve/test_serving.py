@@ -59,7 +59,9 @@ def _long_body(server: BackgroundServer, model: str = "long", **extra: Any) -> d
 def test_a_client_gone_mid_stream_aborts_its_request(served: BackgroundServer):
     engine = engine_of(served, "long")
     before = engine.get_stats()["num_requests_aborted"]
-    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=_long_body(served), timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=_long_body(served), timeout=60
+    ) as response:
         events = sse_events(response)
         next(events)
         next(events)  # tokens are coming: the request runs on the engine
@@ -75,7 +77,10 @@ def test_a_client_gone_mid_stream_aborts_its_request(served: BackgroundServer):
         timeout=60,
     )
     assert reply.status_code == 200
-    assert reply.json()["usage"]["completion_tokens"] == 3 or reply.json()["choices"][0]["finish_reason"] == "stop"
+    assert (
+        reply.json()["usage"]["completion_tokens"] == 3
+        or reply.json()["choices"][0]["finish_reason"] == "stop"
+    )
     metrics = httpx.get(f"{served.url}/metrics").text
     assert 'mlxi_client_disconnects_total{endpoint="/v1/chat/completions"}' in metrics
 
@@ -112,7 +117,9 @@ def test_an_anthropic_stream_gone_mid_way_aborts_too(served: BackgroundServer):
 
 def test_a_full_engine_answers_503_with_retry_after(served: BackgroundServer):
     engine = engine_of(served, "busy")
-    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=_long_body(served, "busy"), timeout=60) as first:
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=_long_body(served, "busy"), timeout=60
+    ) as first:
         events = sse_events(first)  # held: a dropped reader would close the stream
         next(events)
         quick = {"model": "busy", "messages": USER, "max_tokens": 2}
@@ -135,7 +142,11 @@ def test_past_max_concurrent_requests_answers_429(long_model: Path):
     )
     with BackgroundServer(config) as url:
         body = {
-            "model": "long", "messages": USER, "max_tokens": LONG, "temperature": 0, "stream": True,
+            "model": "long",
+            "messages": USER,
+            "max_tokens": LONG,
+            "temperature": 0,
+            "stream": True,
         }
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as first:
@@ -149,11 +160,16 @@ def test_past_max_concurrent_requests_answers_429(long_model: Path):
 
 def test_shutdown_lets_a_reply_in_flight_finish(long_model: Path):
     server = BackgroundServer(
-        ServeConfig(models=[ModelConfig("long", source=str(long_model), preload=True)], shutdown_timeout_s=300)
+        ServeConfig(
+            models=[ModelConfig("long", source=str(long_model), preload=True)],
+            shutdown_timeout_s=300,
+        )
     )
     server.start()
     body = {**_long_body(server), "max_tokens": 200, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, timeout=120
+    ) as response:
         events = sse_events(response)
         next(events)
         server.begin_shutdown()  # what SIGTERM does
@@ -168,12 +184,16 @@ def test_shutdown_lets_a_reply_in_flight_finish(long_model: Path):
 
 def test_shutdown_deadline_stops_what_is_left(long_model: Path):
     server = BackgroundServer(
-        ServeConfig(models=[ModelConfig("long", source=str(long_model), preload=True)], shutdown_timeout_s=1)
+        ServeConfig(
+            models=[ModelConfig("long", source=str(long_model), preload=True)], shutdown_timeout_s=1
+        )
     )
     server.start()
     engine = engine_of(server, "long")
     before = engine.get_stats()["num_requests_aborted"]
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=_long_body(server), timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=_long_body(server), timeout=120
+    ) as response:
         events = sse_events(response)
         next(events)
         server.begin_shutdown()
@@ -239,11 +259,15 @@ def test_the_api_key_is_required_except_for_health(tiny_llama: Path):
         assert ok.chat.completions.create(model="tiny", messages=USER, max_tokens=2).choices  # type: ignore[arg-type]
         with pytest.raises(anthropic.AuthenticationError) as denied:
             anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
-                model="tiny", messages=USER, max_tokens=2  # type: ignore[arg-type]
+                model="tiny",
+                messages=USER,
+                max_tokens=2,  # type: ignore[arg-type]
             )
         assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
         reply = anthropic.Anthropic(base_url=url, api_key="s3cret", max_retries=0).messages.create(
-            model="tiny", messages=USER, max_tokens=2  # type: ignore[arg-type]
+            model="tiny",
+            messages=USER,
+            max_tokens=2,  # type: ignore[arg-type]
         )
         assert reply.usage.output_tokens > 0
 

@@ -59,6 +59,11 @@ class _Active:
     processors: GuardedProcessors | None
     sampler: GuardedSampler | None
 
+    def served(self) -> dict[str, int]:
+        """What the prefix cache learns when the request ends: its prompt's length and
+        the prefix it was served (see ``PrefixCache.put``)."""
+        return {"prompt": len(self.job.tokens), "reused": self.builder.cached_tokens}
+
     def error(self) -> Exception | None:
         if self.processors is not None and self.processors.error is not None:
             return self.processors.error
@@ -498,7 +503,7 @@ class BatchedEngine(MLXEngine):
         self._solo = None
         draft = solo.close()  # a paused draft round drops its rejected drafts from the cache
         context = act.job.tokens + act.builder.tokens
-        self._prefix.put(context, solo.cache, prompt=len(act.job.tokens))
+        self._prefix.put(context, solo.cache, **act.served())
         if draft is not None:
             self._draft.cache.put(context, draft)
         self._finish(act.job, out)
@@ -579,7 +584,7 @@ class BatchedEngine(MLXEngine):
             act = self._active.pop(uid)
             retire.pop(uid, None)
             if cache is not None and tokens:
-                self._prefix.put(list(tokens), cache, prompt=len(act.job.tokens))
+                self._prefix.put(list(tokens), cache, **act.served())
             self._finish(act.job, out)
         if retire:
             self._retire(retire)
@@ -593,7 +598,7 @@ class BatchedEngine(MLXEngine):
             act = self._active.pop(uid)
             if not isinstance(result, BaseException) and uid in caches:
                 cache, tokens = caches[uid]
-                self._prefix.put(list(tokens), cache, prompt=len(act.job.tokens))
+                self._prefix.put(list(tokens), cache, **act.served())
             if isinstance(result, BaseException):
                 logger.debug("Request %s failed: %r", act.job.params.request_id, result)
             self._finish(act.job, result)

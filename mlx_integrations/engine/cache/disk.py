@@ -12,24 +12,30 @@ What is written:
 - entries that the memory tier evicts, or cannot hold (larger than its budget), whole:
   the next turn of that conversation, in this process or the next, prefills only what
   is new;
-- once per prefix, for a prompt of two prefill pieces or more, the KV of its longest
-  prefix that ends on a piece boundary (``prefill_step_size``). A prompt that extends it
-  is then prefilled from that boundary in the same pieces a cold prefill uses, so its
-  KV, and a greedy reply, are those of a cold run; and an agent's long system prompt and
-  tools are on disk after its first request, whatever the memory tier does later.
+- once per prefix, for a prompt of two prefill pieces (``prefill_step_size``) or more,
+  the KV of the longer of: its longest prefix of a whole number of ``ALIGN`` tokens (or
+  of pieces, when a piece is shorter), and the prefix it shared with an earlier prompt
+  (what the prefix cache served it). The first keeps most of an agent's long system
+  prompt and tools after its first request, whatever the memory tier does later, and
+  is the same for requests that differ only after it, so it is written once. The
+  second is what requests turn out to share (the whole system prompt and tools, up to
+  the user's turn), known from the second request on.
 
 Writing never holds up decoding: on the owner thread a write costs views of the KV
 (no copy; :func:`~.kv_files.snapshot`); a writer thread writes the bytes to a temporary
 file and renames it, so a file is whole or absent. At most ``MAX_PENDING`` entries wait;
-beyond that an entry is skipped. The budget is kept by removing the least recently used
-files (a hit touches its file).
+beyond that an entry is skipped. The KV buffers of a written entry are let go on the
+owner thread, at its next call. The budget is kept by removing the least recently used
+files (a hit touches its file); processes that share the folder see each other's files
+when they write.
 
 Reading: the folder is indexed when the engine is made (headers only), as hashes of
 each entry's prefixes at every ``BLOCK`` tokens, so a lookup hashes the prompt once. On
 a lookup the memory tier cannot match as far, the best file is loaded on the owner
 thread, cut to what it shares with the prompt, and only the rest is prefilled. A file
 that is damaged (cut short, a bad header, tensors that do not fit), made for other
-weights or of another KV format is removed with a warning and never loaded.
+weights or of another KV format is removed with a warning and never loaded. The data
+itself carries no checksum (checking one would read the whole file at every load).
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ logger = logging.getLogger(__name__)
 MiB = 1024 * 1024
 MAX_PENDING = 4
 """Entries that may wait for the writer thread; more are skipped, never waited for."""
+ALIGN = 256
+"""A long prompt's stored prefix ends on a multiple of it (of the prefill step if smaller)."""
 MODEL_FILE = "model.json"
 """In each model folder: the model path, identity and KV format it holds entries of."""
 EXIT_FLUSH_S = 10.0
@@ -181,14 +189,17 @@ class DiskCache:
             self.misses += 1
         return loaded
 
-    def offer_prompt(self, tokens: list[int], cache: list[Any], prompt: int) -> None:
-        """After a request: store its prompt's longest piece-aligned prefix, once.
+    def offer_prompt(self, tokens: list[int], cache: list[Any], prompt: int, reused: int) -> None:
+        """After a request: store the longer of its prompt's longest aligned prefix (see
+        :data:`ALIGN`) and the prefix it shared with an earlier prompt (``reused``), once.
 
         ``tokens`` are those ``cache`` holds (the prompt, then the reply); only a
         prompt of two prefill pieces or more counts.
         """
         if prompt > self.piece:
-            self.offer(tokens, cache, min(prompt, len(tokens)) // self.piece * self.piece)
+            unit = min(self.piece, ALIGN)
+            aligned = min(prompt, len(tokens)) // unit * unit
+            self.offer(tokens, cache, max(aligned, min(reused, prompt, len(tokens))))
 
     def offer(
         self,

@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlx_integrations.engine.cache.kv_files import common_prefix_len
 from mlx_integrations.engine.cache.kv_quantization import layer_nbytes
@@ -36,6 +36,18 @@ MiB = 1024 * 1024
 def cache_nbytes(cache: list[Any]) -> int:
     """Bytes held by a list of per-layer caches (quantized layers at their real size)."""
     return sum(layer_nbytes(c) for c in cache)
+
+
+def _evaluate(cache: list[Any]) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    try:
+        states = [layer.state for layer in cache]
+    except Exception:  # a cache type whose state cannot be read now: left as it is
+        return
+    leaves = cast("list[tuple[str, Any]]", tree_flatten(states))
+    mx.eval([x for _, x in leaves if isinstance(x, mx.array)])
 
 
 def cache_offset(cache: list[Any]) -> int:
@@ -148,6 +160,7 @@ class PrefixCache:
         *,
         pinned: bool = False,
         prompt: int | None = None,
+        reused: int = 0,
     ) -> None:
         """Store the cache of ``tokens``.
 
@@ -155,8 +168,8 @@ class PrefixCache:
         was never fed back): the entry is keyed by the tokens it holds. A cache that
         holds more tokens than ``tokens`` is trimmed to them, or dropped when it cannot
         be trimmed. ``prompt``, the length of the request's prompt within ``tokens``,
-        lets the disk tier keep a long prompt's prefix
-        (:meth:`~.disk.DiskCache.offer_prompt`).
+        and ``reused``, the prefix of it the request was served, let the disk tier keep
+        a long prompt's prefix (:meth:`~.disk.DiskCache.offer_prompt`).
         """
         if not cache:
             return
@@ -170,8 +183,11 @@ class PrefixCache:
                 layer.trim(offset - len(tokens))
         if not tokens:
             return
+        # A cache taken out of a batch is a lazy slice of the batch's buffers: evaluated
+        # now, it holds its own bytes (what nbytes says) and lets the batch's go.
+        _evaluate(cache)
         if self.disk is not None and prompt and not pinned:
-            self.disk.offer_prompt(tokens, cache, prompt)
+            self.disk.offer_prompt(tokens, cache, prompt, reused)
         key = tuple(tokens)
         self._entries = [e for e in self._entries if e.tokens != key or e.pinned]
         entry = _Entry(key, cache, cache_nbytes(cache), pinned)

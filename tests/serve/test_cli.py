@@ -1,0 +1,206 @@
+"""``mlxi serve`` as a process (SIGTERM lets a reply finish), ``mlxi ps`` and ``mlxi stop``
+against a running server, the config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from mlx_integrations.cli.main import app
+from typer.testing import CliRunner
+
+from mlx_integrations.serve.config import ModelConfig, ServeConfig
+from mlx_integrations.serve.server import BackgroundServer, security_warnings
+from tests.serve.conftest import engine_of, no_eos_bias, sse_events
+
+USER = [{"role": "user", "content": "Hello"}]
+
+
+def mlxi(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@pytest.fixture
+def serve_process(long_model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``mlxi serve MODEL --port 0``, and the URL it prints once it serves."""
+    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlx_integrations.cli",
+            "serve",
+            str(long_model),
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    url = None
+    lines = []
+    for line in process.stderr:  # the announcement comes once the model is loaded
+        lines.append(line)
+        found = re.search(r"at (http://127\.0\.0\.1:\d+) ", line)
+        if found:
+            url = found.group(1)
+            break
+    assert url is not None, "".join(lines)
+    try:
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def test_sigterm_lets_the_reply_in_flight_finish(serve_process, long_model: Path):
+    process, url = serve_process
+    bias = no_eos_bias(long_model)
+    body = {
+        "model": str(long_model),
+        "messages": USER,
+        "max_tokens": 100,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": bias,
+    }
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+        events = sse_events(response)
+        next(events)
+        process.send_signal(signal.SIGTERM)
+        rest = [data for _, data in events]
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["usage"]["completion_tokens"] == 100  # type: ignore[index]
+    assert process.wait(timeout=120) == 0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path) -> Iterator[BackgroundServer]:
+    background = BackgroundServer(
+        ServeConfig(models=[ModelConfig("tiny", source=str(tiny_llama), preload=True)])
+    )
+    background.start()
+    yield background
+    background.stop()
+
+
+def test_ps_and_stop_talk_to_the_server(server: BackgroundServer):
+    httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny", "messages": USER, "max_tokens": 2},
+    )
+    shown = mlxi("ps", "--server", server.url)
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"^tiny\s+chat\s+\S+ \S+\s+.*from now", shown.stdout, re.M), shown.stdout
+    data = json.loads(mlxi("ps", "--server", server.url, "--json").stdout)
+    assert [m["name"] for m in data["models"]] == ["tiny"]
+    assert data["models"][0]["keep_alive_s"] == 300  # the served default, 5 minutes
+    # The default server is found through MLXI_SERVER.
+    assert "tiny" in mlxi("ps", env={"MLXI_SERVER": server.url}).stdout
+
+    stopped = mlxi("stop", "tiny", "--server", server.url)
+    assert stopped.exit_code == 0, stopped.output
+    assert stopped.stdout.strip() == "stopped tiny"
+    assert not engine_of(server, "tiny").is_loaded
+    assert json.loads(mlxi("ps", "--server", server.url, "--json").stdout)["models"] == []
+    # The next request loads it again, with the served keep-alive.
+    reply = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny", "messages": USER, "max_tokens": 2},
+    )
+    assert reply.status_code == 200
+    assert engine_of(server, "tiny").keep_alive == 300
+
+    unknown = mlxi("stop", "other", "--server", server.url)
+    assert unknown.exit_code == 2
+    assert "not loaded by this server" in unknown.stderr
+
+
+def test_ps_without_a_server(tmp_path: Path):
+    nobody = "http://127.0.0.1:9"  # the discard port: nothing answers
+    named = mlxi("ps", "--server", nobody)
+    assert named.exit_code == 1 and "no mlxi server answers" in named.stderr
+    # Asked of no server in particular, ps lists the store's leases as before.
+    fallback = mlxi("ps", "--json", env={"MLXI_SERVER": nobody, "MLXI_HOME": str(tmp_path)})
+    assert fallback.exit_code == 0 and json.loads(fallback.stdout) == []
+    missing = mlxi("stop", "tiny", "--server", nobody)
+    assert missing.exit_code == 1 and "mlxi serve tiny" in missing.stderr
+
+
+def test_exposed_without_a_key_warns_loudly(server: BackgroundServer):
+    assert security_warnings(ServeConfig(host="127.0.0.1")) == []
+    assert security_warnings(ServeConfig(host="0.0.0.0", api_key="k")) == []
+    [warning] = security_warnings(ServeConfig(host="0.0.0.0"))
+    assert "WITHOUT an API key" in warning
+    # The warning comes before anything else; here the port is taken, so nothing listens.
+    port = server.url.rsplit(":", 1)[1]
+    result = mlxi("serve", "--host", "0.0.0.0", "--port", port)
+    assert "WARNING: mlxi serve listens on 0.0.0.0" in result.stderr
+    assert result.exit_code == 1 and "cannot listen on 0.0.0.0" in result.stderr
+
+
+def test_a_missing_model_stops_the_start(tmp_path: Path):
+    result = mlxi("serve", "no-such-model", "--port", "0", env={"MLXI_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "mlxi pull no-such-model" in result.stderr
+
+
+def test_the_config_file(tmp_path: Path, tiny_llama: Path):
+    file = tmp_path / "serve.toml"
+    file.write_text(
+        f"""
+keep_alive = "10m"
+engine_type = "simple"
+
+[engine_options]
+cache_memory_mb = 256
+
+[models.smol]
+model = "{tiny_llama}"
+engine_type = "batched"
+prompt_lookup = 4
+keep_alive = -1
+preload = true
+"""
+    )
+    config = ServeConfig(port=9000).with_file(file)
+    assert (config.port, config.keep_alive, config.engine_type) == (9000, "10m", "simple")
+    assert config.engine_options == {"cache_memory_mb": 256}
+    [smol] = config.models
+    assert (smol.name, smol.source, smol.engine_type, smol.keep_alive, smol.preload) == (
+        "smol",
+        str(tiny_llama),
+        "batched",
+        -1,
+        True,
+    )
+    assert smol.options == {"prompt_lookup": 4}
+    as_json = tmp_path / "serve.json"
+    as_json.write_text(json.dumps({"models": {"smol": {"model": str(tiny_llama), "kv_bits": 8}}}))
+    assert ServeConfig().with_file(as_json).models[0].options == {"kv_bits": 8}
+    for text, message in (
+        ('api_key = "x"', "--api-key"),
+        ("colour = 1", "unknown key"),
+        ("[models.a]\nkv_bits = 5", "model 'a'"),
+        ("[models.a]\nturbo = true", "unknown engine option"),
+        ("[models.a]\nengine_type = 'fast'", "engine_type must be one of"),
+        ("keep_alive = 'soon'", "keep_alive"),
+    ):
+        file.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            ServeConfig().with_file(file)

@@ -334,6 +334,7 @@ class EmbeddingEngine(ResidencyControls):
     # -- owner thread ------------------------------------------------------------------
 
     def _load(self) -> EmbeddingModelInfo:
+        import mlx.core as mx
         from mlx.utils import tree_flatten
 
         from mlx_integrations.models.resolve import lease_model
@@ -344,6 +345,9 @@ class EmbeddingEngine(ResidencyControls):
             self._lease = lease_model(self.path)
             info = self._load_model()
             assert self._model is not None
+            # The layers' random initial weights (replaced by the model's) are lazy
+            # splits of MLX's global key, which hold on to memory until it is evaluated.
+            mx.eval(mx.random.state)
             leaves = tree_flatten(self._model.parameters(), destination={})
             self._weights_bytes = sum(v.nbytes for v in cast("dict[str, Any]", leaves).values())
         except BaseException:

@@ -27,6 +27,7 @@ from mlx_integrations.engine.cache.kv_estimate import (
     kv_shape,
     parameter_bytes,
 )
+from mlx_integrations.engine.decoding import repair_random_state
 from mlx_integrations.runtime.memory import weights_on_disk
 from mlx_integrations.runtime.owner import close_at_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.runtime.residency import Residency, ResidencyControls
@@ -168,6 +169,10 @@ class ModelLifecycle(BaseEngine, ResidencyControls):
     def _load_and_measure(self) -> None:
         """Owner thread: load, then measure the weights and the KV cost of a token."""
         self._load()
+        # Building the layers drew their random initial weights (replaced by the
+        # model's) from MLX's global key: a chain of lazy splits that holds on to
+        # memory at every load until the key is evaluated.
+        repair_random_state()
         self._weights_bytes = self._measure_weights()
         opts = self._options
         bits = getattr(opts, "kv_bits", None)

@@ -151,8 +151,10 @@ def lease_details(home: Path, model_dir: Path) -> dict[int, dict[str, Any]]:
 
     The details are the process's last report (``memory_bytes``, ``weights_bytes``,
     ``cache_bytes``, ``state``, ``in_use``, ``last_used``, ``keep_alive_s``,
-    ``expires_at``, ``pinned``...: the keys of ``ResidencyStats``); an empty dict for a
-    lease without them (written by an earlier version, or caught mid-write). A process
+    ``expires_at``, ``pinned``...: the keys of ``ResidencyStats`` but the spans
+    ``idle_s`` and ``expires_in_s``, and ``updated_at``, seconds since the epoch);
+    an empty dict for a lease without them (written by an earlier version, or caught
+    mid-write). A process
     holding the model twice (two engines) gives the one with the most memory.
     """
     identity = model_identity(model_dir)

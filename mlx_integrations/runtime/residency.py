@@ -464,10 +464,12 @@ class ResidencyControls:
         return self._residency.stats()
 
     def _publish_residency(self, stats: ResidencyStats) -> None:
-        # A store model's lease file says what `mlxi ps` shows of it.
+        # A store model's lease file says what `mlxi ps` shows of it: times as dates
+        # (spans such as idle_s would be stale when read), and when it was written.
         update = getattr(self._lease, "update", None)
         if update is not None:
-            update(dict(stats))
+            details = {k: v for k, v in stats.items() if k not in ("idle_s", "expires_in_s")}
+            update({**details, "updated_at": time.time()})
 
 
 # ------------------------------------------------------------------ process-wide
@@ -488,7 +490,7 @@ def set_memory_budget(value: Any, *, wait_s: float | None = None) -> int | None:
     Raises:
         ValueError, TypeError: A value that is not a size.
     """
-    nbytes = parse_memory_size(value, "memory budget")
+    nbytes = parse_memory_size(value, "budget")
     if wait_s is not None:
         if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or wait_s < 0:
             raise ValueError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")

@@ -228,7 +228,10 @@ class ModelRegistry:
             if row.get("state") == "unloaded":
                 continue
             row.update(
-                name=served.name, model=served.config.target, path=str(served.path), kind=served.kind
+                name=served.name,
+                model=served.config.target,
+                path=str(served.path),
+                kind=served.kind,
             )
             rows.append(row)
         return rows

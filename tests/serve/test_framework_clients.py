@@ -225,12 +225,20 @@ def test_in_process_and_over_http_answer_alike(url: str, tiny_llama):
         model=str(tiny_llama), temperature=0, max_tokens=64, engine_options={"cache_memory_mb": 0}
     )
     remote = ChatOpenAI(
-        base_url=f"{url}/v1", api_key="unused", model="exact", temperature=0, max_tokens=64,  # type: ignore[arg-type]
+        base_url=f"{url}/v1",
+        api_key="unused",
+        model="exact",
+        temperature=0,
+        max_tokens=64,  # type: ignore[arg-type]
         max_retries=0,
     )
     assert remote.invoke(QUESTION).content == local.invoke(QUESTION).content
-    forced_local = local.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(QUESTION)
-    forced_remote = remote.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(QUESTION)
+    forced_local = local.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(
+        QUESTION
+    )
+    forced_remote = remote.bind_tools([get_weather, get_time], tool_choice="get_time").invoke(
+        QUESTION
+    )
     assert [(c["name"], c["args"]) for c in forced_remote.tool_calls] == [
         (c["name"], c["args"]) for c in forced_local.tool_calls
     ]

@@ -39,12 +39,16 @@ def url(smollm2_path: Path) -> Iterator[str]:
 
 def test_a_real_answer_through_both_sdks(url: str):
     reply = openai.OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(
-        model="smollm", messages=[{"role": "user", "content": QUESTION}], max_tokens=40,
+        model="smollm",
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=40,
         temperature=0,
     )
     assert "Paris" in (reply.choices[0].message.content or "")
     with anthropic.Anthropic(base_url=url, api_key="unused").messages.stream(
-        model="smollm", messages=[{"role": "user", "content": QUESTION}], max_tokens=40,
+        model="smollm",
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=40,
         extra_body={"temperature": 0},
     ) as stream:
         text = "".join(stream.text_stream)
@@ -54,7 +58,11 @@ def test_a_real_answer_through_both_sdks(url: str):
 def test_the_same_in_process_and_over_http(url: str, smollm2_path: Path):
     local = ChatMLX(model=str(smollm2_path), temperature=0, max_tokens=60, engine_options=OPTIONS)
     remote = ChatOpenAI(
-        base_url=f"{url}/v1", api_key="unused", model="smollm", temperature=0, max_tokens=60  # type: ignore[arg-type]
+        base_url=f"{url}/v1",
+        api_key="unused",
+        model="smollm",
+        temperature=0,
+        max_tokens=60,  # type: ignore[arg-type]
     )
     assert remote.invoke(QUESTION).content == local.invoke(QUESTION).content
     question = "What is the weather in Paris?"

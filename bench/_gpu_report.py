@@ -51,13 +51,22 @@ def brief(part: str, r: dict[str, Any]) -> str:
     """One line for the log."""
     if "error" in r:
         return "ERROR " + r["error"].strip().splitlines()[-1][:300]
+    if part == "ttft":
+        from _gpu_ttft import brief_ttft
+
+        return brief_ttft(r)
     if part == "single":
         return (
             f"decode {summary(r['decode'])}; ttft {summary(r['ttft'])}; "
             f"same tokens {r['same_tokens']} (raw to raw {r['raw_same_tokens']})"
         )
     if part == "batched":
-        return "; ".join(f"c={c} {v['ratio']:.3f}" for c, v in r.items() if isinstance(v, dict))
+        return "; ".join(
+            f"c={c} {v['ratio']:.3f} (first runs: ours {v['first']['ours_tps']:.0f}, "
+            f"raw {v['first']['raw_tps']:.0f} tok/s)"
+            for c, v in r.items()
+            if isinstance(v, dict) and "first" in v
+        )
     if part == "prefix":
         return f"{summary(r)} cached {r['cached_tokens']}"
     if part == "graph":
@@ -121,7 +130,27 @@ def table(results: dict[str, Any]) -> str:
             [_cell(x.get("decode")) for x in single],
         )
     )
-    lines.append(row("cold TTFT, same", [_cell(ms(x.get("ttft")), "ms", 1) for x in single]))
+    for length in (results["shapes"][shapes[0]].get("ttft") or {}).get("lengths", {}):
+        rows = [((g.get("ttft") or {}).get("lengths") or {}).get(length, {}) for g in got]
+        lines.append(
+            row(
+                f"TTFT, new prompt of about {int(length):,} tokens (no length twice in a process), "
+                "`SimpleEngine` / `stream_generate`",
+                [_cell(ms(x.get("cold")), "ms", 1) for x in rows],
+            )
+        )
+        lines.append(
+            row(
+                "the same, a second prompt of that length",
+                [_cell(ms(x.get("repeat")), "ms", 1) for x in rows],
+            )
+        )
+    lines.append(
+        row(
+            "TTFT of one 32-word prompt run again and again (not cold)",
+            [_cell(ms(x.get("ttft")), "ms", 1) for x in single],
+        )
+    )
     for c in results.get("concurrency", []):
         label = (
             "total tok/s, `BatchedEngine(max_num_seqs=c)` / `batch_generate` (batch sizes c), c = 1"
@@ -154,4 +183,14 @@ def table(results: dict[str, Any]) -> str:
                     )
             cells.append(cell)
         lines.append(row(f"single stream, `MLX_MAX_OPS_PER_BUFFER` {name}", cells))
+    for c in results.get("concurrency", []):
+        firsts = [((g.get("batched") or {}).get(str(c)) or {}).get("first") for g in got]
+        cells = [
+            f"ours {f['ours_tps']:,.0f} / raw {f['raw_tps']:,.0f} tok/s ({f['first_side']} "
+            f"first), slowest first token {f['ours_slowest_first_token_s']:.2f} s"
+            if f
+            else "not run"
+            for f in firsts
+        ]
+        lines.append(row(f"first run at c = {c} (new shapes; the engine on a new thread)", cells))
     return "\n".join(lines)

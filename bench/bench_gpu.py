@@ -5,14 +5,22 @@ first, after a warm-up of every shape (a GPU compiles kernels for each new shape
 over several repetitions: the median and the spread (lowest, highest) of the
 per-repetition ratios.
 
+0. **Time to first token** (``ttft``, bench/_gpu_ttft.py): on prompts new to the
+   process, of about ``--ttft-lengths`` tokens (32, 512, 1,700, 4,000), no length
+   twice: the cold figure, the repeat-length figure (a second prompt of one length),
+   and raw on a new thread (is the GPU's set-up kept per thread?); the engine with the
+   device's defaults (``--engine-options`` JSON overrides them), its load and warm-up.
 1. **Single stream**: greedy decode tokens/s (first token to last) of
-   ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the cold
-   time to first token: ``--warmup`` untimed runs a side, then ``--reps`` (9) timed
-   runs a side, alternating.
+   ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the time to
+   first token of that same 32-word prompt again and again (not a cold prompt: see
+   ``ttft``): ``--warmup`` untimed runs a side, then ``--reps`` (9) timed runs a
+   side, alternating.
 2. **Batched**: ``BatchedEngine(max_num_seqs=c)`` serving ``c`` requests at once
    against ``mlx_lm.batch_generate`` with the same batch sizes (completion and prefill
-   batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included;
-   one warm-up a side at each ``c``.
+   batch ``c``), c = 1, 8, 32, 64: generated tokens over wall time, prefill included.
+   The first run of each side at each ``c`` (the first side alternating with ``c``) is
+   reported apart (``first``: new shapes, and the engine's new owner thread), with the
+   engine's slowest first token; the timed runs follow.
 3. **Graph size**: the single stream again, raw and ours, under each
    ``MLX_MAX_OPS_PER_BUFFER`` of ``--graph-ops`` (how many operations MLX's CUDA
    backend records into one CUDA graph), each setting in its own processes, rotated.
@@ -29,11 +37,13 @@ tokenizer: the embedding (tied head) rows are zero but those of tokens that read
 printable ASCII alone, so greedy decoding never picks a special token (never ends
 early: every side makes exactly the same tokens, checked) and every token streams text.
 Results go to ``--out`` as ``bench_gpu.json`` (written after each part) and
-``bench_gpu.png`` (tokens/s against concurrency). ``--budget-s`` skips the parts that
+``bench_gpu.png`` (tokens/s against concurrency); the card (MLX's device name, and
+nvidia-smi's) is in the JSON's header, in every part and on every log line. ``--budget-s`` skips the parts that
 would start past it, so a run fits one command of a time-limited machine.
 
 Run (on the GPU machine, see bench/gpu/device.sh): ``python3 bench/bench_gpu.py --out DIR``;
-``--quick`` runs tiny shapes, for a check on a CPU. ``--plot JSON`` redraws the PNG;
+``--quick`` runs tiny shapes and counts, for a check on a CPU (``--shapes tiny`` alone
+keeps the counts). ``--plot JSON`` redraws the PNG;
 ``--merge A.json B.json --out DIR`` joins runs that measured different shapes or parts;
 ``--table JSON`` prints the README's table rows.
 """
@@ -57,6 +67,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _gpu_report import brief, merge, plot, summary, table
+from _gpu_ttft import bench_ttft
 
 import mlx_integrations  # noqa: F401  (BLAS preload and float32 precision before mlx.core)
 
@@ -90,6 +101,32 @@ COPY_TEXT = (
     "    if 'name' not in data:\n        raise ValueError('config has no name')\n"
     "    return Config(name=data['name'], size=int(data.get('size', 0)))\n"
 )
+
+
+@functools.cache
+def card() -> str:
+    """The device the figures come from: MLX's name for the GPU, else the CPU's."""
+    import platform
+
+    from mlx_integrations.runtime import backend_info
+
+    info = backend_info()
+    return info["gpu_name"] or f"CPU {platform.machine()} ({os.cpu_count()} cores)"
+
+
+def nvidia_smi() -> str | None:
+    """nvidia-smi's name, memory and driver of the GPU, or None where it is absent."""
+    query = "--query-gpu=name,memory.total,driver_version"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
 
 
 def build_model(out: Path, shape: dict[str, int], seed: int = 0) -> Path:
@@ -231,6 +268,7 @@ def decode_sides(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
         began = time.time()
         tps = alternate(args.reps, {"raw": raw, "ours": ours})
         return {
+            "card": card(),
             "tokens": len(ref),
             "token_digest": hashlib.sha256(json.dumps(ref).encode()).hexdigest()[:16],
             "same_tokens": same and all(r["tokens"] == ref for r in runs["ours"]),
@@ -253,8 +291,14 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
 def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for c in args.concurrency:
-        results[str(c)] = batched_at(c, path, model, tokenizer, args)
-        print(f"    c={c:3d}  {summary(results[str(c)])}", flush=True)
+        r = results[str(c)] = batched_at(c, path, model, tokenizer, args)
+        first = r["first"]
+        print(
+            f"    [{r['card']}] c={c:3d}  {summary(r)}; first runs ({first['first_side']} first): "
+            f"ours {first['ours_tps']:.1f} raw {first['raw_tps']:.1f} tok/s, slowest first "
+            f"token {first['ours_slowest_first_token_s']:.3f} s",
+            flush=True,
+        )
     return results
 
 
@@ -289,20 +333,40 @@ def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dic
         calls = [engine.generate(p, max_tokens=args.tokens, temperature=0.0) for p in prompts]
         return list(await asyncio.gather(*calls))
 
+    slowest_first: list[float] = []  # the engine's slowest first token, per run
+
     def ours() -> float:
         start = time.perf_counter()
         outs = loop.run_until_complete(serve())
         seconds = time.perf_counter() - start
         counts["ours"].append(n := sum(o.completion_tokens for o in outs))
+        slowest_first.append(max(o.ttft_s for o in outs))
         return n / seconds
 
     try:
+        began = time.perf_counter()
         loop.run_until_complete(engine.start())
-        raw(), ours()  # warm-up at this batch size
+        load_s = time.perf_counter() - began
+        # The first run of each side at this batch size: new shapes for both, and a
+        # new owner thread for the engine. The first side alternates with c.
+        first_side = "raw" if args.concurrency.index(c) % 2 == 0 else "ours"
+        first = alternate(
+            1, {"raw": raw, "ours": ours} if first_side == "raw" else {"ours": ours, "raw": raw}
+        )
         tps = alternate(args.batched_reps, {"raw": raw, "ours": ours})
         return spread(tps["ours"], tps["raw"]) | {
+            "card": card(),
             "same_token_count": len(set(counts["raw"] + counts["ours"])) == 1,
             "tokens_per_run": counts["ours"][-1],
+            "first": {
+                "first_side": first_side,
+                "raw_tps": first["raw"][0],
+                "ours_tps": first["ours"][0],
+                "ours_slowest_first_token_s": slowest_first[0],
+            },
+            "ours_slowest_first_token_s": slowest_first[1:],
+            "load_s": load_s,
+            "warmup_s": engine.warmup_seconds,
         }
     finally:
         loop.run_until_complete(engine.stop())
@@ -651,7 +715,11 @@ def run_part(args: Any) -> None:
         args.part_out.write_text(json.dumps(bench_graph(path, args)))
         return
     model, tokenizer = load(str(path))
+    options = json.loads(args.engine_options)
     parts: dict[str, Callable[[], Any]] = {
+        "ttft": functools.partial(
+            bench_ttft, path, model, tokenizer, args.ttft_lengths, args.ttft_reps, options, card()
+        ),
         "single": functools.partial(bench_single, path, model, tokenizer, args),
         "profile": functools.partial(bench_profile, model, tokenizer, path, args),
         "batched": functools.partial(bench_batched, path, model, tokenizer, args),
@@ -660,6 +728,7 @@ def run_part(args: Any) -> None:
     }
     result = parts[args.run_part]()
     result["parameters"] = sum(v.size for _, v in _leaves(model))
+    result.setdefault("card", card())
     args.part_out.write_text(json.dumps(result))
 
 
@@ -670,7 +739,20 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["single", "batched", "graph", "prefix", "profile", "lookup"],
+        default=["ttft", "single", "batched", "graph", "prefix", "profile", "lookup"],
+    )
+    parser.add_argument(
+        "--ttft-lengths",
+        type=int,
+        nargs="+",
+        default=[32, 512, 1700, 4000],
+        help="prompt length classes of the ttft part (tokens)",
+    )
+    parser.add_argument("--ttft-reps", type=int, default=3, help="ttft measurements a side")
+    parser.add_argument(
+        "--engine-options",
+        default="{}",
+        help="JSON of engine options for the ttft part (default: the device's defaults)",
     )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=9, help="timed single-stream runs a side")
@@ -716,6 +798,7 @@ def main() -> None:
         args.shapes, args.tokens, args.reps, args.batched_reps = ["tiny"], 24, 2, 1
         args.concurrency, args.prefix_tokens = [1, 4], 128
         args.warmup, args.graph_reps, args.graph_inner = 1, 2, 2
+        args.ttft_lengths, args.ttft_reps = [32, 200], 2
     if args.run_part:
         return run_part(args)
 
@@ -727,6 +810,8 @@ def main() -> None:
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "gpu": info["gpu_name"] or info["device"],
+        "card": card(),
+        "nvidia_smi": nvidia_smi(),
         "backend": dict(info),
         "tokens": args.tokens,
         "reps": args.reps,
@@ -735,12 +820,18 @@ def main() -> None:
         "shapes": {},
     }
     json_path = args.out / "bench_gpu.json"
-    print(f"{results['gpu']} ({info['backend']}), mlx {info['mlx_version']}", flush=True)
+    print(
+        f"{results['card']} ({info['backend']}; nvidia-smi: {results['nvidia_smi']}), "
+        f"mlx {info['mlx_version']}",
+        flush=True,
+    )
     common = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--models", str(args.models)]
     common += ["--batched-reps", str(args.batched_reps), "--prefix-tokens", str(args.prefix_tokens)]
     common += ["--concurrency", *map(str, args.concurrency), "--warmup", str(args.warmup)]
     common += ["--graph-ops", *args.graph_ops, "--graph-reps", str(args.graph_reps)]
-    common += ["--graph-inner", str(args.graph_inner)]
+    common += ["--graph-inner", str(args.graph_inner), "--ttft-reps", str(args.ttft_reps)]
+    common += ["--ttft-lengths", *map(str, args.ttft_lengths)]
+    common += ["--engine-options", args.engine_options]
     for shape in args.shapes:
         r: dict[str, Any] = results["shapes"].setdefault(shape, {})
         for part in args.parts:
@@ -773,7 +864,11 @@ def main() -> None:
                 "%H:%M:%S UTC", time.gmtime(time.time() - r[f"{part}_s"])
             )
             json_path.write_text(json.dumps(results, indent=1))
-            print(f"  {shape} {part} ({r[f'{part}_s']} s): {brief(part, r[part])}", flush=True)
+            print(
+                f"  [{results['card']}] {shape} {part} ({r[f'{part}_s']} s): "
+                f"{brief(part, r[part])}",
+                flush=True,
+            )
     try:
         plot(results, args.out / "bench_gpu.png")
     except Exception as exc:

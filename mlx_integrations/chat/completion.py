@@ -25,7 +25,14 @@ from mlx_integrations.chat.output_parser import (
     ReasoningDelta,
     TextDelta,
 )
-from mlx_integrations.chat.reasoning import think_markers
+from mlx_integrations.chat.reasoning import (
+    ThinkingBudgetProcessor,
+    apply_effort,
+    check_budget,
+    check_effort,
+    reasoning_token_count,
+    think_markers,
+)
 from mlx_integrations.chat.tool_formats import (
     InvalidToolCall,
     ParsedToolCall,
@@ -112,6 +119,9 @@ class Finished:
     stop_sequence: str | None = None
     """The stop sequence that ended the reply, where the engine says (None for the
     end-of-sequence token, the token limit, or an engine that does not say)."""
+    reasoning_tokens: int = 0
+    """Tokens of the reply inside thinking blocks (counted from the engine's tokens;
+    0 where it gives none)."""
 
     def speculative_metadata(self) -> dict[str, Any]:
         """Acceptance figures for the adapters' metadata; empty without speculation."""
@@ -152,8 +162,13 @@ def pop_engine_options(kwargs: dict[str, Any], defaults: Any) -> dict[str, Any]:
     """Take the per-call engine options out of ``kwargs``, else the adapter's defaults.
 
     ``defaults`` is the adapter (``ChatMLX``/``MLXLLM``): its ``top_k``, ``min_p``,
-    ``repetition_penalty``, ``seed``, ``reasoning``, ``chat_template_kwargs`` and
-    ``tool_format`` fields. The result is :attr:`ChatRequest.options`.
+    ``repetition_penalty``, ``seed``, ``reasoning``, ``reasoning_effort``,
+    ``thinking_budget``, ``chat_template_kwargs`` and ``tool_format`` fields. The
+    result is :attr:`ChatRequest.options`.
+
+    Raises:
+        TypeError / ValueError: A bad value, or ``reasoning`` and ``reasoning_effort``
+            that disagree.
     """
     options: dict[str, Any] = {}
     for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
@@ -170,8 +185,21 @@ def pop_engine_options(kwargs: dict[str, Any], defaults: Any) -> dict[str, Any]:
     if template_kwargs:
         options["chat_template_kwargs"] = template_kwargs
     reasoning = kwargs.pop("reasoning", defaults.reasoning)
-    if reasoning is not None:
+    effort = check_effort(
+        kwargs.pop("reasoning_effort", getattr(defaults, "reasoning_effort", None))
+    )
+    if reasoning is not None and effort is not None and bool(reasoning) != (effort != "none"):
+        raise ValueError(
+            f"reasoning={reasoning!r} and reasoning_effort={effort!r} disagree; set one "
+            "(reasoning_effort='none' turns thinking off, another level turns it on)"
+        )
+    if effort is not None:
+        options["reasoning_effort"] = effort  # the template's own switch, see chat.reasoning
+    elif reasoning is not None:
         options["enable_thinking"] = bool(reasoning)
+    budget = kwargs.pop("thinking_budget", getattr(defaults, "thinking_budget", None))
+    if check_budget(budget) is not None:
+        options["thinking_budget"] = budget
     tool_format = kwargs.pop("tool_format", getattr(defaults, "tool_format", None))
     if tool_format:
         options["tool_format"] = tool_format
@@ -193,7 +221,7 @@ def engine_tool_format(engine: BaseEngine, override: str | None = None) -> ToolF
 
 
 def with_format_instructions(
-    messages: list[dict[str, Any]], response_format: Any
+    messages: list[dict[str, Any]], response_format: Any, tools: bool = False
 ) -> list[dict[str, Any]]:
     """Tell the model the JSON it must write; the constraint alone cannot tell it why.
 
@@ -201,7 +229,7 @@ def with_format_instructions(
     fills it with whatever it was about to say. The instruction goes into the system
     message (one is added when there is none).
     """
-    note = format_instructions(response_format)
+    note = format_instructions(response_format, tools)
     if note is None:
         return messages
     if messages and messages[0]["role"] == "system":
@@ -308,7 +336,7 @@ async def _chat_events(
     tools = request.tool_request
     options = dict(request.options)
     override = options.pop("tool_format", None)
-    messages = with_format_instructions(request.messages, request.response_format)
+    messages = with_format_instructions(request.messages, request.response_format, tools.active)
     await engine.start()
     # Any engine's text model refuses media here, before a prompt is rendered.
     reject_media_for_text_model(messages, engine.model_name, bool(engine.is_mllm))
@@ -327,6 +355,7 @@ async def _chat_events(
         processors = await asyncio.to_thread(
             constraint_processors, engine.tokenizer, fmt, tools, request.response_format
         )
+        messages, processors = _foreign_reasoning(engine, messages, options, processors)
         if processors:
             options["logits_processors"] = [*options.get("logits_processors", []), *processors]
     openai_tools = tools.openai_tools()
@@ -390,4 +419,27 @@ async def _chat_events(
         draft_tokens=last.mtp_drafts,
         accepted_draft_tokens=last.mtp_accepted,
         stop_sequence=getattr(last, "stop_sequence", None),
+        reasoning_tokens=reasoning_token_count(
+            list(getattr(last, "tokens", None) or []),
+            engine.tokenizer,
+            bool(getattr(last, "starts_in_reasoning", False)),
+        ),
     )
+
+
+def _foreign_reasoning(
+    engine: BaseEngine, messages: list[dict[str, Any]], options: dict[str, Any], processors: list
+) -> tuple[list[dict[str, Any]], list]:
+    """Reasoning controls for an engine that knows none: the effort becomes template
+    variables (or a flag in the system message), the budget a logits processor."""
+    effort = options.pop("reasoning_effort", None)
+    if effort is not None:
+        template_kwargs = dict(options.get("chat_template_kwargs") or {})
+        messages, template_kwargs = apply_effort(
+            engine.tokenizer, effort, messages, template_kwargs
+        )
+        options["chat_template_kwargs"] = template_kwargs
+    budget = options.pop("thinking_budget", None)
+    if budget is not None:
+        processors = [*processors, ThinkingBudgetProcessor(engine.tokenizer, budget)]
+    return messages, processors

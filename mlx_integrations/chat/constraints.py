@@ -60,7 +60,9 @@ class Constraint(ABC):
         """Lark rules defining ``body``, the constrained output, or None when there are none."""
         return None
 
-    def make_processor(self, tokenizer: Any, reasoning_end: str | None = None) -> LogitsProcessor:
+    def make_processor(
+        self, tokenizer: Any, reasoning_end: str | None = None, reasoning_start: str | None = None
+    ) -> LogitsProcessor:
         """A fresh, single-use logits processor for one request.
 
         Args:
@@ -68,20 +70,40 @@ class Constraint(ABC):
                 ``engine.tokenizer``.
             reasoning_end: The prompt opened a thinking block that this marker closes:
                 the model thinks freely first, and the constraint holds after the marker.
+            reasoning_start: With ``reasoning_end``: the prompt opened no block, but the
+                model may open one with this marker first (a template that thinks
+                when asked, such as Qwen3's); the constraint holds after it closes.
         """
-        return GrammarLogitsProcessor(tokenizer, self._grammar(tokenizer, reasoning_end))
+        return GrammarLogitsProcessor(
+            tokenizer, self._grammar(tokenizer, reasoning_end, reasoning_start)
+        )
 
-    def _grammar(self, tokenizer: Any, reasoning_end: str | None) -> str:
+    def _grammar(
+        self, tokenizer: Any, reasoning_end: str | None, reasoning_start: str | None = None
+    ) -> str:
         from llguidance import LLMatcher
 
         body = self.lark_body(tokenizer) if reasoning_end else None
         if body is None or reasoning_end is None:
             return self.grammar(tokenizer)
-        end = lark.marker_pieces(tokenizer, reasoning_end)
-        lazy = "[lazy]" if isinstance(end[0], str) else ""
         return LLMatcher.grammar_from_lark(
-            f"start: thinking /[ \\t\\n]*/ body\nthinking{lazy}: /(?s:.*)/ {lark.seq(end)}\n{body}"
+            f"{thinking_rules(tokenizer, reasoning_end, reasoning_start, 'body')}\n{body}"
         )
+
+
+def thinking_rules(tokenizer: Any, end_marker: str, start_marker: str | None, then: str) -> str:
+    """Lark rules of a ``start`` that thinks first, then goes on with the rule ``then``.
+
+    Without ``start_marker`` the prompt opened the thinking block; with it the block is
+    optional and opens with that marker.
+    """
+    end = lark.marker_pieces(tokenizer, end_marker)
+    lazy = "[lazy]" if isinstance(end[0], str) else ""
+    thinking = f"thinking{lazy}: /(?s:.*)/ {lark.seq(end)}"
+    if start_marker is None:
+        return f"start: thinking /[ \\t\\n]*/ {then}\n{thinking}"
+    opening = lark.seq(lark.marker_pieces(tokenizer, start_marker))
+    return f"start: (opening /[ \\t\\n]*/)? {then}\nopening: {opening} thinking\n{thinking}"
 
 
 @dataclass(frozen=True)
@@ -164,16 +186,14 @@ class LarkConstraint(Constraint):
 
         return LLMatcher.grammar_from_lark(self.lark)
 
-    def _grammar(self, tokenizer: Any, reasoning_end: str | None) -> str:
+    def _grammar(
+        self, tokenizer: Any, reasoning_end: str | None, reasoning_start: str | None = None
+    ) -> str:
         if reasoning_end is None:
             return self.grammar(tokenizer)
         # The user's grammar has its own ``start``: it becomes a named sub-grammar that
         # follows the thinking block, so its rule names never clash with ours.
-        end = lark.marker_pieces(tokenizer, reasoning_end)
-        lazy = "[lazy]" if isinstance(end[0], str) else ""
-        thinking = (
-            f"start: thinking /[ \\t\\n]*/ @user_grammar\nthinking{lazy}: /(?s:.*)/ {lark.seq(end)}"
-        )
+        thinking = thinking_rules(tokenizer, reasoning_end, reasoning_start, "@user_grammar")
         return json.dumps(
             {
                 "grammars": [
@@ -217,7 +237,7 @@ class ToolChoiceConstraint(Constraint):
         return self.format if self.format is not None else detect_format(tokenizer)
 
     def make_processor(  # type: ignore[override]
-        self, tokenizer: Any, reasoning_end: str | None = None
+        self, tokenizer: Any, reasoning_end: str | None = None, reasoning_start: str | None = None
     ) -> LogitsProcessor | None:
         """A fresh processor, or None when nothing needs enforcing.
 
@@ -235,7 +255,9 @@ class ToolChoiceConstraint(Constraint):
                 return TokenBanProcessor([pieces[0]])
         elif mode is ToolChoiceMode.AUTO and not fmt.forced_start:
             return None
-        return GrammarLogitsProcessor(tokenizer, self._grammar(tokenizer, reasoning_end))
+        return GrammarLogitsProcessor(
+            tokenizer, self._grammar(tokenizer, reasoning_end, reasoning_start)
+        )
 
     def lark_body(self, tokenizer: Any) -> str | None:
         if not self.request.forced:
@@ -275,14 +297,56 @@ class ToolChoiceConstraint(Constraint):
         return LLMatcher.grammar_from_lark(rules + calls)
 
 
+@dataclass(frozen=True)
+class ToolOrAnswerConstraint(Constraint):
+    """Tool calls in the family's own layout, or the JSON answer of a response format.
+
+    A request may offer tools (``tool_choice`` auto) and ask for a structured answer at
+    once, as an agent with tools and a ``response_format`` does: each turn the model
+    either calls tools (valid against their schemas) or writes the answer, never text
+    between the two.
+
+    Attributes:
+        request: The tools and the choice, checked.
+        answer: The answer's constraint (:class:`JsonSchemaConstraint` or
+            :class:`JsonObjectConstraint`).
+        format: The tool-call family; None detects it from the tokenizer.
+    """
+
+    request: ToolRequest
+    answer: JsonSchemaConstraint | JsonObjectConstraint
+    format: ToolFormat | None = field(default=None, compare=False)
+
+    def lark_body(self, tokenizer: Any) -> str | None:
+        fmt = self.format if self.format is not None else detect_format(tokenizer)
+        calls = fmt.calls_grammar(tokenizer, self.request.callable_tools, self.request.parallel)
+        start = lark.seq(lark.marker_pieces(tokenizer, fmt.forced_start))
+        answer = self.answer.lark_body(tokenizer)
+        assert answer is not None and answer.startswith("body:")
+        return (
+            f"body: called_tools | json_answer\ncalled_tools: {start} calls\n"
+            f"json_answer:{answer[len('body:') :]}\n{calls}"
+        )
+
+    def grammar(self, tokenizer: Any) -> str:
+        from llguidance import LLMatcher
+
+        return LLMatcher.grammar_from_lark(f"start: body\n{self.lark_body(tokenizer)}")
+
+
 def constraint_processors(
     tokenizer: Any,
     tool_format: ToolFormat,
     tools: ToolRequest,
     response_format: Any,
     reasoning_end: str | None = None,
+    reasoning_start: str | None = None,
 ) -> list[LogitsProcessor]:
     """The logits processors that enforce a response format or the tool choice.
+
+    A JSON response format beside tools the model may call (``auto``) admits either
+    tool calls or the answer (:class:`ToolOrAnswerConstraint`); a forced call wins
+    over a response format (the answer comes on a later turn).
 
     Args:
         tokenizer: The model's tokenizer (``engine.tokenizer``).
@@ -291,6 +355,8 @@ def constraint_processors(
         response_format: An OpenAI-style response format, or None.
         reasoning_end: The rendered prompt opened a thinking block that this marker
             closes: the constraint holds after it.
+        reasoning_start: With ``reasoning_end``: no block is open, but the model may
+            open one with this marker first.
 
     Raises:
         ValueError: A constraint is asked for but the tokenizer cannot take one.
@@ -298,10 +364,16 @@ def constraint_processors(
     constraint: Constraint | None = response_format_constraint(
         _closed_response_format(response_format)
     )
-    if constraint is None and tools.tools and tools.forced:
-        # Only forced calls are constrained: in auto mode the model writes its calls as
-        # it learnt to (key order, spacing), and the family's parser reads them.
+    if tools.tools and tools.forced:
         constraint = ToolChoiceConstraint(tools, tool_format)
+    elif (
+        isinstance(constraint, (JsonSchemaConstraint, JsonObjectConstraint))
+        and tools.tools
+        and tools.mode is ToolChoiceMode.AUTO
+    ):
+        constraint = ToolOrAnswerConstraint(tools, constraint, tool_format)
+    # Otherwise calls in auto mode are not constrained: the model writes them as it
+    # learnt to (key order, spacing), and the family's parser reads them.
     if constraint is None:
         return []
     if not can_constrain(tokenizer):
@@ -309,7 +381,7 @@ def constraint_processors(
             "tool_choice / response_format need constrained decoding, which needs the "
             "model's tokenizer with an end-of-sequence token; this engine exposes none"
         )
-    processor = constraint.make_processor(tokenizer, reasoning_end)
+    processor = constraint.make_processor(tokenizer, reasoning_end, reasoning_start)
     return [processor] if processor is not None else []
 
 
@@ -334,18 +406,22 @@ def _closed_response_format(response_format: Any) -> Any:
     return response_format
 
 
-def format_instructions(response_format: Any) -> str | None:
-    """What to tell the model about the JSON it must write (None: nothing)."""
+def format_instructions(response_format: Any, tools: bool = False) -> str | None:
+    """What to tell the model about the JSON it must write (None: nothing).
+
+    With ``tools`` the model may call them first: the JSON is its final answer.
+    """
     if not isinstance(response_format, Mapping):
         return None
     kind = response_format.get("type")
+    first = "Call a tool if you need one. " if tools else ""
     if kind == "json_object":
-        return "Answer with a single JSON object and nothing else."
+        return f"{first}Answer with a single JSON object and nothing else."
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema") or {}
         return (
-            "Answer with a single JSON object and nothing else. It must follow this "
-            f"JSON schema:\n{json.dumps(schema, ensure_ascii=False)}"
+            f"{first}Answer with a single JSON object and nothing else. It must follow "
+            f"this JSON schema:\n{json.dumps(schema, ensure_ascii=False)}"
         )
     return None
 
@@ -402,6 +478,7 @@ __all__ = [
     "LarkConstraint",
     "LogitsProcessor",
     "ToolChoiceConstraint",
+    "ToolOrAnswerConstraint",
     "check_json_schema",
     "constraint_processors",
     "format_instructions",

@@ -3,13 +3,28 @@
 Prefill in pieces, plain one-token steps pipelined as mlx-lm's ``generate_step``, the
 return of MLX's buffer pool during a reply, and the repair of MLX's random state after
 a failed step. Owner thread only: the arrays made here belong to its stream.
+
+Prefill shapes: MLX's CUDA backend sets up work for each new shape it meets (a cuDNN
+attention graph per query and key length, CUDA graphs per kernel layout), and keeps
+what it set up per thread. So a prompt of a length the owner thread has not seen pays
+that setup before its first token, often more than the prefill itself. With
+:class:`PrefillShapes` the last piece of a prompt is padded at its end to one of a few
+sizes (``buckets``) and the padding trimmed from the KV cache right after: a causal
+mask keeps every real token from seeing the padding, so the cache holds exactly what
+the unpadded prefill leaves, and the owner thread meets few distinct shapes, which
+:func:`warm_shapes` can set up when the model loads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 Step = tuple[int, int, bool]
 """``(token, tokens drafted for the round this token opens, accepted draft)``."""
@@ -27,17 +42,88 @@ def return_buffers(produced: int) -> None:
         mx.clear_cache()
 
 
+SMALLEST_BUCKET = 16
+"""The shortest size a prompt's last prefill piece is padded to."""
+
+
+def bucket_sizes(step_size: int) -> tuple[int, ...]:
+    """The sizes a prefill piece is padded to: 16, 24, 32, 48, 64, 96... (powers of
+    two and one and a half times them), then ``step_size``, the longest piece.
+
+    A piece is padded by less than half its length (a third on average).
+    """
+    sizes = {step_size}
+    n = SMALLEST_BUCKET
+    while n < step_size:
+        sizes.update(size for size in (n, n * 3 // 2) if size < step_size)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """How prefill pieces are padded so that a process meets few distinct shapes.
+
+    Attributes:
+        buckets: Sizes a piece is padded to (ascending); empty pads nothing.
+        positions: Positions padding may reach (the model's context window): pads past
+            it could index beyond a model's table of learned positions. None: no limit.
+    """
+
+    buckets: tuple[int, ...] = ()
+    positions: int | None = None
+
+    @classmethod
+    def for_engine(
+        cls, enabled: bool | None, step_size: int, positions: int | None
+    ) -> PrefillShapes:
+        """The shapes an engine prefills with: ``enabled`` None pads on CUDA only."""
+        if enabled is None:
+            enabled = cuda_default_device()
+        return cls(bucket_sizes(step_size) if enabled else (), positions)
+
+    def padding(self, cache: list[Any], n: int) -> int:
+        """Tokens to append to a piece of ``n`` tokens fed into ``cache``.
+
+        Only a cache of plain KV layers is padded: a sliding window could drop real
+        tokens for pads, and a state-space layer cannot be trimmed.
+        """
+        from mlx_lm.models.cache import KVCache
+
+        size = next((b for b in self.buckets if b >= n), n)
+        if size == n or not cache or any(type(layer) is not KVCache for layer in cache):
+            return 0
+        if self.positions is not None and cache[0].offset + size > self.positions:
+            return 0
+        return size - n
+
+
+NO_PADDING = PrefillShapes()
+
+
+def cuda_default_device() -> bool:
+    """Whether MLX computes on a CUDA GPU by default."""
+    import mlx.core as mx
+
+    cuda = getattr(mx, "cuda", None)
+    return bool(mx.default_device().type == mx.gpu and cuda is not None and cuda.is_available())
+
+
 def prefill(
     model: Any,
     cache: list[Any],
     tokens: Sequence[int],
     step_size: int,
     quantize: Callable[[list[Any]], None] | None = None,
+    shapes: PrefillShapes = NO_PADDING,
 ) -> None:
     """Feed ``tokens`` into ``cache`` in pieces of ``step_size``.
 
     ``quantize`` (if given) runs on the cache after each piece, and MLX's buffer pool
-    is given back after each, as mlx-lm does.
+    is given back after each, as mlx-lm does. ``shapes`` pads a short last piece at its
+    end (with copies of its last token) and trims the padding off the cache once the
+    piece has run: ``cache`` then holds ``tokens`` alone, as without padding. A cache
+    that is quantized is not padded.
     """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
@@ -45,11 +131,52 @@ def prefill(
     with mx.stream(generation_stream):
         for start in range(0, len(tokens), step_size):
             piece = list(tokens[start : start + step_size])
-            model(mx.array(piece, mx.uint32)[None], cache=cache)
+            pad = 0 if quantize is not None else shapes.padding(cache, len(piece))
+            model(mx.array(piece + piece[-1:] * pad, mx.uint32)[None], cache=cache)
+            for layer in cache if pad else ():
+                layer.trim(pad)
             if quantize is not None:
                 quantize(cache)
             mx.eval([c.state for c in cache])
             mx.clear_cache()
+
+
+def warm_shapes(model: Any, shapes: PrefillShapes, step_size: int) -> float:
+    """Meet every padded prefill shape once, so the first prompts find them set up.
+
+    Runs on the owner thread (MLX's CUDA backend keeps its set-up work per thread):
+    each bucket from an empty cache and after one whole piece (a prompt longer than
+    ``step_size``), each followed by a one-token step as the reply's first. The caches
+    are laid out as a prompt's would be (the attention kernels are set up per layout).
+
+    Returns:
+        The seconds it took.
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+    from mlx_lm.models.cache import make_prompt_cache
+
+    began = time.perf_counter()
+    whole = make_prompt_cache(model)  # one whole piece, copied for each bucket after it
+    limit = shapes.positions if shapes.positions is not None else 2 * step_size + 1
+    sizes = [(0, size) for size in shapes.buckets if size < limit]
+    sizes += [(step_size, size) for size in shapes.buckets if step_size + size < limit]
+    if not shapes.padding(whole, 1):  # a cache that is never padded: no bucket to meet
+        sizes = []
+    with mx.stream(generation_stream):
+        if any(before for before, _ in sizes):
+            prefill(model, whole, [0] * step_size, step_size)
+        for before, size in sizes or [(0, 0)]:  # no buckets: the thread's first step alone
+            cache = make_prompt_cache(model)
+            for layer, piece in zip(cache, whole, strict=True) if before else ():
+                layer.state = (mx.array(piece.keys), mx.array(piece.values), piece.offset)
+            prefill(model, cache, [0] * size, step_size, shapes=shapes)
+            logits = model(mx.array([[0]], mx.uint32), cache=cache)[:, -1, :]
+            mx.eval(mx.argmax(logits - mx.logsumexp(logits, keepdims=True), axis=-1))
+    mx.clear_cache()
+    seconds = time.perf_counter() - began
+    logger.info("Met %d prefill shapes in %.2f s", len(sizes), seconds)
+    return seconds
 
 
 def plain_steps(
@@ -63,6 +190,7 @@ def plain_steps(
     sampler: Callable[[Any], Any],
     prefill_step_size: int,
     quantize: Callable[[list[Any]], None] | None = None,
+    shapes: PrefillShapes = NO_PADDING,
 ) -> Generator[Step, None, None]:
     """Decode one token a step, with the forward passes of mlx-lm's ``generate_step``.
 
@@ -87,6 +215,7 @@ def plain_steps(
         sampler: Picks a token from a row of log-probabilities.
         prefill_step_size: Prompt tokens per forward pass.
         quantize: Run on ``cache`` after each forward pass (a quantized KV cache).
+        shapes: How the prompt's last prefill piece is padded (see :func:`prefill`).
     """
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
@@ -112,7 +241,8 @@ def plain_steps(
     if max_tokens < 1:
         return
     with mx.stream(generation_stream):
-        prefill(model, cache, context[len(context) - new_tokens : -1], prefill_step_size, quantize)
+        prompt = context[len(context) - new_tokens : -1]
+        prefill(model, cache, prompt, prefill_step_size, quantize, shapes)
         pending = step(mx.array(context[-1:], mx.uint32))
         produced = 0
         while True:

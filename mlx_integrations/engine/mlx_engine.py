@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 
 from mlx_integrations.chat.constraints import constraint_processors
 from mlx_integrations.chat.messages import check_text, normalize_messages
-from mlx_integrations.chat.reasoning import opens_reasoning
+from mlx_integrations.chat.reasoning import (
+    apply_effort,
+    budget_processors,
+    constraint_markers,
+    opens_reasoning,
+)
 from mlx_integrations.chat.template import (
     NO_TEMPLATE,
     TemplateCapabilities,
@@ -30,6 +35,7 @@ from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.base import EngineBusy, GenerationOutput
 from mlx_integrations.engine.cache.disk import open_disk_cache
 from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
+from mlx_integrations.engine.decoding import PrefillShapes, warm_shapes
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
 from mlx_integrations.engine.lifecycle import ModelLifecycle
@@ -132,6 +138,11 @@ class MLXEngine(ModelLifecycle):
         self._vocab_size = vocab_size(self._config)
         self._admission: Admission = opts.admission
         self._prefill_step_size = opts.prefill_step_size or default_prefill_step_size()
+        self._shapes = PrefillShapes.for_engine(
+            opts.prefill_buckets, self._prefill_step_size, self._context_length
+        )
+        self.warmup_seconds: float | None = None
+        """Seconds the last load spent meeting the prefill shapes (``warmup_shapes``)."""
         self._chat_template_kwargs = dict(opts.chat_template_kwargs or {})
         self._tool_format: ToolFormat | None = None
         if opts.preserve_native_tool_format is not None:
@@ -317,22 +328,30 @@ class MLXEngine(ModelLifecycle):
             await self.start()
             if not isinstance(fmt, ToolFormat):
                 fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
+            normalized, template_kwargs = apply_effort(  # the template's own switch
+                self._tokenizer, kwargs.get("reasoning_effort"), normalized, template_kwargs
+            )
             prompt = self.render_prompt(
                 normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
             )
             tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
             in_reasoning = opens_reasoning(prompt, self._tokenizer)
             if "tool_choice" in kwargs or "response_format" in kwargs:
-                # OpenAI-style constraints, built once the prompt is known: after a prompt that
-                # opens a thinking block they hold from its end marker on. Off the event loop.
+                # OpenAI-style constraints, built once the prompt is known: they hold from
+                # the end of a thinking block on (one the prompt opens, or one the model
+                # may open where its template has a switch). Off the event loop.
                 params.logits_processors += await asyncio.to_thread(
                     constraint_processors,
                     self._tokenizer,
                     fmt,
                     tool_request,
                     kwargs.get("response_format"),
-                    self._tokenizer.think_end if in_reasoning else None,
+                    *constraint_markers(prompt, self._tokenizer),
                 )
+            # Last: where the budget is spent it overrides the others.
+            params.logits_processors += budget_processors(
+                self._tokenizer, kwargs.get("thinking_budget"), in_reasoning
+            )
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning
                 yield out
@@ -499,6 +518,17 @@ class MLXEngine(ModelLifecycle):
             self._release_lease()
             raise
         self._model, self._tokenizer = model, tokenizer
+
+    def _warm_up(self) -> None:
+        """Owner thread, once loaded: meet the padded prefill shapes (``warmup_shapes``).
+
+        Not for a vision model (mlx-vlm prefills it) nor a quantized KV cache (never
+        padded).
+        """
+        opts = self._options
+        warm = opts.warmup_shapes if opts.warmup_shapes is not None else bool(self._shapes.buckets)
+        if warm and not self._vision and opts.kv_bits is None:
+            self.warmup_seconds = warm_shapes(self._model, self._shapes, self._prefill_step_size)
 
     def _unload(self) -> None:
         import mlx.core as mx

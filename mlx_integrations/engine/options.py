@@ -48,6 +48,17 @@ class EngineOptions:
     """Prompt tokens processed per forward pass; a long prompt is prefilled in pieces
     (with ``BatchedEngine``, decode steps of the others run in between). None: 2048 on
     a GPU, 512 on the CPU (where smaller pieces run faster)."""
+    prefill_buckets: bool | None = None
+    """Pad the last prefill piece of a prompt to one of a few sizes (16, 24, 32, 48...
+    up to ``prefill_step_size``), masked and trimmed off the KV cache, so replies are
+    those of the unpadded prompt: a process then meets few distinct prefill shapes,
+    which MLX's CUDA backend sets up once each rather than once per prompt length.
+    None: on with CUDA, off elsewhere (on the CPU the padding costs and saves nothing).
+    Requests decoding alone use it; a shared batch prefills as mlx-lm does."""
+    warmup_shapes: bool | None = None
+    """Run each padded prefill shape and a decode step once when the model loads, on
+    the thread that serves it, so the first requests find them set up (the seconds it
+    took: ``warmup_seconds`` of the engine). None: on where ``prefill_buckets`` is."""
     preserve_native_tool_format: bool | None = None
     """Override the flag probed from the chat template at load."""
     chat_template_kwargs: Mapping[str, Any] | None = None
@@ -131,6 +142,13 @@ class EngineOptions:
         step = self.prefill_step_size
         if step is not None and step < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {step}")
+        for name in ("prefill_buckets", "warmup_shapes"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(
+                    f"{name} must be True, False or None (the default for the device), "
+                    f"got {value!r}"
+                )
         validate_speculative_options(self.draft_model, self.num_draft_tokens, self.prompt_lookup)
         validate_kv_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
         if self.kv_bits is not None and self.draft_model is not None and self.quantized_kv_start:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_integrations.chat.media_parts import VISION_MODELS
+from mlx_integrations.chat.reasoning import check_budget, check_effort
 
 # Keyword arguments the engines understand beyond the contract's named ones.
 KNOWN_KWARGS = frozenset(
@@ -30,6 +31,8 @@ KNOWN_KWARGS = frozenset(
         "parallel_tool_calls",
         "response_format",
         "tool_format",
+        "reasoning_effort",
+        "thinking_budget",
     }
 )
 
@@ -203,6 +206,8 @@ def validate_sampling(
         )
     params.logits_processors = list(processors)
     validate_template_kwargs(kwargs.get("chat_template_kwargs"))
+    check_effort(kwargs.get("reasoning_effort"))
+    check_budget(kwargs.get("thinking_budget"))
     request_id = kwargs.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise TypeError(f"request_id must be a string, got {request_id!r}")

@@ -115,6 +115,7 @@ class SimpleEngine(SerialEngine):
             check_kv_at_load(self._model, opts.kv_bits, opts.kv_group_size, self._name)
             self._reset_vision_turn()
             self._draft.load(self._tokenizer)
+            self._warm_up()
         except BaseException:
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
@@ -302,6 +303,7 @@ class SimpleEngine(SerialEngine):
             cache,
             processors=processors,
             quantize=self._quantize(),
+            shapes=self._shapes,
             **limits,
         )
         return steps, None

@@ -10,14 +10,13 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_messages
-from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import (
     JsonOutputKeyToolsParser,
     PydanticToolsParser,
 )
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
     RunnableGenerator,
@@ -28,27 +27,26 @@ from langchain_core.runnables import (
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_protocol.protocol import MessagesData
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
-    Finished,
-    InvalidToolCall,
-    ParsedToolCall,
-    ReasoningDelta,
-    TextDelta,
-    Turn,
     pop_engine_options,
     stream_chat_events,
 )
 from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.params import validate_template_kwargs
-from mlx_integrations.langchain.messages import (
-    stop_list,
-    to_lc_invalid_tool_call,
-    to_lc_tool_call,
-    to_neutral_messages,
-    tool_call_chunk,
+from mlx_integrations.langchain.blocks import PROVIDER
+from mlx_integrations.langchain.events import ProtocolEvents
+from mlx_integrations.langchain.messages import stop_list, to_neutral_messages
+from mlx_integrations.langchain.profile import model_profile
+from mlx_integrations.langchain.replies import (
+    ChunkMaker,
+    protocol_usage,
+    response_metadata,
+    result_from_chunks,
+    result_from_events,
 )
 from mlx_integrations.langchain.structured import (
     areject_truncated,
@@ -61,7 +59,6 @@ from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
 from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
-_PROVIDER = "mlx"
 
 
 class ChatMLX(ChatSettings, BaseChatModel):
@@ -217,7 +214,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
-            ls_provider=_PROVIDER,
+            ls_provider=PROVIDER,
             ls_model_name=kwargs.get("model") or self.model or "",
             ls_model_type="chat",
             ls_temperature=kwargs.get("temperature", self.temperature),
@@ -563,7 +560,7 @@ def _response_metadata(event: Finished) -> dict[str, Any]:
     return {
         "model_name": event.model_name,
         **({"model_path": event.model_path} if event.model_path else {}),
-        "model_provider": _PROVIDER,
+        "model_provider": PROVIDER,
         "finish_reason": event.finish_reason,
         "time_to_first_token_s": round(event.ttft_s, 6),
         "tokens_per_second": round(event.generation_tps, 3),

@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from mlx_integrations.chat.reasoning import check_budget
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.runtime.memory import parse_keep_alive
@@ -95,6 +96,18 @@ class ChatSettings(BaseModel):
     None leaves the template's default. Reasoning never mixes with the answer: ChatMLX
     puts it in ``additional_kwargs["reasoning_content"]`` (and reasoning blocks with v1
     output), MLXLLM in a ``ThinkingBlock``."""
+    reasoning_effort: Literal["none", "low", "medium", "high"] | None = None
+    """How much the model thinks, through its chat template's own switch: ``"none"``
+    turns thinking off where the template can (``enable_thinking``, ``/no_think``); the
+    other levels go to a template that reads ``reasoning_effort`` (gpt-oss), and
+    ``"high"`` turns an on/off switch on. A level the model does not take is refused,
+    naming those it does (ChatMLX lists them in ``profile["reasoning_effort_levels"]``).
+    None leaves the template's default. A call may pass its own ``reasoning_effort=``."""
+    thinking_budget: int | None = None
+    """Most tokens the model may think for: past them the engine writes the end marker
+    (``</think>``) for it, and the answer follows (under the call's tool or JSON
+    constraint, if any). 0 closes the thinking at once. None: no cap. A call may pass
+    its own ``thinking_budget=``; a model that does not think refuses it."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables passed to the chat template."""
     tool_format: str | None = None
@@ -120,6 +133,11 @@ class ChatSettings(BaseModel):
     @classmethod
     def _positive_timeout(cls, value: Any) -> float | None:
         return check_timeout(value)
+
+    @field_validator("thinking_budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> int | None:
+        return check_budget(value)
 
     @field_validator("keep_alive", mode="before")
     @classmethod

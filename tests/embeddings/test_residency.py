@@ -36,16 +36,18 @@ def active_bytes() -> int:
 
 
 def test_keep_alive_0_unloads_after_each_call_and_the_next_loads_again(minilm_path: Path):
-    engine = EmbeddingEngine(minilm_path, keep_alive=0)
+    engine = EmbeddingEngine(minilm_path, keep_alive="5m")
     try:
         first = engine.embed(TEXTS)
         loaded = engine.residency_stats()
         assert loaded["weights_bytes"] > 20 * 2**20  # MiniLM: 22.7M float32 parameters
         before = active_bytes()
+        engine.keep_alive = 0  # idle since the call: unloaded at once
         assert residency.wake(wait=30) and not engine.is_loaded
         assert before - active_bytes() >= 0.9 * loaded["weights_bytes"]
         assert engine.residency_stats()["state"] == "unloaded"
-        assert same(engine.embed(TEXTS), first)
+        assert same(engine.embed(TEXTS), first)  # loaded again for the call
+        assert residency.wake(wait=30) and not engine.is_loaded  # and unloaded after it
         assert engine.residency_stats()["loads"] == 2
     finally:
         engine.close()

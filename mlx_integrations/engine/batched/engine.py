@@ -260,6 +260,7 @@ class BatchedEngine(MLXEngine):
         try:
             check_kv_at_load(self._model, opts.kv_bits, opts.kv_group_size, self._name)
             self._draft.load(self._tokenizer)
+            self._warm_up()
         except BaseException:
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
@@ -464,6 +465,7 @@ class BatchedEngine(MLXEngine):
             draft_cache=draft,
             draft_fed=fed,
             pace=None if act.job.params.seeded_sampling else self._solo_pace,
+            shapes=self._shapes,
         )
 
     def _solo_step(self) -> None:

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from mlx_integrations.engine.decoding import Step, prefill, return_buffers
+from mlx_integrations.engine.decoding import (
+    NO_PADDING,
+    PrefillShapes,
+    Step,
+    prefill,
+    return_buffers,
+)
 from mlx_integrations.engine.speculative.draft_model import draft_model_steps
 from mlx_integrations.engine.speculative.pace import LookupPace
 from mlx_integrations.engine.speculative.prompt_lookup import prompt_lookup_steps
@@ -39,6 +45,8 @@ class SoloDecode:
             request's, see ``DraftCache``); None starts it empty.
         pace: Picks rounds or plain steps for prompt lookup, by timing (see
             :func:`~mlx_integrations.engine.speculative.prompt_lookup.prompt_lookup_steps`); None always drafts.
+        shapes: How the prompt's last prefill piece is padded (see
+            :func:`~mlx_integrations.engine.decoding.prefill`).
     """
 
     def __init__(
@@ -57,6 +65,7 @@ class SoloDecode:
         draft_cache: list[Any] | None = None,
         draft_fed: int = 0,
         pace: LookupPace | None = None,
+        shapes: PrefillShapes = NO_PADDING,
     ):
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -69,6 +78,7 @@ class SoloDecode:
         self._step_size = prefill_step_size
         self._lookup = prompt_lookup
         self._pace = pace
+        self._shapes = shapes
         self._fed = reused  # context tokens the cache holds, while prefilling
         self._produced = 0
         self._next: Any = None  # the sampled token not yet handed out (plain decoding)
@@ -94,7 +104,8 @@ class SoloDecode:
         if self.prefilling:
             last = len(self.context) - 1
             end = min(self._fed + self._step_size, last)
-            prefill(self._model, self.cache, self.context[self._fed : end], self._step_size)
+            piece = self.context[self._fed : end]
+            prefill(self._model, self.cache, piece, self._step_size, shapes=self._shapes)
             self._fed = end
             if self._draft_cache is not None:
                 end = min(self._draft_fed + self._step_size, last)

@@ -1,0 +1,260 @@
+"""Padded prefill pieces (``prefill_buckets``) and the shape warm-up (``warmup_shapes``).
+
+The last prefill piece of a prompt is padded at its end to one of a few sizes and the
+padding trimmed off the KV cache right after, so that a process meets few distinct
+shapes. What must hold: the cache afterwards holds the real tokens alone (its offset is
+the prompt's length, its keys those of the unpadded prefill up to float rounding), the
+greedy reply is token for token the unpadded one, for SimpleEngine and for
+BatchedEngine (a lone request and a shared batch), and the next turn reuses the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.decoding import (
+    PrefillShapes,
+    bucket_sizes,
+    plain_steps,
+    prefill,
+    warm_shapes,
+)
+from mlx_integrations.engine.options import EngineOptions
+
+STEP = 64
+SHAPES = PrefillShapes(bucket_sizes(STEP))
+LENGTHS = [1, 2, 5, 16, 17, 23, 40, 63, 64, 65, 100, 130, 150]
+"""Prompt lengths: on a bucket, just past one, and over one and two whole pieces."""
+
+
+class Shapes:
+    """The real model, recording the shape of every input it is given."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.seen: list[tuple[int, ...]] = []
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(tuple(inputs.shape))
+        return self.model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_own_head: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    return mlx_lm.load(str(tiny_own_head))
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    """``n`` varied tokens of the tiny vocabulary."""
+    return [(7 * i + 3 + seed) % 250 + 2 for i in range(n)]
+
+
+def greedy(model: Any, prompt: list[int], n: int, shapes: PrefillShapes) -> list[int]:
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    steps = plain_steps(
+        model,
+        prompt,
+        len(prompt),
+        make_prompt_cache(model),
+        processors=[],
+        max_tokens=n,
+        sampler=make_sampler(0.0),
+        prefill_step_size=STEP,
+        shapes=shapes,
+    )
+    return [token for token, _, _ in steps]
+
+
+def test_bucket_sizes_grow_by_half_and_end_at_the_step_size():
+    assert bucket_sizes(64) == (16, 24, 32, 48, 64)
+    assert bucket_sizes(2048)[-4:] == (768, 1024, 1536, 2048)
+    assert bucket_sizes(100) == (16, 24, 32, 48, 64, 96, 100)
+    assert bucket_sizes(8) == (8,)
+    for step in (64, 512, 2048):
+        sizes = bucket_sizes(step)
+        # A piece longer than the smallest bucket is padded by less than half its length.
+        assert all(b / a <= 1.5 for a, b in itertools.pairwise(sizes))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_a_padded_prefill_leaves_the_cache_of_the_real_tokens(loaded, n):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = loaded
+    counted = Shapes(model)
+    plain, padded = make_prompt_cache(model), make_prompt_cache(model)
+    prefill(model, plain, tokens(n), STEP)
+    prefill(counted, padded, tokens(n), STEP, shapes=SHAPES)
+    # Every piece the model saw has a bucket's length; the cache holds n tokens.
+    assert all(shape[1] in SHAPES.buckets for shape in counted.seen)
+    assert sum(shape[1] for shape in counted.seen) >= n
+    assert [layer.offset for layer in padded] == [n] * len(padded)
+    for a, b in zip(plain, padded, strict=True):
+        assert mx.allclose(a.keys[..., :n, :], b.keys[..., :n, :], atol=1e-5).item()
+        assert mx.allclose(a.values[..., :n, :], b.values[..., :n, :], atol=1e-5).item()
+    # The next token's logits, from the real last token, are the unpadded ones.
+    last = mx.array([[9]], mx.uint32)
+    assert mx.allclose(model(last, cache=plain), model(last, cache=padded), atol=1e-4).item()
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_greedy_tokens_are_those_of_the_unpadded_prompt(loaded, n):
+    model, _ = loaded
+    assert greedy(model, tokens(n, 5), 24, SHAPES) == greedy(
+        model, tokens(n, 5), 24, PrefillShapes()
+    )
+
+
+def test_many_prompt_lengths_meet_few_prefill_shapes(loaded):
+    model, _ = loaded
+    lengths = range(2, 3 * STEP, 3)
+    padded, plain = Shapes(model), Shapes(model)
+    for n in lengths:
+        greedy(padded, tokens(n), 2, SHAPES)
+        greedy(plain, tokens(n), 2, PrefillShapes())
+    assert {s for s in padded.seen if s[1] > 1} <= {(1, b) for b in SHAPES.buckets}
+    assert len({s for s in plain.seen if s[1] > 1}) > 3 * len(SHAPES.buckets)
+
+
+def test_caches_that_cannot_drop_padding_are_not_padded(loaded):
+    from mlx_lm.models.cache import (
+        ArraysCache,
+        QuantizedKVCache,
+        RotatingKVCache,
+        make_prompt_cache,
+    )
+
+    model, _ = loaded
+    assert SHAPES.padding([RotatingKVCache(max_size=32)] * 2, 5) == 0  # a sliding window
+    assert SHAPES.padding([QuantizedKVCache()] * 2, 5) == 0
+    assert SHAPES.padding([make_prompt_cache(model)[0], ArraysCache(2)], 5) == 0  # hybrid
+    assert SHAPES.padding(make_prompt_cache(model), 5) == 11
+    assert SHAPES.padding(make_prompt_cache(model), 16) == 0
+    # Padding never reaches past the positions the model has.
+    near_the_end = PrefillShapes(SHAPES.buckets, positions=12)
+    assert near_the_end.padding(make_prompt_cache(model), 5) == 0
+
+
+def test_the_warm_up_meets_every_bucket_from_an_empty_cache_and_after_a_piece(loaded):
+    model, _ = loaded
+    counted = Shapes(model)
+    seconds = warm_shapes(counted, SHAPES, STEP)
+    assert seconds > 0
+    pieces = {s[1] for s in counted.seen}
+    assert pieces == {*SHAPES.buckets, 1}
+    # From an empty cache and after one whole piece: each bucket twice, STEP once more.
+    for b in SHAPES.buckets:
+        expected = 3 if b == STEP else 2
+        assert sum(1 for s in counted.seen if s[1] == b) == expected
+
+
+def test_the_options_take_booleans_or_none():
+    assert EngineOptions().prefill_buckets is None
+    assert EngineOptions(prefill_buckets=True, warmup_shapes=False).warmup_shapes is False
+    for name in ("prefill_buckets", "warmup_shapes"):
+        with pytest.raises(TypeError, match=f"{name} must be True, False or None.*'yes'"):
+            EngineOptions(**{name: "yes"})
+        with pytest.raises(TypeError, match=name):
+            EngineOptions(**{name: 1})
+
+
+# ----------------------------------------------------------------- engines
+
+PROMPTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    " ".join(f"word{i}" for i in range(40)),
+    " ".join(f"token {i} and" for i in range(70)),
+]
+"""Prompts of a few to some hundred tokens: one piece, or several of ``STEP``."""
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_own_head: Path) -> Iterator[dict[str, Any]]:
+    common = {"prefill_step_size": STEP, "warmup_shapes": False}
+    made = {
+        "simple": SimpleEngine(tiny_own_head, prefill_buckets=False, **common),
+        "simple_padded": SimpleEngine(tiny_own_head, prefill_buckets=True, **common),
+        "batched": BatchedEngine(tiny_own_head, prefill_buckets=False, **common),
+        "batched_padded": BatchedEngine(tiny_own_head, prefill_buckets=True, **common),
+    }
+    yield made
+    for engine in made.values():
+        asyncio.run(engine.stop())
+
+
+async def reply(engine: Any, messages: list[dict[str, str]]) -> Any:
+    return await engine.chat(messages, max_tokens=16, temperature=0.0)
+
+
+@pytest.mark.parametrize("kind", ["simple", "batched"])
+async def test_engines_reply_alike_padded_or_not_and_reuse_the_cache(engines, kind):
+    plain, padded = engines[kind], engines[f"{kind}_padded"]
+    for prompt in PROMPTS:
+        first = [{"role": "user", "content": prompt}]
+        a, b = await reply(plain, first), await reply(padded, first)
+        assert b.tokens == a.tokens
+        assert b.prompt_tokens == a.prompt_tokens
+        # The next turn finds the first in the prefix cache, as much of it as unpadded.
+        turn = [
+            *first,
+            {"role": "assistant", "content": a.text},
+            {"role": "user", "content": "More."},
+        ]
+        a2, b2 = await reply(plain, turn), await reply(padded, turn)
+        assert b2.tokens == a2.tokens
+        assert b2.cached_tokens == a2.cached_tokens > 0
+
+
+async def test_a_shared_batch_replies_alike_with_padded_lone_requests(engines):
+    plain, padded = engines["batched"], engines["batched_padded"]
+    chats = [[{"role": "user", "content": p + " Go."}] for p in PROMPTS]
+    a = await asyncio.gather(*(reply(plain, c) for c in chats))
+    b = await asyncio.gather(*(reply(padded, c) for c in chats))
+    assert [o.tokens for o in b] == [o.tokens for o in a]
+
+
+async def test_the_engines_prefill_padded_pieces_only_when_asked(engines):
+    for name, engine in engines.items():
+        await engine.start()
+        counted = Shapes(engine._model)
+        engine._model = counted
+        try:
+            await reply(engine, [{"role": "user", "content": PROMPTS[2] + " once more"}])
+        finally:
+            engine._model = counted.model
+        pieces = {s[1] for s in counted.seen if s[1] > 1}
+        padded = name.endswith("_padded")
+        assert (pieces <= set(bucket_sizes(STEP))) if padded else bool(pieces - {STEP}), name
+
+
+async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
+    engine = SimpleEngine(tiny_own_head, prefill_step_size=STEP, prefill_buckets=True)
+    off = SimpleEngine(tiny_own_head, prefill_step_size=STEP, cache_memory_mb=1)
+    try:
+        assert engine.warmup_seconds is None
+        await engine.start()
+        await off.start()
+        # On by default where prefill_buckets is; both off by default on the CPU.
+        assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
+        assert off.warmup_seconds is None
+        out = await reply(engine, [{"role": "user", "content": "Hello there"}])
+        assert out.completion_tokens == 16
+    finally:
+        await engine.stop()
+        await off.stop()

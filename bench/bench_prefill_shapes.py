@@ -65,12 +65,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         from tests.support.smollm import ensure_smollm2
 
         args.model = ensure_smollm2()
-    common = {"cache_memory_mb": 0, "warmup_shapes": False}
+    common: dict[str, Any] = {"cache_memory_mb": 0}
     if args.step:
         common["prefill_step_size"] = args.step
     sides = {
-        "padded": SimpleEngine(args.model, prefill_buckets=True, **common),
-        "plain": SimpleEngine(args.model, prefill_buckets=False, **common),
+        "padded": SimpleEngine(args.model, prefill_buckets=True, warmup_shapes=False, **common),
+        "plain": SimpleEngine(args.model, prefill_buckets=False, warmup_shapes=False, **common),
     }
     result: dict[str, Any] = {"model": str(args.model), "lengths": {}}
     try:

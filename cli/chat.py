@@ -505,9 +505,13 @@ def _unknown_command(line: str) -> bool:
 
 
 def engine_options(
-    draft_model: str | None, prompt_lookup: int, kv_bits: int | None
+    draft_model: str | None,
+    prompt_lookup: int,
+    kv_bits: int | None,
+    adapter: Path | None = None,
 ) -> dict[str, Any]:
-    """``--draft-model``, ``--prompt-lookup`` and ``--kv-bits`` as engine keywords, checked."""
+    """``--draft-model``, ``--prompt-lookup``, ``--kv-bits`` and ``--adapter`` as engine
+    keywords, checked."""
     from mlx_integrations.engine.options import EngineOptions
 
     options: dict[str, Any] = {"draft_model": draft_model} if draft_model else {}
@@ -515,11 +519,17 @@ def engine_options(
         options["prompt_lookup"] = prompt_lookup
     if kv_bits is not None:
         options["kv_bits"] = kv_bits
+    if adapter is not None:
+        options["adapter_path"] = str(adapter)
     try:
-        EngineOptions(**options)
+        checked = EngineOptions(**options)
     except (TypeError, ValueError) as exc:
-        hint = "--kv-bits" if "kv_bits" in str(exc) else "--draft-model / --prompt-lookup"
-        raise typer.BadParameter(str(exc), param_hint=hint) from None
+        text = str(exc)
+        hint = "--kv-bits" if "kv_bits" in text else "--draft-model / --prompt-lookup"
+        hint = "--adapter" if "adapter" in text else hint
+        raise typer.BadParameter(text, param_hint=hint) from None
+    if checked.adapter_path is not None:
+        options["adapter_path"] = checked.adapter_path  # absolute
     if draft_model:  # found before the model loads, and named as the draft model
         from mlx_integrations.models.errors import StoreError
         from mlx_integrations.models.resolve import resolve_model

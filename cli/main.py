@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 from mlx_integrations.cli.doctor import doctor
 from mlx_integrations.cli.errors import handle_errors
+from mlx_integrations.cli.fuse import fuse
 from mlx_integrations.cli.options import JSON_OPTION, confirm
 from mlx_integrations.cli.output import (
     Result,
@@ -256,6 +257,9 @@ def quantize(
     return Result(data, lines, warnings=quality_warnings(quality, q))
 
 
+app.command()(fuse)
+
+
 # Looking at the store
 
 
@@ -371,6 +375,8 @@ def show(
             lines.append(("revision", f"{src.revision} @ {src.commit}"))
         if src.sha256:
             lines.append(("source sha256", src.sha256))
+        if src.adapter_sha256:
+            lines.append(("adapter", f"{src.path} (sha256 {src.adapter_sha256})"))
     if info.warm_caches:
         lines.append(("warm caches", ", ".join(info.warm_caches)))
     if info.in_use_by:
@@ -553,6 +559,9 @@ def run(
     image: list[str] = typer.Option(
         [], "--image", "-i", help="An image (path or URL) for a vision model; repeatable."
     ),
+    adapter: Path | None = typer.Option(
+        None, "--adapter", "--adapter-path", help="A LoRA adapter folder of mlx_lm.lora."
+    ),
     json_output: bool = typer.Option(
         False, "--json", help="Print the answer, usage and timings as one JSON object."
     ),
@@ -566,6 +575,7 @@ def run(
     --draft-model or --prompt-lookup decode speculatively (greedy answers unchanged).
     --kv-bits holds a long conversation in less memory, with answers that may drift.
     --image gives a vision-language model images with the (first) question.
+    --adapter applies a LoRA adapter that mlx_lm.lora trained (mlxi fuse folds one in).
     --json (one-shot only) prints one JSON object once the answer is complete.
     """
     import sys
@@ -611,7 +621,7 @@ def run(
         show_thinking=not hide_thinking,
         tools=tool_defs,
         tool_choice=tool_choice,
-        engine_options=engine_options(draft_model, prompt_lookup, kv_bits),
+        engine_options=engine_options(draft_model, prompt_lookup, kv_bits, adapter),
         images=image_sources(image),
         json_output=json_output,
     )

@@ -65,9 +65,9 @@ def check_stopped_and_serving(llm: Any, blocker: Blocker, before: tuple[int, int
     """After the release: the timed-out request generated nothing more, and the engine
     answers the next call in full."""
     blocker.release.set()
-    reply = llm.invoke("Hi", max_tokens=3) if hasattr(llm, "invoke") else None
+    reply = llm.invoke("Hi", max_tokens=3, timeout=None) if hasattr(llm, "invoke") else None
     if reply is None:
-        reply = llm.chat(user("Hi"), max_tokens=3)
+        reply = llm.chat(user("Hi"), max_tokens=3, timeout=None)
         assert reply.raw["finish_reason"] == "length"
     else:
         assert reply.response_metadata["finish_reason"] == "length"
@@ -79,7 +79,7 @@ def check_stopped_and_serving(llm: Any, blocker: Blocker, before: tuple[int, int
 @pytest.mark.parametrize("engine_type", ["simple", "batched"])
 def test_invoke_times_out_and_the_engine_serves_the_next_call(tiny_llama: Path, engine_type):
     llm = chatmlx(tiny_llama, timeout=TIMEOUT, engine_type=engine_type)
-    llm.invoke("Warm up", max_tokens=1)
+    llm.invoke("Warm up", max_tokens=1, timeout=None)
     before = counts(llm)
     blocker = Blocker()
     with pytest.raises(TimeoutError, match=MESSAGE):
@@ -89,7 +89,7 @@ def test_invoke_times_out_and_the_engine_serves_the_next_call(tiny_llama: Path, 
 
 def test_stream_times_out_between_two_tokens(tiny_llama: Path):
     llm = chatmlx(tiny_llama, timeout=TIMEOUT)
-    llm.invoke("Warm up", max_tokens=1)
+    llm.invoke("Warm up", max_tokens=1, timeout=None)
     before = counts(llm)
     blocker = Blocker(at=3)
     chunks = []
@@ -102,7 +102,7 @@ def test_stream_times_out_between_two_tokens(tiny_llama: Path):
 
 async def test_ainvoke_and_astream_time_out(tiny_llama: Path):
     llm = chatmlx(tiny_llama, timeout=TIMEOUT)
-    await llm.ainvoke("Warm up", max_tokens=1)
+    await llm.ainvoke("Warm up", max_tokens=1, timeout=None)
     for method in ("ainvoke", "astream"):
         blocker = Blocker()
         with pytest.raises(TimeoutError, match=MESSAGE):
@@ -112,19 +112,19 @@ async def test_ainvoke_and_astream_time_out(tiny_llama: Path):
                 async for _ in llm.astream("Hello", logits_processors=[blocker]):
                     pass
         blocker.release.set()
-    reply = await llm.ainvoke("Hi", max_tokens=3)
+    reply = await llm.ainvoke("Hi", max_tokens=3, timeout=None)
     assert reply.response_metadata["finish_reason"] == "length"
 
 
 def test_batch_and_a_per_call_timeout(tiny_llama: Path):
     llm = chatmlx(tiny_llama)  # no timeout of its own
-    llm.invoke("Warm up", max_tokens=1)
+    llm.invoke("Warm up", max_tokens=1, timeout=None)
     before = counts(llm)
     blocker = Blocker()
     with pytest.raises(TimeoutError, match=MESSAGE):
         llm.batch(["Hello", "Bonjour"], logits_processors=[blocker], timeout=TIMEOUT)
     blocker.release.set()
-    outs = llm.batch(["Hi", "Salut"], max_tokens=3)
+    outs = llm.batch(["Hi", "Salut"], max_tokens=3, timeout=None)
     assert [o.response_metadata["finish_reason"] for o in outs] == ["length", "length"]
     assert blocker.calls <= 1
     processed, aborted = counts(llm)
@@ -133,7 +133,7 @@ def test_batch_and_a_per_call_timeout(tiny_llama: Path):
 
 def test_mlxllm_chat_stream_and_raw_completion_time_out(tiny_llama: Path):
     llm = mlxllm(tiny_llama, timeout=TIMEOUT)
-    llm.chat(user("Warm up"), max_tokens=1)
+    llm.chat(user("Warm up"), max_tokens=1, timeout=None)
     before = counts(llm)
     calls = [
         lambda p: llm.chat(user("Hello"), logits_processors=[p]),
@@ -145,7 +145,7 @@ def test_mlxllm_chat_stream_and_raw_completion_time_out(tiny_llama: Path):
         with pytest.raises(TimeoutError, match=MESSAGE):
             call(blocker)
         blocker.release.set()
-    reply = llm.chat(user("Hi"), max_tokens=3)
+    reply = llm.chat(user("Hi"), max_tokens=3, timeout=None)
     assert reply.raw["finish_reason"] == "length"
     processed, aborted = counts(llm)
     assert processed == before[0] + 1 and aborted == before[1] + 3
@@ -157,7 +157,7 @@ async def test_mlxllm_achat_times_out(tiny_llama: Path):
     with pytest.raises(TimeoutError, match=MESSAGE):
         await llm.achat(user("Hello"), logits_processors=[blocker])
     blocker.release.set()
-    assert (await llm.achat(user("Hi"), max_tokens=3)).raw["finish_reason"] == "length"
+    assert (await llm.achat(user("Hi"), max_tokens=3, timeout=None)).raw["finish_reason"] == "length"
 
 
 @pytest.mark.parametrize("make", [chatmlx, mlxllm], ids=["ChatMLX", "MLXLLM"])

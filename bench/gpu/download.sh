@@ -3,9 +3,20 @@
 #   bench/gpu/download.sh            both lists: MLX with its CUDA backend, and the suite's
 # The GPU machine's image already holds numpy, transformers, tokenizers, pytest and the
 # NVIDIA libraries; these lists name only what it lacks (versions as in a local venv).
+# Any Python with pip does: PYTHON, else the repository's .venv, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-python=${PYTHON:-.venv/bin/python}
+if [ -n "${PYTHON:-}" ]; then
+    python=$PYTHON
+elif [ -x .venv/bin/python ]; then
+    python=.venv/bin/python
+else
+    python=python3
+fi
+"$python" -m pip --version >/dev/null 2>&1 || {
+    echo "Error: $python has no pip. Hint: PYTHON=/path/to/python-with-pip $0" >&2
+    exit 1
+}
 dest=.gpu/wheels
 mkdir -p "$dest"
 platforms=()

@@ -28,6 +28,7 @@ from mlx_integrations.engine.cache.kv_estimate import (
     parameter_bytes,
 )
 from mlx_integrations.engine.decoding import repair_random_state
+from mlx_integrations.models.lora.adapter import adapter_bytes
 from mlx_integrations.runtime.memory import weights_on_disk
 from mlx_integrations.runtime.owner import close_at_exit, make_owner_thread, stop_owner_thread
 from mlx_integrations.runtime.residency import Residency, ResidencyControls
@@ -186,7 +187,8 @@ class ModelLifecycle(BaseEngine, ResidencyControls):
 
     def _load_estimate(self) -> int:
         """Bytes the load will take, from the weight files' sizes (nothing is read)."""
-        total = weights_on_disk(self._path)
+        adapter = getattr(self._options, "adapter_path", None)  # its weights load too
+        total = weights_on_disk(self._path) + adapter_bytes(adapter)
         draft = getattr(self._options, "draft_model", None)
         if draft is not None:
             from mlx_integrations.models.resolve import resolve_model_path

@@ -23,6 +23,7 @@ from mlx_integrations.chat.reasoning import (
     budget_processors,
     constraint_markers,
     opens_reasoning,
+    reasoning_switch,
 )
 from mlx_integrations.chat.template import (
     NO_TEMPLATE,
@@ -60,6 +61,7 @@ from mlx_integrations.engine.vision.vlm import (
     is_vision_config,
     load_vision_model,
 )
+from mlx_integrations.models.lora.adapter import apply_adapter, check_text_model
 from mlx_integrations.models.resolve import (
     check_model_dir,
     context_length,
@@ -132,6 +134,7 @@ class MLXEngine(ModelLifecycle):
         self._config = check_model_dir(self._path)
         # A vision-language model is served through mlx-vlm (see engine/vision/).
         self._vision = is_vision_config(self._config)
+        check_text_model(self._config, self._name, opts.adapter_path)
         self._loaded_vision: LoadedVision | None = None
         self._lease: Any = None  # a store model is marked in use while loaded
         self._context_length = context_length(self._config)
@@ -503,7 +506,10 @@ class MLXEngine(ModelLifecycle):
             else:
                 loaded = mlx_lm.load(str(self._path))
                 model, tokenizer = loaded[0], loaded[1]
+            if self._options.adapter_path is not None:  # at every load: an unload drops it
+                model = apply_adapter(model, self._options.adapter_path, self._name)
             self._capabilities = probe_template(tokenizer)
+            reasoning_switch(tokenizer)  # probed once too: requests read it from a cache
             self._tool_format = detect_format(tokenizer, self._options.tool_format)
             if self._options.preserve_native_tool_format is None:
                 self._preserve_native_tool_format = self._capabilities.renders_tool_messages
@@ -511,8 +517,8 @@ class MLXEngine(ModelLifecycle):
                 self._vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
             if self._prefix.disk is not None:
                 self._prefix.disk.bind(make_prompt_cache(model))
-            if self._options.load_warm_caches:
-                self._prefix.load_warm(self._path)
+            if self._options.load_warm_caches and self._options.adapter_path is None:
+                self._prefix.load_warm(self._path)  # the base model's KV, not the adapter's
         except BaseException:
             self._loaded_vision = None
             self._release_lease()

@@ -15,6 +15,7 @@ from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.stats import SpeculativeStats
 from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.engine.vision.policy import MediaPolicy
+from mlx_integrations.models.lora.adapter import read_adapter
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,14 @@ class EngineOptions:
     """The tool-call family (``hermes``, ``pythonic``, ``mistral``...; see
     :mod:`mlx_integrations.chat.tool_formats`); None detects it once from the tokenizer
     and the chat template at load."""
+    adapter_path: str | None = None
+    """A LoRA adapter folder as ``mlx_lm.lora`` writes it (``adapter_config.json`` and
+    ``adapters.safetensors``; DoRA and full fine-tunes too), applied to the model at each
+    load as ``mlx_lm.load(path, adapter_path=...)`` does. Checked here: a missing folder
+    or file, or a config mlx-lm cannot apply, is refused before the model loads. The
+    warm caches of the base model (``mlxi warm``) are not loaded under an adapter, and
+    the disk tier keeps its entries apart. Text models only. A ``Path`` is taken too;
+    it is kept absolute."""
     draft_model: str | None = None
     """A small model that drafts tokens for the target to verify (speculative decoding;
     ``BatchedEngine`` drafts for a request while it runs alone): a folder, store name or
@@ -136,6 +145,8 @@ class EngineOptions:
                 f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
                 f"off), got {budget}"
             )
+        if self.adapter_path is not None:
+            object.__setattr__(self, "adapter_path", str(read_adapter(self.adapter_path).path))
         _check_disk_options(self.cache_dir, self.disk_cache_mb)
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", str(Path(self.cache_dir).expanduser()))

@@ -78,8 +78,8 @@ def translate_content_chunk(chunk: AIMessageChunk) -> list[types.ContentBlock]:
             "name": call.get("name"),
             "args": call.get("args"),
         }
-        if call.get("index") is not None:
-            block["index"] = call["index"]
+        if (index := call.get("index")) is not None:
+            block["index"] = index
         blocks.append(block)
     return blocks
 

@@ -60,7 +60,6 @@ from mlx_integrations.settings.chat import ChatSettings
 from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
 
-
 class ChatMLX(ChatSettings, BaseChatModel):
     """A LangChain chat model served by a local MLX engine, no server needed.
 
@@ -172,6 +171,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "stop": self.stop,
             # The rest also change replies, so LangChain's cache must tell them apart.
             "reasoning": self.reasoning,
+            "reasoning_effort": self.reasoning_effort,
+            "thinking_budget": self.thinking_budget,
             "chat_template_kwargs": self.chat_template_kwargs,
             "tool_format": self.tool_format,
             "kv_bits": self.kv_bits,
@@ -187,29 +188,19 @@ class ChatMLX(ChatSettings, BaseChatModel):
         return self
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        """What the served model takes and does (LangChain reads it, e.g. to pick a
-        structured-output strategy or the context window a summary must fit)."""
-        engine = self.engine
-        if engine is None:
+        """What the served model takes and does, read from the model (see
+        :mod:`~mlx_integrations.langchain.profile`); a ``reasoning_effort`` it does not
+        take is refused here, naming the levels it takes."""
+        if self.engine is None:
             return None
-        vision = bool(engine.is_mllm)
-        profile = ModelProfile(
-            text_inputs=True,
-            image_inputs=vision,
-            image_url_inputs=vision,
-            video_inputs=vision,
-            image_tool_message=vision,
-            pdf_inputs=False,
-            audio_inputs=False,
-            text_outputs=True,
-            tool_calling=True,
-            tool_choice=True,
-            tool_call_streaming=True,
-            structured_output=True,
-        )
-        window = getattr(engine, "context_length", None)
-        if isinstance(window, int) and window > 0:
-            profile["max_input_tokens"] = window
+        profile = model_profile(self.engine)
+        levels = profile.get("reasoning_effort_levels") or []
+        if self.reasoning_effort is not None and self.reasoning_effort not in levels:
+            takes = f"takes {', '.join(map(repr, levels))}" if levels else "does not think"
+            raise ValueError(
+                f"ChatMLX(reasoning_effort={self.reasoning_effort!r}): {self.model!r} {takes}"
+                " (profile['reasoning_effort_levels']); pick one of those or leave it unset"
+            )
         return profile
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -281,41 +272,6 @@ class ChatMLX(ChatSettings, BaseChatModel):
         finally:
             pool.release(engine)
 
-    def _chunks_from(
-        self, events: Iterator[Any], with_usage: bool = True
-    ) -> Iterator[ChatGenerationChunk]:
-        index = 0
-        for event in events:
-            chunk = self._to_chunk(event, index, with_usage)
-            if isinstance(event, (ParsedToolCall, InvalidToolCall)):
-                index += 1
-            yield chunk
-
-    def _to_chunk(self, event: Any, index: int, with_usage: bool = True) -> ChatGenerationChunk:
-        if isinstance(event, TextDelta):
-            return ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-        if isinstance(event, ReasoningDelta):
-            return ChatGenerationChunk(
-                message=AIMessageChunk(
-                    content="", additional_kwargs={"reasoning_content": event.text}
-                )
-            )
-        if isinstance(event, (ParsedToolCall, InvalidToolCall)):
-            return ChatGenerationChunk(
-                message=AIMessageChunk(content="", tool_call_chunks=[tool_call_chunk(event, index)])
-            )
-        assert isinstance(event, Finished)
-        metadata = _response_metadata(event)
-        return ChatGenerationChunk(
-            message=AIMessageChunk(
-                content="",
-                usage_metadata=_usage(event) if with_usage else None,
-                response_metadata=metadata,
-                chunk_position="last",
-            ),
-            generation_info=metadata,
-        )
-
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -323,11 +279,11 @@ class ChatMLX(ChatSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        with_usage = self._stream_usage(kwargs)
-        events = iterate_sync(self._aevents(messages, stop, kwargs))
-        for chunk in self._chunks_from(events, with_usage):
-            if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
-                run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+        maker = ChunkMaker(self._stream_usage(kwargs), self.output_version == "v1")
+        for event in iterate_sync(self._aevents(messages, stop, kwargs)):
+            chunk = maker.chunk(event)
+            if run_manager and chunk.message.content:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
     async def _astream(
@@ -337,15 +293,46 @@ class ChatMLX(ChatSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        with_usage = self._stream_usage(kwargs)
-        index = 0
+        maker = ChunkMaker(self._stream_usage(kwargs), self.output_version == "v1")
         async for event in self._aevents(messages, stop, kwargs):
-            chunk = self._to_chunk(event, index, with_usage)
-            if isinstance(event, (ParsedToolCall, InvalidToolCall)):
-                index += 1
-            if run_manager and isinstance(chunk.message.content, str) and chunk.message.content:
-                await run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+            chunk = maker.chunk(event)
+            if run_manager and chunk.message.content:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
+
+    def _stream_chat_model_events(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[MessagesData]:
+        """``stream_events(version="v3")``: protocol events made from the reply's own
+        blocks (see :mod:`~mlx_integrations.langchain.events`)."""
+        kwargs.pop("stream_usage", None)  # message-finish always carries the usage
+        writer = self._protocol_events(kwargs)
+        for event in iterate_sync(self._aevents(messages, stop, kwargs)):
+            yield from writer.feed(event)
+
+    async def _astream_chat_model_events(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[MessagesData]:
+        """``astream_events(version="v3")``: as :meth:`_stream_chat_model_events`."""
+        kwargs.pop("stream_usage", None)
+        writer = self._protocol_events(kwargs)
+        async for event in self._aevents(messages, stop, kwargs):
+            for item in writer.feed(event):
+                yield item
+
+    def _protocol_events(self, kwargs: dict[str, Any]) -> ProtocolEvents:
+        model = kwargs.get("model") or self.model
+        return ProtocolEvents(
+            PROVIDER, model, lambda end: (protocol_usage(end), response_metadata(end))
+        )
 
     def _stream_usage(self, kwargs: dict[str, Any]) -> bool:
         """Whether a stream's last chunk carries usage (the call's ``stream_usage``
@@ -405,9 +392,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         if self.streaming:
-            return _result_from_chunks(list(self._stream(messages, stop, run_manager, **kwargs)))
+            return result_from_chunks(list(self._stream(messages, stop, run_manager, **kwargs)))
         events = list(iterate_sync(self._aevents(messages, stop, kwargs, stream=False)))
-        return _result_from_events(events)
+        return result_from_events(events)
 
     async def _agenerate(
         self,
@@ -418,9 +405,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
     ) -> ChatResult:
         if self.streaming:
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
-            return _result_from_chunks(chunks)
+            return result_from_chunks(chunks)
         events = [e async for e in self._aevents(messages, stop, kwargs, stream=False)]
-        return _result_from_events(events)
+        return result_from_events(events)
 
     # ----------------------------------------------------------------- tools
 
@@ -544,49 +531,3 @@ def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:
     if parallel_tool_calls is not None:
         return bool(parallel_tool_calls)
     return tool_choice in (None, "auto", "none", False)
-
-
-def _usage(event: Finished) -> UsageMetadata:
-    return UsageMetadata(
-        input_tokens=event.prompt_tokens,
-        output_tokens=event.completion_tokens,
-        total_tokens=event.prompt_tokens + event.completion_tokens,
-        input_token_details=InputTokenDetails(cache_read=event.cached_tokens),
-    )
-
-
-def _response_metadata(event: Finished) -> dict[str, Any]:
-    # model_name is the name as given (as ls_model_name), model_path the folder loaded.
-    return {
-        "model_name": event.model_name,
-        **({"model_path": event.model_path} if event.model_path else {}),
-        "model_provider": PROVIDER,
-        "finish_reason": event.finish_reason,
-        "time_to_first_token_s": round(event.ttft_s, 6),
-        "tokens_per_second": round(event.generation_tps, 3),
-        **event.speculative_metadata(),
-    }
-
-
-def _result_from_events(events: list[Any]) -> ChatResult:
-    turn = Turn()
-    for event in events:
-        turn.add(event)
-    assert turn.finished is not None
-    additional = {"reasoning_content": turn.reasoning} if turn.reasoning else {}
-    metadata = _response_metadata(turn.finished)
-    message = AIMessage(
-        content=turn.content,
-        tool_calls=[to_lc_tool_call(c) for c in turn.tool_calls],
-        invalid_tool_calls=[to_lc_invalid_tool_call(c) for c in turn.invalid_tool_calls],
-        additional_kwargs=additional,
-        usage_metadata=_usage(turn.finished),
-        response_metadata=metadata,
-    )
-    return ChatResult(generations=[ChatGeneration(message=message, generation_info=metadata)])
-
-
-def _result_from_chunks(chunks: list[ChatGenerationChunk]) -> ChatResult:
-    from langchain_core.language_models.chat_models import generate_from_stream
-
-    return generate_from_stream(iter(chunks))

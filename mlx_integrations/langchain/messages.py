@@ -27,6 +27,8 @@ _SKIPPED_BLOCKS = {
     "thinking",
     "tool_use",
     "tool_call",
+    "tool_call_chunk",
+    "invalid_tool_call",
     "function_call",
     "server_tool_call",
 }
@@ -159,6 +161,9 @@ def to_neutral_messages(messages: list[BaseMessage]) -> list[dict[str, Any]]:
             out.append(item)
         elif isinstance(msg, AIMessage):
             item = {"role": "assistant", "content": _content_parts(msg.content, where)}
+            reasoning = _reasoning_of(msg)
+            if reasoning:  # a template that renders it shows it; others drop it
+                item["reasoning_content"] = reasoning
             if msg.tool_calls:
                 item["tool_calls"] = [
                     {
@@ -206,6 +211,21 @@ def to_neutral_messages(messages: list[BaseMessage]) -> list[dict[str, Any]]:
                 "AI, Tool or Chat messages"
             )
     return out
+
+
+def _reasoning_of(message: AIMessage) -> str:
+    """An earlier reply's thinking: v1 ``reasoning`` blocks, else ChatMLX's
+    ``additional_kwargs["reasoning_content"]``."""
+    if isinstance(message.content, list):
+        parts = [
+            str(b.get("reasoning") or "")
+            for b in message.content
+            if isinstance(b, dict) and b.get("type") == "reasoning"
+        ]
+        if any(parts):
+            return "".join(parts)
+    reasoning = message.additional_kwargs.get("reasoning_content")
+    return reasoning if isinstance(reasoning, str) else ""
 
 
 def stop_list(stop: str | list[str] | None) -> list[str] | None:

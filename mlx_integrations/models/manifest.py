@@ -22,7 +22,7 @@ from mlx_integrations.models.quality.report import QuantizationQuality
 MANIFEST_FILE = "mlxi-manifest.json"
 SCHEMA_VERSION = 1
 
-SourceKind = Literal["hub", "local", "gguf", "quantize"]
+SourceKind = Literal["hub", "local", "gguf", "quantize", "fuse"]
 
 # Files that belong to the store's bookkeeping rather than to the model.
 _NOT_MODEL_FILES = {MANIFEST_FILE}
@@ -35,16 +35,20 @@ class ModelSource:
 
     Attributes:
         kind: ``"hub"`` (pulled), ``"local"`` (imported folder), ``"gguf"`` (imported
-            GGUF file) or ``"quantize"`` (made from another model).
+            GGUF file), ``"quantize"`` (made from another model) or ``"fuse"`` (a model
+            with an adapter folded in).
         repo_id: Hub repository, for pulled models.
         revision: The revision that was asked for (branch, tag or sha).
         commit: The resolved 40-hex commit sha the files come from.
         endpoint: Hub endpoint used, when not the default one.
         path: The imported file or folder, for local and GGUF imports: absolute, as
-            the user named it (a symbolic link is kept, not followed).
-        base: The store name or path a quantized model was made from.
+            the user named it (a symbolic link is kept, not followed); the adapter
+            folder, for a fused model.
+        base: The store name or path a quantized or fused model was made from.
         sha256: The sha256 of the imported GGUF file (None in manifests written
             before it was recorded).
+        adapter_sha256: The sha256 of the ``adapters.safetensors`` folded into a fused
+            model (None for other models).
     """
 
     kind: SourceKind
@@ -55,6 +59,7 @@ class ModelSource:
     path: str | None = None
     base: str | None = None
     sha256: str | None = None
+    adapter_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,9 @@ class Manifest:
         """The manifest as JSON-ready data."""
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
+        if data["source"]["adapter_sha256"] is None:
+            # Only fused models have one: other manifests stay as earlier versions read them.
+            del data["source"]["adapter_sha256"]
         return data
 
     def to_json(self) -> str:

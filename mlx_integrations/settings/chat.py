@@ -17,6 +17,7 @@ from pydantic import (
 from mlx_integrations.chat.reasoning import check_budget
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.engine.params import validate_template_kwargs
+from mlx_integrations.models.lora.adapter import read_adapter
 from mlx_integrations.runtime.memory import parse_keep_alive
 from mlx_integrations.settings.fields import (
     check_timeout,
@@ -55,6 +56,12 @@ class ChatSettings(BaseModel):
     """Options of the engine made from ``model`` (``cache_memory_mb``, ``admission``,
     speculative decoding's ``prompt_lookup`` or ``draft_model``...; see
     :class:`~mlx_integrations.engine.options.EngineOptions`)."""
+    adapter_path: str | None = None
+    """A LoRA adapter folder as ``mlx_lm.lora`` writes it (``adapter_config.json`` and
+    ``adapters.safetensors``), applied to ``model`` as ``mlx_lm.load(model,
+    adapter_path=...)`` does; checked when the adapter is made (a missing folder or file
+    raises ``ValueError``). A model with and without an adapter (or with two) are two
+    pooled engines. An option of the engine made from ``model``, as the fields below."""
     draft_model: str | None = None
     """Speculative decoding: a small model of the same tokenizer drafts tokens for the
     model to verify (a folder, store name or pulled Hub id); greedy replies are unchanged.
@@ -139,6 +146,12 @@ class ChatSettings(BaseModel):
     def _budget(cls, value: Any) -> int | None:
         return check_budget(value)
 
+    @field_validator("adapter_path", mode="before")
+    @classmethod
+    def _adapter_folder(cls, value: Any) -> str | None:
+        # One spelling of a folder (absolute), so that it makes one pooled engine.
+        return None if value is None else str(read_adapter(value).path)
+
     @field_validator("keep_alive", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
@@ -222,6 +235,7 @@ class ChatSettings(BaseModel):
 
 
 ENGINE_FIELDS = (
+    "adapter_path",
     "draft_model",
     "num_draft_tokens",
     "prompt_lookup",
@@ -264,6 +278,8 @@ def _engine_options(settings: ChatSettings, engine: Any = None) -> dict[str, Any
             f"SimpleEngine(path, {names})"
         )
     options = dict(settings.engine_options)
+    if options.get("adapter_path") is not None:  # spelled as the field is
+        options["adapter_path"] = str(read_adapter(options["adapter_path"]).path)
     for name, value in given.items():
         if name in options and options[name] != value:
             raise ValueError(

@@ -10,7 +10,7 @@ on, as when the model closes its thinking itself).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlx_integrations.chat.reasoning.markers import marker_tokens, think_markers
 from mlx_integrations.chat.reasoning.switch import check_budget, model_label, reasoning_switch
@@ -69,7 +69,7 @@ class ThinkingBudgetProcessor:
                 text = self._tokenizer.decode(tail)
                 self._inside = text.rstrip().endswith(self._start_text)
         else:
-            self._step(int(tokens[-1].item()))
+            self._step(cast(int, tokens[-1].item()))
         forced = self._forced()
         if forced is None:
             return logits
@@ -77,8 +77,10 @@ class ThinkingBudgetProcessor:
         mask = self._masks.get((forced, width))
         if mask is None:
             mask = self._masks[(forced, width)] = mx.arange(width) == forced
+        # Whatever the processors before it left: only the forced token remains.
         zero = mx.array(0, dtype=logits.dtype)
-        return mx.where(mask, zero, mx.array(-mx.inf, dtype=logits.dtype))
+        forced_logits = mx.where(mask, zero, mx.array(-mx.inf, dtype=logits.dtype))
+        return mx.broadcast_to(forced_logits, logits.shape)
 
     def _ends_with(self, marker: tuple[int, ...]) -> bool:
         n = len(marker)

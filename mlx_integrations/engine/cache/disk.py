@@ -40,6 +40,7 @@ itself carries no checksum (checking one would read the whole file at every load
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -99,10 +100,17 @@ def open_disk_cache(model_dir: Path, options: EngineOptions, piece: int) -> Disk
     from mlx_integrations.models.manifest import model_identity
 
     kv = kv_files.kv_format(options.kv_bits, options.kv_group_size, options.quantized_kv_start)
+    identity = model_identity(model_dir)
+    if options.adapter_path is not None:  # another model's KV: entries of its own
+        from mlx_integrations.models.lora.adapter import adapter_identity
+
+        mixed = f"{identity}\0{adapter_identity(options.adapter_path)}"
+        identity = hashlib.sha256(mixed.encode()).hexdigest()
     return DiskCache(
         Path(options.cache_dir),
         model_dir,
-        identity=model_identity(model_dir),
+        identity=identity,
+        adapter=options.adapter_path,
         kv=kv,
         kv_bits=options.kv_bits,
         kv_group_size=options.kv_group_size,
@@ -120,6 +128,8 @@ class DiskCache:
     Args:
         root: The engine's ``cache_dir``.
         model_dir: The model folder (named in the folder, recorded in its model.json).
+        adapter: The adapter folder applied to the model, if any (recorded too: the
+            entries of the model with and without it are kept apart).
         identity: The weights' identity.
         kv: The KV format tag (:func:`~.kv_files.kv_format`).
         kv_bits: Bits of a quantized cache (None for a plain one).
@@ -139,7 +149,9 @@ class DiskCache:
         kv_group_size: int,
         max_bytes: int,
         piece: int,
+        adapter: str | None = None,
     ):
+        self._adapter = adapter
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_dir.name).strip(".-")[:48] or "model"
         self.folder = Path(root).expanduser().absolute() / f"{slug}-{identity[:12]}-{kv}"
         self.identity, self.kv, self.max_bytes, self.piece = identity, kv, max_bytes, piece
@@ -310,7 +322,12 @@ class DiskCache:
 
     def _prepare(self, model_dir: Path) -> None:
         """Make the folder; remove the folders of this model's earlier weights."""
-        record = {"format": FORMAT, "model": str(model_dir.absolute()), "kv": self.kv}
+        record: dict[str, str | None] = {
+            "format": FORMAT,
+            "model": str(model_dir.absolute()),
+            "kv": self.kv,
+            "adapter": self._adapter,  # folders of earlier versions have none: None
+        }
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             target = self.folder / MODEL_FILE

@@ -141,6 +141,11 @@ class DistributedEngine(SerialEngine):
                 "DistributedEngine does not take draft_model, prompt_lookup or kv_bits; "
                 "drop them, or use SimpleEngine on one machine"
             )
+        if opts.adapter_path is not None:  # the ranks load shards with mlx-lm's sharded_load
+            raise ValueError(
+                "DistributedEngine does not apply adapter_path; fuse the adapter into the "
+                "model first (mlxi fuse BASE ADAPTER NAME) and serve that model"
+            )
         if opts.cache_dir is not None:  # it keeps no prefix cache to put on disk
             raise ValueError(
                 "DistributedEngine keeps no prefix cache, so no disk tier: drop cache_dir"

@@ -1,0 +1,45 @@
+"""Adapters that ``mlx_lm.lora`` trains (LoRA, DoRA, or the last layers' full weights).
+
+:func:`read_adapter` checks an adapter folder before any model loads; the engines apply
+one with :func:`apply_adapter` (their ``adapter_path`` option); :func:`fuse_model` folds
+one into its base model, as a new model of the store.
+
+Examples:
+    >>> from mlx_integrations.models.lora import fuse_model, read_adapter  # doctest: +SKIP
+    >>> read_adapter("adapters").fine_tune_type  # doctest: +SKIP
+    'lora'
+    >>> fuse_model("smollm2-135m-instruct", "adapters", "smollm2-support")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ADAPTER_CONFIG": "adapter",
+    "ADAPTER_WEIGHTS": "adapter",
+    "AdapterInfo": "adapter",
+    "adapter_bytes": "adapter",
+    "adapter_identity": "adapter",
+    "apply_adapter": "adapter",
+    "check_text_model": "adapter",
+    "read_adapter": "adapter",
+    "fuse_model": "fuse",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the engines check an adapter folder without importing the store's writers.
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,273 @@
+"""bench/gpu/: the bundles that carry wheels to the GPU machine, and the script run there.
+
+What runs on the CPU: packing into bundles (anywhere, of a size that leaves room for the
+working tree that travels with each call, every piece accounted for in SHA256SUMS), the
+measure of that working tree, and the commands ``device.sh`` would run (``DRY_RUN``),
+its arguments split as a shell splits them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "bench" / "gpu"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def pack() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_pack", GPU / "pack.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_wheels(folder: Path) -> dict[str, bytes]:
+    """Wheels of made-up bytes: a large MLX CUDA one (cut in pieces) and small ones."""
+    folder.mkdir(parents=True)
+    sizes = {
+        "mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl": 700_000,
+        "mlx-0.32.4-cp312-cp312-manylinux_2_35_x86_64.whl": 200_000,
+        "mlx_lm-0.32.2-py3-none-any.whl": 90_000,
+        "pydantic-2.14.4-py3-none-any.whl": 150_000,
+        "tinytag-2.3.2-py3-none-any.whl": 40_000,
+    }
+    made = {}
+    for i, (name, size) in enumerate(sizes.items()):
+        made[name] = hashlib.sha256(str(i).encode()).digest() * (size // 32)
+        (folder / name).write_bytes(made[name])
+    return made
+
+
+def run_pack(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GPU / "pack.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_pack_writes_bundles_outside_the_repository(tmp_path):
+    wheels = fake_wheels(tmp_path / "wheels")
+    out = tmp_path / "bundles"
+    done = run_pack(
+        "--out",
+        str(out),
+        "--wheels",
+        str(tmp_path / "wheels"),
+        "--no-models",
+        "--bundle-mib",
+        "0.25",
+    )
+    assert done.returncode == 0, done.stderr
+    bundles = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    assert len(bundles) >= 5
+    # Every bundle is named on a line of its own, by its absolute path, and has its sums.
+    for folder in bundles:
+        assert f"{folder}  " in done.stdout
+        assert (folder / "SHA256SUMS").is_file()
+        assert sum(p.stat().st_size for p in folder.iterdir() if p.name != "SHA256SUMS") <= (
+            0.25 * MIB
+        )
+    assert f"{len(bundles)} calls carry it all" in done.stdout
+    assert "outside the repository" in done.stdout
+    # MLX's CUDA wheel comes first, cut in pieces; joined, each wheel is whole again.
+    assert any(p.name.startswith("mlx_cuda_13") for p in bundles[0].iterdir())
+    sums = dict(
+        reversed(line.split("  ")) for line in (bundles[-1] / "SHA256SUMS").read_text().splitlines()
+    )
+    for name, data in wheels.items():
+        pieces = sorted(p for b in bundles for p in b.iterdir() if p.name.startswith(name))
+        joined = b"".join(p.read_bytes() for p in pieces)
+        assert joined == data
+        assert sums[name] == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
+    wheels = fake_wheels(tmp_path / "wheels")
+    out = tmp_path / "bundles"
+    done = run_pack(
+        "--out",
+        str(out),
+        "--wheels",
+        str(tmp_path / "wheels"),
+        "--no-models",
+        "--bundle-mib",
+        "0.3",
+    )
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "work"
+    bundles = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    assert len(bundles) >= 3
+    cuda = next(name for name in wheels if name.startswith("mlx_cuda"))
+    for i, folder in enumerate(bundles):
+        done = device(tmp_path, "stash", str(folder), "ready", GPU_WORK=str(work))
+        assert done.returncode == 0, done.stderr
+        ready = {
+            line.split(": ")[1] for line in done.stdout.splitlines() if line.startswith("ready:")
+        }
+        waiting = {
+            line.split(": ")[1]
+            for line in done.stdout.splitlines()
+            if line.startswith("not here yet")
+        }
+        assert ready | waiting == set(wheels)
+        if i == 0:  # MLX's CUDA wheel, larger than a bundle, is not whole yet
+            assert cuda in waiting
+    assert waiting == set()
+    for name, data in wheels.items():
+        assert (work / name).read_bytes() == data
+
+
+def test_the_default_bundle_leaves_room_for_the_working_tree(pack, tmp_path):
+    tree = pack.travelling_bytes()
+    headroom = 2 * MIB
+    capacity = pack.bundle_capacity(tree, headroom)
+    assert capacity + tree + headroom == 64 * MIB
+    with pytest.raises(SystemExit, match=r"working tree that travels is 60\.0 MiB"):
+        pack.bundle_capacity(60 * MIB, headroom)
+    fake_wheels(tmp_path / "wheels")
+    done = run_pack(
+        "--out", str(tmp_path / "b"), "--wheels", str(tmp_path / "wheels"), "--no-models"
+    )
+    assert done.returncode == 0, done.stderr
+    largest = max(
+        sum(p.stat().st_size for p in folder.iterdir())
+        for folder in (tmp_path / "b").iterdir()
+        if folder.name.isdigit()
+    )
+    assert largest + tree <= 62 * MIB
+    assert largest > 1 * MIB  # the wheels fill one bundle, and one call
+    checked = run_pack("--out", str(tmp_path / "b"), "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert "MiB left" in checked.stdout
+
+
+def test_the_travelling_tree_counts_tracked_and_unignored_files_only(pack, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (repo / ".gitignore").write_text("/ignored/\n")
+    (repo / "tracked.txt").write_bytes(b"t" * 1000)
+    git("add", ".gitignore", "tracked.txt")
+    (repo / "untracked.txt").write_bytes(b"u" * 300)
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "big.bin").write_bytes(b"i" * 50_000)
+    (repo / "shared").mkdir()
+    (repo / "shared" / "notes.md").write_bytes(b"s" * 20)
+    expected = 1000 + 300 + len("/ignored/\n") + 20
+    assert pack.travelling_bytes(repo) == expected
+
+
+def test_pack_refuses_a_wheel_folder_without_mlx(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    done = run_pack("--out", str(tmp_path), "--wheels", str(tmp_path / "wheels"), "--no-models")
+    assert done.returncode != 0
+    assert "no mlx-cuda wheel in" in done.stderr and "download.sh" in done.stderr
+
+
+def device(tmp_path: Path, *steps: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(GPU / "device.sh"), *steps],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=os.environ | {"OUT": str(tmp_path), "DRY_RUN": "1"} | env,
+    )
+
+
+def commands(stdout: str) -> list[list[str]]:
+    """The argument lists a dry run printed, one argument a line under 'command:'."""
+    out: list[list[str]] = []
+    for line in stdout.splitlines():
+        if line == "command:":
+            out.append([])
+        elif line.startswith("  ") and out:
+            out[-1].append(line[2:])
+    return out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_device_script_parses():
+    done = subprocess.run(["bash", "-n", str(GPU / "device.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(["bash", "-n", str(GPU / "download.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_quoted_pytest_and_bench_arguments_reach_their_commands_whole(tmp_path):
+    done = device(
+        tmp_path,
+        "test",
+        "bench",
+        PYTEST_ARGS='-m "not smollm" tests/engine tests/chat -k "batch and not draft"',
+        BENCH_ARGS="""--parts ttft --engine-options '{"prefill_buckets": false}'""",
+        TEST_WORKERS="14",
+    )
+    assert done.returncode == 0, done.stderr
+    pytest_cmd, bench_cmd = commands(done.stdout)
+    assert pytest_cmd[-6:] == [
+        "-m",
+        "not smollm",
+        "tests/engine",
+        "tests/chat",
+        "-k",
+        "batch and not draft",
+    ]
+    assert pytest_cmd[pytest_cmd.index("-n") + 1] == "14"
+    assert f"--junitxml={tmp_path}/junit.xml" in pytest_cmd
+    assert bench_cmd[1:] == [
+        "bench/bench_gpu.py",
+        "--out",
+        str(tmp_path),
+        "--parts",
+        "ttft",
+        "--engine-options",
+        '{"prefill_buckets": false}',
+    ]
+    # What a shell would make of the printed words is the same list.
+    assert shlex.split(shlex.join(pytest_cmd)) == pytest_cmd
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_no_pytest_arguments_run_the_whole_suite(tmp_path):
+    done = device(tmp_path, "test")
+    assert done.returncode == 0, done.stderr
+    (cmd,) = commands(done.stdout)
+    assert cmd[-1] == f"--junitxml={tmp_path}/junit.xml"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_download_takes_any_python_and_names_one_without_pip(tmp_path):
+    done = subprocess.run(
+        ["bash", str(GPU / "download.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=os.environ | {"PYTHON": str(tmp_path / "no-python")},
+    )
+    assert done.returncode == 1
+    assert f"{tmp_path / 'no-python'} has no pip" in done.stderr
+    assert "Hint: PYTHON=" in done.stderr

@@ -124,6 +124,8 @@ def bench_ttft(
     card: str,
 ) -> dict[str, Any]:
     """Cold, repeat and new-thread time to first token per length class (see the module)."""
+    from mlx_lm import stream_generate
+
     from mlx_integrations.engine import SimpleEngine
 
     prompts = Prompts(tokenizer)
@@ -182,6 +184,15 @@ def bench_ttft(
                 ),
             }
         out["distinct_lengths"] = len(prompts.seen)
+        # After the timing: the greedy replies of both sides to the same new prompts
+        # (padded prefill pieces must not change them).
+        same = []
+        for target in lengths:
+            text, ids = prompts.new(target)
+            raw = [int(r.token) for r in stream_generate(model, tokenizer, ids, max_tokens=16)]
+            ours = loop.run_until_complete(engine.generate(text, max_tokens=16, temperature=0.0))
+            same.append({"tokens": len(ids), "same": list(ours.tokens) == raw})
+        out["same_greedy_tokens"] = same
     finally:
         loop.run_until_complete(engine.stop())
         loop.close()
@@ -199,6 +210,8 @@ def brief_ttft(r: dict[str, Any]) -> str:
             f"({repeat['ours_median'] * 1e3:.0f}/{repeat['raw_median'] * 1e3:.0f} ms), raw on a "
             f"new thread {row['raw_new_thread_median'] * 1e3:.0f} ms"
         )
+    same = r.get("same_greedy_tokens", [])
+    cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")
     warm = r.get("warmup_s")
     head = f"[{r.get('card')}] load {r.get('load_s', 0):.2f} s" + (
         f" (warm-up {warm:.2f} s)" if warm is not None else " (no warm-up)"

@@ -239,8 +239,9 @@ def decode_sides(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
 
     Both sides warm up first, ``--warmup`` runs each in turn on the same prompt and
     length, then ``--reps`` timed runs alternate which side goes first. Every run's
-    tokens are checked against raw's first (warm-up) run. The cold time to first token
-    is that of each timed run (no prefix cache: ``cache_memory_mb=0``).
+    tokens are checked against raw's first (warm-up) run. The time to first token is
+    that of each timed run: the same prompt each time, so not a cold one (no prefix
+    cache, ``cache_memory_mb=0``, but every shape met before; see the ``ttft`` part).
     """
     from mlx_integrations.engine import SimpleEngine
 

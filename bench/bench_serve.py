@@ -395,7 +395,7 @@ def main() -> None:
                 )
             )
             running.append(server)
-            print(f"{server.name} ready at {server.url}")
+            print(f"{server.name} ready at {server.url}", flush=True)
         except Exception as exc:  # a peer that fails is reported, the rest go on
             print(f"{server.name} left out: {exc} (log: {server.log})")
             server.stop()
@@ -407,8 +407,14 @@ def main() -> None:
             order = running[k % len(running) :] + running[: k % len(running)]
             for server in order:
                 try:
-                    results[server.name][c] = asyncio.run(
+                    results[server.name][c] = r = asyncio.run(
                         level(server, c, args.rounds, args.tokens, bias)
+                    )
+                    print(
+                        f"  {server.name} c={c}: {r['tokens_per_s']:.1f} tok/s, TTFT p50 "
+                        f"{r['ttft_p50'] * 1000:.0f} ms, p99 {r['ttft_p99'] * 1000:.0f} ms, "
+                        f"turn 2 p50 {r['turn2_ttft_p50'] * 1000:.0f} ms",
+                        flush=True,
                     )
                 except Exception as exc:  # reported; the other figures go on
                     print(f"{server.name} at c={c} failed: {type(exc).__name__}: {exc}")

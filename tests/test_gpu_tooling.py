@@ -134,6 +134,39 @@ def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
         assert (work / name).read_bytes() == data
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_each_install_adds_the_wheels_that_came_since_the_last(tmp_path):
+    wheels = fake_wheels(tmp_path / "wheels")
+    out = tmp_path / "bundles"
+    done = run_pack(
+        "--out",
+        str(out),
+        "--wheels",
+        str(tmp_path / "wheels"),
+        "--no-models",
+        "--bundle-mib",
+        "0.3",
+    )
+    assert done.returncode == 0, done.stderr
+    # A stand-in for Python that logs the wheels pip is asked to install.
+    log = tmp_path / "calls.log"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    python.chmod(0o755)
+    bundles = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    installed: list[str] = []
+    for folder in bundles:
+        log.write_text("")
+        env = {"GPU_WORK": str(tmp_path / "work"), "PYTHON": str(python)}
+        done = device(tmp_path, "stash", str(folder), "install", **env)
+        assert done.returncode == 0, done.stderr
+        pip = [line for line in log.read_text().splitlines() if "--target" in line]
+        now = [w.rsplit("/", 1)[-1] for line in pip for w in line.split() if w.endswith(".whl")]
+        assert not set(now) & set(installed)  # none twice
+        installed += now
+    assert sorted(installed) == sorted(wheels)
+
+
 def test_the_default_bundle_leaves_room_for_the_working_tree(pack, tmp_path):
     tree = pack.travelling_bytes()
     headroom = 2 * MIB

@@ -90,8 +90,17 @@ while [ $# -gt 0 ]; do
                 echo "not here yet: $name"
             fi
         done
-        $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site "$W"/*.whl
+        # An earlier install's wheels stay installed: only the new ones go in.
+        new=()
+        for wheel in "$W"/*.whl; do
+            grep -qxF "$(basename "$wheel")" "$W/installed" 2>/dev/null || new+=("$wheel")
+        done
+        if [ ${#new[@]} -gt 0 ]; then
+            $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target /tmp/site "${new[@]}"
+            printf '%s\n' "${new[@]##*/}" >>"$W/installed"
+        fi
+        echo "installed ${#new[@]} wheels ($(wc -l <"$W/installed") in all)"
         if ! $python -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$W/editable.log" 2>&1; then
             # No build backend there: put the CLI where the package expects it.
             cat "$W/editable.log" >&2

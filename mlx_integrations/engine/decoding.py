@@ -82,16 +82,18 @@ class PrefillShapes:
             enabled = cuda_default_device()
         return cls(bucket_sizes(step_size) if enabled else (), positions)
 
-    def padding(self, cache: list[Any], n: int) -> int:
-        """Tokens to append to a piece of ``n`` tokens fed into ``cache``.
-
-        Only a cache of plain KV layers is padded: a sliding window could drop real
-        tokens for pads, and a state-space layer cannot be trimmed.
-        """
+    def pads(self, cache: list[Any]) -> bool:
+        """Whether pieces fed into ``cache`` are padded: buckets, and plain KV layers (a
+        sliding window could drop real tokens for pads, a state-space layer cannot be
+        trimmed, a quantized cache is not padded)."""
         from mlx_lm.models.cache import KVCache
 
+        return bool(self.buckets and cache) and all(type(layer) is KVCache for layer in cache)
+
+    def padding(self, cache: list[Any], n: int) -> int:
+        """Tokens to append to a piece of ``n`` tokens fed into ``cache``."""
         size = next((b for b in self.buckets if b >= n), n)
-        if size == n or not cache or any(type(layer) is not KVCache for layer in cache):
+        if size == n or not self.pads(cache):
             return 0
         if self.positions is not None and cache[0].offset + size > self.positions:
             return 0
@@ -161,7 +163,7 @@ def warm_shapes(model: Any, shapes: PrefillShapes, step_size: int) -> float:
     limit = shapes.positions if shapes.positions is not None else 2 * step_size + 1
     sizes = [(0, size) for size in shapes.buckets if size < limit]
     sizes += [(step_size, size) for size in shapes.buckets if step_size + size < limit]
-    if not shapes.padding(whole, 1):  # a cache that is never padded: no bucket to meet
+    if not shapes.pads(whole):  # a cache that is never padded: no bucket to meet
         sizes = []
     with mx.stream(generation_stream):
         if any(before for before, _ in sizes):

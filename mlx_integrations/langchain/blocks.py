@@ -11,6 +11,7 @@ malformed calls out). :class:`BlockIndexer` numbers the blocks of a stream.
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk
@@ -58,12 +59,25 @@ def translate_content(message: AIMessage) -> list[types.ContentBlock]:
             "type": "invalid_tool_call",
             "id": c.get("id"),
             "name": c.get("name"),
-            "args": c.get("args"),
+            "args": _raw_args(c.get("args"), c.get("error")),
             "error": c.get("error"),
         }
         for c in message.invalid_tool_calls
     ]
     return blocks
+
+
+def _raw_args(args: str | None, error: str | None) -> str | None:
+    """The raw text of a malformed call. A streamed one travels as a JSON string (so
+    that LangChain never reads a cut-off call as a valid one) and comes back without
+    an error: unquote it."""
+    if error is None and isinstance(args, str):
+        try:
+            inner = json.loads(args)
+        except ValueError:
+            return args
+        return inner if isinstance(inner, str) else args
+    return args
 
 
 def translate_content_chunk(chunk: AIMessageChunk) -> list[types.ContentBlock]:

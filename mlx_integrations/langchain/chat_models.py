@@ -394,7 +394,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         if self.streaming:
             return result_from_chunks(list(self._stream(messages, stop, run_manager, **kwargs)))
         events = list(iterate_sync(self._aevents(messages, stop, kwargs, stream=False)))
-        return result_from_events(events)
+        return result_from_events(events, self.output_version == "v1")
 
     async def _agenerate(
         self,
@@ -407,7 +407,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
             chunks = [c async for c in self._astream(messages, stop, run_manager, **kwargs)]
             return result_from_chunks(chunks)
         events = [e async for e in self._aevents(messages, stop, kwargs, stream=False)]
-        return result_from_events(events)
+        return result_from_events(events, self.output_version == "v1")
 
     # ----------------------------------------------------------------- tools
 

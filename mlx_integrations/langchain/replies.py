@@ -124,16 +124,21 @@ def _invalid_block(event: InvalidToolCall, index: int) -> dict[str, Any]:
     }
 
 
-def result_from_events(events: list[Any]) -> ChatResult:
-    """A whole reply (v0: the translator gives its v1 blocks)."""
+def result_from_events(events: list[Any], v1: bool = False) -> ChatResult:
+    """A whole reply: text ``content`` (the translator reads its blocks), or with ``v1``
+    its blocks in the order the model wrote them (text after a call stays after it)."""
     turn = Turn()
     for event in events:
         turn.add(event)
     assert turn.finished is not None
-    additional = {"reasoning_content": turn.reasoning} if turn.reasoning else {}
+    additional = {"reasoning_content": turn.reasoning} if turn.reasoning and not v1 else {}
     metadata = response_metadata(turn.finished)
+    content: Any = turn.content
+    if v1:
+        content = _ordered_blocks(events)
+        metadata["output_version"] = "v1"
     message = AIMessage(
-        content=turn.content,
+        content=content,
         tool_calls=[to_lc_tool_call(c) for c in turn.tool_calls],
         invalid_tool_calls=[to_lc_invalid_tool_call(c) for c in turn.invalid_tool_calls],
         additional_kwargs=additional,
@@ -141,6 +146,26 @@ def result_from_events(events: list[Any]) -> ChatResult:
         response_metadata=metadata,
     )
     return ChatResult(generations=[ChatGeneration(message=message, generation_info=metadata)])
+
+
+def _ordered_blocks(events: list[Any]) -> list[dict[str, Any]]:
+    """A reply's v1 blocks in order: runs of text or thinking joined, each call alone."""
+    blocks: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, (TextDelta, ReasoningDelta)):
+            kind = "text" if isinstance(event, TextDelta) else "reasoning"
+            if blocks and blocks[-1]["type"] == kind:
+                blocks[-1][kind] += event.text
+            else:
+                blocks.append({"type": kind, kind: event.text})
+        elif isinstance(event, ParsedToolCall):
+            call = to_lc_tool_call(event)
+            blocks.append(
+                {"type": "tool_call", "id": call["id"], "name": call["name"], "args": call["args"]}
+            )
+        elif isinstance(event, InvalidToolCall):
+            blocks.append({k: v for k, v in _invalid_block(event, 0).items() if k != "index"})
+    return blocks
 
 
 def result_from_chunks(chunks: list[ChatGenerationChunk]) -> ChatResult:

@@ -258,3 +258,56 @@ async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
     finally:
         await engine.stop()
         await off.stop()
+
+
+async def staggered(
+    engine: Any, chats: list[list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Any], list[tuple[int, ...]]]:
+    """The first chat starts; each next one is sent once the previous has a token, so it
+    joins the running batch on its own. Returns the replies and the input shapes of every
+    forward pass (the batch generator's own included)."""
+    await engine.start()
+    model_class = type(engine._model)
+    seen: list[tuple[int, ...]] = []
+    forward = model_class.__call__
+
+    def recorded(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tuple(inputs.shape))
+        return forward(self, inputs, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model_class, "__call__", recorded)
+        tasks = []
+        for i, chat in enumerate(chats):
+            first = asyncio.Event()
+
+            async def run(
+                chat: list[dict[str, str]] = chat, first: asyncio.Event = first, n: int = 40 - 6 * i
+            ) -> Any:
+                last = None
+                stream = engine.stream_chat(chat, max_tokens=n, temperature=0.0)
+                async for out in stream:
+                    first.set()
+                    last = out
+                return last
+
+            tasks.append(asyncio.create_task(run()))
+            await first.wait()
+        outs = await asyncio.gather(*tasks)
+    return outs, seen
+
+
+async def test_requests_joining_a_running_batch_one_by_one_are_prefilled_padded(
+    engines, monkeypatch
+):
+    chats = [[{"role": "user", "content": p + " Now."}] for p in PROMPTS]
+    plain, plain_seen = await staggered(engines["batched"], chats, monkeypatch)
+    padded, seen = await staggered(engines["batched_padded"], chats, monkeypatch)
+    assert [o.tokens for o in padded] == [o.tokens for o in plain]
+    # Every prefill piece has a bucket's length and one row (the first request's alone,
+    # the others' on their own before they join); the batch decodes one token a row.
+    assert max(rows for rows, _ in seen) >= 3  # they did share a batch
+    pieces = {s for s in seen if s[1] > 1}
+    assert pieces and all(rows == 1 and n in bucket_sizes(STEP) for rows, n in pieces)
+    # Unpadded, the generator prefilled each newcomer at its own length.
+    assert {s for s in plain_seen if s[1] > 1} - {(1, b) for b in bucket_sizes(STEP)}

@@ -25,7 +25,7 @@ from mlx_integrations.engine.batched.sampling import (
     GuardedSampler,
     SharedSamplers,
 )
-from mlx_integrations.engine.batched.solo import SoloDecode
+from mlx_integrations.engine.batched.solo import SoloDecode, prefill_joining
 from mlx_integrations.engine.batched.speculation import BatchSpeculation, add_token
 from mlx_integrations.engine.cache.kv_quantization import (
     check_batched_kv_options,
@@ -328,12 +328,15 @@ class BatchedEngine(MLXEngine):
 
     def _admit(self) -> None:
         """Move queued requests into the generator while the batch has room."""
+        took = 0
         while len(self._active) + (self._solo is not None) < self._max_num_seqs:
             with self._state_lock:
                 if not self._inbox:
                     return
                 job = self._inbox.popleft()
-                alone = not self._inbox and not self._active and self._solo is None
+                lone = not self._inbox and not took  # joins the batch on its own
+                alone = lone and not self._active and self._solo is None
+            took += 1
             if job.abort.is_set():
                 self._finish(job, aborted_output(job))
                 continue
@@ -343,13 +346,13 @@ class BatchedEngine(MLXEngine):
                     continue
                 if self._solo is not None:
                     self._join_solo()
-                self._insert(job)
+                self._insert(job, lone)
             except Exception as exc:
                 logger.debug("Request %s failed", job.params.request_id, exc_info=True)
                 repair_random_state()
                 self._finish(job, exc)
 
-    def _insert(self, job: Job) -> None:
+    def _insert(self, job: Job, lone: bool = False) -> None:
         p = job.params
         cache, reused = self._prefix.take(job.tokens)
         if cache is not None and not all(hasattr(layer, "merge") for layer in cache):
@@ -362,9 +365,12 @@ class BatchedEngine(MLXEngine):
             sampler = self._samplers.for_request(p)
             builder = self._output_builder(job, reused)
             act = _Active(job, builder, processors, sampler)
-            self._insert_active(act, job.tokens[reused:], cache, job.tokens[:reused])
+            fed = reused
+            if lone and self._options.kv_bits is None:
+                cache, fed = prefill_joining(self._model, job.tokens, reused, cache, self._shapes)
+            self._insert_active(act, job.tokens[fed:], cache, job.tokens[:fed])
         except BaseException:
-            if cache is not None:
+            if cache is not None:  # held beyond the prefix (fed), it is trimmed to it
                 self._prefix.put(job.tokens[:reused], cache)
             raise
         self._spec.admitted(self._model, p, processors is not None)

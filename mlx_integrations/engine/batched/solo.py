@@ -213,3 +213,34 @@ class SoloDecode:
         self.context.append(token)
         self._produced += 1
         return_buffers(self._produced)
+
+
+def prefill_joining(
+    model: Any,
+    tokens: list[int],
+    reused: int,
+    cache: list[Any] | None,
+    shapes: PrefillShapes,
+) -> tuple[list[Any] | None, int]:
+    """Prefill a request that joins a running batch on its own, padded as a lone one is.
+
+    mlx-lm's batch generator prefills a newcomer at its exact length, one shape per
+    prompt length; a newcomer of one piece or less is prefilled here instead (its last
+    piece padded to a bucket), and joins with its last token alone. Requests arriving
+    together are left to the generator, which prefills them in one batch.
+
+    Returns:
+        ``(cache, fed)``: the cache (a new one if ``cache`` was None) and the prompt
+        tokens it holds; ``cache`` and ``reused`` unchanged where nothing was done.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    rest = len(tokens) - 1 - reused
+    step_size = shapes.buckets[-1] if shapes.buckets else 0  # the longest piece
+    if not 0 < rest <= step_size:
+        return cache, reused
+    cache = cache if cache is not None else make_prompt_cache(model)
+    if not shapes.pads(cache):
+        return cache, reused  # not a plain KV cache: the generator prefills it
+    prefill(model, cache, tokens[reused:-1], step_size, shapes=shapes)
+    return cache, len(tokens) - 1

@@ -145,6 +145,14 @@ def table(results: dict[str, Any]) -> str:
                 [_cell(ms(x.get("repeat")), "ms", 1) for x in rows],
             )
         )
+        if any("cold_unpadded" in x for x in rows):
+            lines.append(
+                row(
+                    "new prompt, `SimpleEngine(prefill_buckets=False, warmup_shapes=False)` / "
+                    "`stream_generate`",
+                    [_cell(ms(x.get("cold_unpadded")), "ms", 1) for x in rows],
+                )
+            )
     lines.append(
         row(
             "TTFT of one 32-word prompt run again and again (not cold)",

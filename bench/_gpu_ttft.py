@@ -122,38 +122,44 @@ def bench_ttft(
     reps: int,
     engine_options: dict[str, Any],
     card: str,
+    unpadded: bool = True,
 ) -> dict[str, Any]:
-    """Cold, repeat and new-thread time to first token per length class (see the module)."""
+    """Cold, repeat and new-thread time to first token per length class (see the module).
+
+    ``unpadded`` adds a third side: the engine with ``prefill_buckets`` and
+    ``warmup_shapes`` off, on an owner thread of its own, interleaved with the others.
+    """
     from mlx_lm import stream_generate
 
     from mlx_integrations.engine import SimpleEngine
 
     prompts = Prompts(tokenizer)
     options = {"cache_memory_mb": 0} | engine_options
-    engine = SimpleEngine(path, **options)
+    plain_options = options | {"prefill_buckets": False, "warmup_shapes": False}
+    engines = {"ours": SimpleEngine(path, **options)}
+    if unpadded:
+        engines["ours_unpadded"] = SimpleEngine(path, **plain_options)
     loop = asyncio.new_event_loop()
-    began = time.perf_counter()
-    loop.run_until_complete(engine.start())
-    out: dict[str, Any] = {
-        "card": card,
-        "engine_options": options,
-        "prefill_buckets": list(engine._shapes.buckets),
-        "load_s": time.perf_counter() - began,
-        "warmup_s": engine.warmup_seconds,
-        "reps": reps,
-        "lengths": {},
-    }
+    out: dict[str, Any] = {"card": card, "engine_options": options, "reps": reps, "lengths": {}}
+    for name, engine in engines.items():
+        began = time.perf_counter()
+        loop.run_until_complete(engine.start())
+        out[name] = {
+            "prefill_buckets": list(engine._shapes.buckets),
+            "load_s": time.perf_counter() - began,
+            "warmup_s": engine.warmup_seconds,
+        }
+    out |= {k: out["ours"][k] for k in ("prefill_buckets", "load_s", "warmup_s")}
+    names = ["raw", *engines]
     try:
         # The first request of each side (process and engine-thread set-up), apart.
-        text, ids = prompts.new(9)
-        out["first_request"] = {
-            "raw": _raw_ttft(model, tokenizer, ids),
-            "ours": loop.run_until_complete(_ours_ttft(engine, prompts.new(9)[0])),
-            "tokens": len(ids),
-        }
-        rows = {L: {"raw": [], "ours": [], "raw_new_thread": []} for L in lengths}
+        first = {"raw": _raw_ttft(model, tokenizer, prompts.new(9)[1])}
+        for name, engine in engines.items():
+            first[name] = loop.run_until_complete(_ours_ttft(engine, prompts.new(9)[0]))
+        out["first_request"] = first
+        rows = {L: {name: [] for name in [*names, "raw_new_thread"]} for L in lengths}
         for rep in range(reps):
-            sides = ["raw", "ours"] if rep % 2 == 0 else ["ours", "raw"]
+            sides = names[rep % len(names) :] + names[: rep % len(names)]
             for target in lengths:
                 for side in sides:
                     text, ids = prompts.new(target)
@@ -169,32 +175,44 @@ def bench_ttft(
                             }
                         )
                     else:
-                        cold = loop.run_until_complete(_ours_ttft(engine, text))
-                        repeat = loop.run_until_complete(_ours_ttft(engine, again))
+                        cold = loop.run_until_complete(_ours_ttft(engines[side], text))
+                        repeat = loop.run_until_complete(_ours_ttft(engines[side], again))
                     rows[target][side].append(
                         {"tokens": len(ids), "cold": cold, "repeat": repeat, "rep": rep}
                     )
         for target, row in rows.items():
-            raw, ours = row["raw"], row["ours"]
-            out["lengths"][str(target)] = row | {
-                "cold": _ratios([r["cold"] for r in ours], [r["cold"] for r in raw]),
-                "repeat": _ratios([r["repeat"] for r in ours], [r["repeat"] for r in raw]),
-                "raw_new_thread_median": statistics.median(
-                    r["ttft"] for r in row["raw_new_thread"]
-                ),
-            }
+            entry: dict[str, Any] = dict(row)
+            for name in engines:
+                suffix = "" if name == "ours" else f"_{name.removeprefix('ours_')}"
+                for kind in ("cold", "repeat"):
+                    mine = [r[kind] for r in row[name]]
+                    entry[kind + suffix] = _ratios(mine, [r[kind] for r in row["raw"]])
+            if unpadded:  # padded against unpadded, both ours
+                for kind in ("cold", "repeat"):
+                    entry[f"{kind}_padded_vs_unpadded"] = _ratios(
+                        [r[kind] for r in row["ours"]], [r[kind] for r in row["ours_unpadded"]]
+                    )
+            entry["raw_new_thread_median"] = statistics.median(
+                r["ttft"] for r in row["raw_new_thread"]
+            )
+            out["lengths"][str(target)] = entry
         out["distinct_lengths"] = len(prompts.seen)
-        # After the timing: the greedy replies of both sides to the same new prompts
+        # After the timing: the greedy replies of every side to the same new prompts
         # (padded prefill pieces must not change them).
         same = []
         for target in lengths:
             text, ids = prompts.new(target)
             raw = [int(r.token) for r in stream_generate(model, tokenizer, ids, max_tokens=16)]
-            ours = loop.run_until_complete(engine.generate(text, max_tokens=16, temperature=0.0))
-            same.append({"tokens": len(ids), "same": list(ours.tokens) == raw})
+            row = {"tokens": len(ids)}
+            for name, engine in engines.items():
+                reply = loop.run_until_complete(engine.generate(text, max_tokens=16, temperature=0))
+                row[name] = list(reply.tokens) == raw
+            row["same"] = all(v for k, v in row.items() if k != "tokens")
+            same.append(row)
         out["same_greedy_tokens"] = same
     finally:
-        loop.run_until_complete(engine.stop())
+        for engine in engines.values():
+            loop.run_until_complete(engine.stop())
         loop.close()
     return out
 
@@ -204,12 +222,19 @@ def brief_ttft(r: dict[str, Any]) -> str:
     cells = []
     for target, row in r.get("lengths", {}).items():
         cold, repeat = row["cold"], row["repeat"]
-        cells.append(
+        cell = (
             f"{target}: cold {cold['ratio']:.2f} ({cold['ours_median'] * 1e3:.0f}/"
             f"{cold['raw_median'] * 1e3:.0f} ms), repeat {repeat['ratio']:.2f} "
             f"({repeat['ours_median'] * 1e3:.0f}/{repeat['raw_median'] * 1e3:.0f} ms), raw on a "
             f"new thread {row['raw_new_thread_median'] * 1e3:.0f} ms"
         )
+        if "cold_unpadded" in row:
+            plain = row["cold_unpadded"]
+            cell += (
+                f", unpadded engine cold {plain['ratio']:.2f} ({plain['ours_median'] * 1e3:.0f} "
+                f"ms; padded/unpadded {row['cold_padded_vs_unpadded']['ratio']:.2f})"
+            )
+        cells.append(cell)
     same = r.get("same_greedy_tokens", [])
     cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")
     warm = r.get("warmup_s")

@@ -9,7 +9,9 @@ per-repetition ratios.
    process, of about ``--ttft-lengths`` tokens (32, 512, 1,700, 4,000), no length
    twice: the cold figure, the repeat-length figure (a second prompt of one length),
    and raw on a new thread (is the GPU's set-up kept per thread?); the engine with the
-   device's defaults (``--engine-options`` JSON overrides them), its load and warm-up.
+   device's defaults (``--engine-options`` JSON overrides them), its load and warm-up,
+   and beside it the engine without padded prefill pieces (``--no-ttft-unpadded``
+   leaves it out).
 1. **Single stream**: greedy decode tokens/s (first token to last) of
    ``SimpleEngine.stream_generate`` against ``mlx_lm.stream_generate``, and the time to
    first token of that same 32-word prompt again and again (not a cold prompt: see
@@ -719,7 +721,15 @@ def run_part(args: Any) -> None:
     options = json.loads(args.engine_options)
     parts: dict[str, Callable[[], Any]] = {
         "ttft": functools.partial(
-            bench_ttft, path, model, tokenizer, args.ttft_lengths, args.ttft_reps, options, card()
+            bench_ttft,
+            path,
+            model,
+            tokenizer,
+            args.ttft_lengths,
+            args.ttft_reps,
+            options,
+            card(),
+            not args.no_ttft_unpadded,
         ),
         "single": functools.partial(bench_single, path, model, tokenizer, args),
         "profile": functools.partial(bench_profile, model, tokenizer, path, args),
@@ -750,6 +760,11 @@ def main() -> None:
         help="prompt length classes of the ttft part (tokens)",
     )
     parser.add_argument("--ttft-reps", type=int, default=3, help="ttft measurements a side")
+    parser.add_argument(
+        "--no-ttft-unpadded",
+        action="store_true",
+        help="leave out the ttft part's third side (the engine without prefill_buckets)",
+    )
     parser.add_argument(
         "--engine-options",
         default="{}",
@@ -833,6 +848,7 @@ def main() -> None:
     common += ["--graph-inner", str(args.graph_inner), "--ttft-reps", str(args.ttft_reps)]
     common += ["--ttft-lengths", *map(str, args.ttft_lengths)]
     common += ["--engine-options", args.engine_options]
+    common += ["--no-ttft-unpadded"] if args.no_ttft_unpadded else []
     for shape in args.shapes:
         r: dict[str, Any] = results["shapes"].setdefault(shape, {})
         for part in args.parts:

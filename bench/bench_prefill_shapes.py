@@ -58,6 +58,12 @@ def prompt_of(tokenizer: Any, n: int, seed: int) -> str:
     raise RuntimeError(f"no text of {n} tokens")
 
 
+def _plain_cache() -> Any:
+    from mlx_lm.models.cache import KVCache
+
+    return KVCache()
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from mlx_integrations.engine import SimpleEngine
 
@@ -81,31 +87,43 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             engine._model = shapes[name]
         tokenizer = sides["plain"].tokenizer
         result["buckets"] = list(sides["padded"]._shapes.buckets)
+        step = sides["padded"]._prefill_step_size
         same = True
         for n in args.lengths:
             times: dict[str, list[float]] = {"padded": [], "plain": []}
+            cpu: dict[str, list[float]] = {"padded": [], "plain": []}
             for rep in range(args.reps):
                 text = prompt_of(tokenizer, n, seed=n * 100 + rep)
                 order = ["padded", "plain"] if rep % 2 == 0 else ["plain", "padded"]
-                replies = {}
                 for name in order:
-                    start = time.perf_counter()
-                    out = await sides[name].generate(text, max_tokens=args.tokens, temperature=0)
-                    times[name].append(out.ttft_s if out.ttft_s else time.perf_counter() - start)
-                    replies[name] = out.tokens
-                same = same and replies["padded"] == replies["plain"]
-            ratios = [p / q for p, q in zip(times["padded"], times["plain"], strict=True)]
-            result["lengths"][str(n)] = {
+                    # The prompt and one token: the prefill, in wall and CPU seconds (the
+                    # latter less moved by other work on a shared machine).
+                    wall, used = time.perf_counter(), time.process_time()
+                    await sides[name].generate(text, max_tokens=1, temperature=0)
+                    cpu[name].append(time.process_time() - used)
+                    times[name].append(time.perf_counter() - wall)
+            replies = [
+                (await sides[name].generate(text, max_tokens=args.tokens, temperature=0)).tokens
+                for name in ("padded", "plain")
+            ]
+            same = same and replies[0] == replies[1]
+            row = result["lengths"][str(n)] = {
                 "padded_ms": statistics.median(times["padded"]) * 1e3,
                 "plain_ms": statistics.median(times["plain"]) * 1e3,
-                "ratio": statistics.median(ratios),
-                "ratio_low": min(ratios),
-                "ratio_high": max(ratios),
+                "ratio": statistics.median(
+                    p / q for p, q in zip(times["padded"], times["plain"], strict=True)
+                ),
+                "cpu_ratio": statistics.median(
+                    p / q for p, q in zip(cpu["padded"], cpu["plain"], strict=True)
+                ),
+                "padded_tokens": n
+                - 1
+                + sides["padded"]._shapes.padding([_plain_cache()], (n - 1) % step or step),
             }
-            row = result["lengths"][str(n)]
             print(
-                f"{n:5d} tokens: padded {row['padded_ms']:7.1f} ms, plain {row['plain_ms']:7.1f} ms,"
-                f" ratio {row['ratio']:.3f} ({row['ratio_low']:.3f}-{row['ratio_high']:.3f})",
+                f"{n:5d} tokens: padded {row['padded_ms']:7.1f} ms, plain {row['plain_ms']:7.1f} ms"
+                f" (wall ratio {row['ratio']:.3f}, CPU-time ratio {row['cpu_ratio']:.3f}); "
+                f"tokens prefilled {row['padded_tokens']} against {n - 1}",
                 flush=True,
             )
         result["same_replies"] = same
@@ -128,7 +146,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path)
     parser.add_argument("--lengths", type=int, nargs="+", default=[20, 70, 150, 300, 700, 1500])
     parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=16, help="tokens of the compared replies")
     parser.add_argument("--step", type=int, help="prefill_step_size (default: the device's)")
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
     args = parser.parse_args()

@@ -153,6 +153,15 @@ class RunOptions:
     """Images (paths or URLs) that go with the first question (vision models)."""
     json_output: bool = False
     """Print nothing while the answer streams; :func:`one_shot` prints one JSON object."""
+    reasoning_effort: str | None = None
+    """How much a thinking model thinks (its template's own switch; ``--reasoning-effort``)."""
+    thinking_budget: int | None = None
+    """Most tokens a thinking model may think before it answers (``--thinking-budget``)."""
+
+    def reasoning_options(self) -> dict[str, Any]:
+        """The chat request's reasoning controls that were given."""
+        given = {"reasoning_effort": self.reasoning_effort, "thinking_budget": self.thinking_budget}
+        return {k: v for k, v in given.items() if v is not None}
 
     def first_messages(self) -> list[dict[str, str]]:
         """The conversation before the first user turn."""
@@ -233,6 +242,7 @@ class Answer:
                 "prompt_tokens": last.prompt_tokens if last is not None else 0,
                 "completion_tokens": last.completion_tokens if last is not None else 0,
                 "cached_tokens": last.cached_tokens if last is not None else 0,
+                "reasoning_tokens": last.reasoning_tokens if last is not None else 0,
             },
             "time_to_first_token_s": round(last.ttft_s, 4) if last is not None else None,
             "tokens_per_second": round(last.generation_tps, 2) if last is not None else None,
@@ -265,6 +275,8 @@ class Answer:
             "role": "assistant",
             "content": self.text,
             **({"tool_calls": calls} if calls else {}),
+            # A template that renders earlier thinking shows it; others drop it.
+            **({"reasoning_content": self.reasoning} if self.reasoning else {}),
         }
 
 
@@ -291,6 +303,7 @@ def _stream(
         response_format=opts.response_format,
         max_tokens=opts.max_tokens,
         temperature=opts.temperature,
+        options=opts.reasoning_options(),
     )
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
     loop = background_loop()

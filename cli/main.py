@@ -15,7 +15,7 @@ import typer
 from mlx_integrations.cli.doctor import doctor
 from mlx_integrations.cli.errors import handle_errors
 from mlx_integrations.cli.fuse import fuse
-from mlx_integrations.cli.options import JSON_OPTION, confirm
+from mlx_integrations.cli.options import BUDGET_OPTION, EFFORT_OPTION, JSON_OPTION, confirm
 from mlx_integrations.cli.output import (
     Result,
     Table,
@@ -537,6 +537,8 @@ def run(
     hide_thinking: bool = typer.Option(
         False, "--hide-thinking", help="Do not print a reasoning model's thinking (stderr)."
     ),
+    reasoning_effort: str | None = EFFORT_OPTION,
+    thinking_budget: int | None = BUDGET_OPTION,
     tools: Path | None = typer.Option(
         None, "--tools", help="JSON file of tool definitions the model may call."
     ),
@@ -624,11 +626,10 @@ def run(
         engine_options=engine_options(draft_model, prompt_lookup, kv_bits, adapter),
         images=image_sources(image),
         json_output=json_output,
+        reasoning_effort=reasoning_effort,
+        thinking_budget=thinking_budget,
     )
-    if prompt is not None:
-        one_shot(model, prompt, options)
-    else:
-        chat_session(model, options)
+    one_shot(model, prompt, options) if prompt is not None else chat_session(model, options)
 
 
 app.command()(doctor)

@@ -14,6 +14,28 @@ import typer
 from mlx_integrations.cli.output import stdin_is_tty
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON.")
+EFFORTS = ("none", "low", "medium", "high")
+
+
+def _effort(value: str | None) -> str | None:
+    if value is not None and value not in EFFORTS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, EFFORTS))}.")
+    return value
+
+
+EFFORT_OPTION = typer.Option(
+    None,
+    "--reasoning-effort",
+    callback=_effort,
+    help="How much a thinking model thinks (none, low, medium or high), through its "
+    "template's own switch; a level it does not take is refused, naming those it takes.",
+)
+BUDGET_OPTION = typer.Option(
+    None,
+    "--thinking-budget",
+    min=0,
+    help="Most tokens a thinking model may think; then its end marker is written and it answers.",
+)
 
 
 def confirm(question: str, yes: bool, dry_run: bool) -> bool:

@@ -92,8 +92,10 @@ while [ $# -gt 0 ]; do
         done
         # An earlier install's wheels stay installed: only the new ones go in.
         new=()
+        touch "$W/installed"
         for wheel in "$W"/*.whl; do
-            grep -qxF "$(basename "$wheel")" "$W/installed" 2>/dev/null || new+=("$wheel")
+            [ -f "$wheel" ] || continue  # none whole yet: the pattern itself
+            grep -qxF "$(basename "$wheel")" "$W/installed" || new+=("$wheel")
         done
         if [ ${#new[@]} -gt 0 ]; then
             $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -82,6 +82,11 @@ class PrefillShapes:
             enabled = cuda_default_device()
         return cls(bucket_sizes(step_size) if enabled else (), positions)
 
+    def warm(self, option: bool | None) -> bool:
+        """Whether the engine meets these shapes at load: ``option`` (``warmup_shapes``),
+        None for wherever pieces are padded."""
+        return option if option is not None else bool(self.buckets)
+
     def pads(self, cache: list[Any]) -> bool:
         """Whether pieces fed into ``cache`` are padded: buckets, and plain KV layers (a
         sliding window could drop real tokens for pads, a state-space layer cannot be

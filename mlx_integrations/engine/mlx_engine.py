@@ -526,14 +526,10 @@ class MLXEngine(ModelLifecycle):
         self._model, self._tokenizer = model, tokenizer
 
     def _warm_up(self) -> None:
-        """Owner thread, once loaded: meet the padded prefill shapes (``warmup_shapes``).
-
-        Not for a vision model (mlx-vlm prefills it) nor a quantized KV cache (never
-        padded).
-        """
+        """Owner thread, once loaded: meet the padded prefill shapes (``warmup_shapes``;
+        not for a vision model, which mlx-vlm prefills, nor a quantized KV cache)."""
         opts = self._options
-        warm = opts.warmup_shapes if opts.warmup_shapes is not None else bool(self._shapes.buckets)
-        if warm and not self._vision and opts.kv_bits is None:
+        if self._shapes.warm(opts.warmup_shapes) and not self._vision and opts.kv_bits is None:
             self.warmup_seconds = warm_shapes(self._model, self._shapes, self._prefill_step_size)
 
     def _unload(self) -> None:

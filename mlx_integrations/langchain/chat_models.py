@@ -35,6 +35,7 @@ from mlx_integrations.chat.completion import (
     pop_engine_options,
     stream_chat_events,
 )
+from mlx_integrations.chat.reasoning import apply_effort
 from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.langchain.blocks import PROVIDER
@@ -373,6 +374,9 @@ class ChatMLX(ChatSettings, BaseChatModel):
             template_kwargs = dict(self.chat_template_kwargs)
             if self.reasoning is not None:
                 template_kwargs["enable_thinking"] = self.reasoning
+            neutral, template_kwargs = apply_effort(  # as a call renders it
+                tokenizer, self.reasoning_effort, neutral, template_kwargs
+            )
             openai_tools = [convert_to_openai_tool(t) for t in tools] if tools else None
             try:
                 prompt = render(neutral, tools=openai_tools, **template_kwargs)

@@ -53,7 +53,9 @@ class ProtocolEvents:
         out: list[dict[str, Any]] = []
         if not self._started:
             self._started = True
-            out.append({"event": "message-start", "role": "ai", "id": "", "metadata": self._metadata})
+            out.append(
+                {"event": "message-start", "role": "ai", "id": "", "metadata": self._metadata}
+            )
         if isinstance(event, (TextDelta, ReasoningDelta)):
             # A text block holds "text", a reasoning block "reasoning".
             kind = "text" if isinstance(event, TextDelta) else "reasoning"
@@ -70,7 +72,12 @@ class ProtocolEvents:
             index = self._begin(out, start)
             delta = {"type": "tool-call-delta", "args": args}
             out.append({"event": "content-block-delta", "index": index, "delta": delta})
-            call = {"type": "tool_call", "id": event.id, "name": event.name, "args": event.arguments}
+            call = {
+                "type": "tool_call",
+                "id": event.id,
+                "name": event.name,
+                "args": event.arguments,
+            }
             out.append({"event": "content-block-finish", "index": index, "content": call})
         elif isinstance(event, InvalidToolCall):
             out += self._close()

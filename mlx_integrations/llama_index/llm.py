@@ -16,8 +16,6 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
-    TextBlock,
-    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
@@ -28,10 +26,6 @@ from pydantic import field_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
-    Finished,
-    ReasoningDelta,
-    TextDelta,
-    Turn,
     pop_engine_options,
     speculative_metadata,
     stream_chat_events,
@@ -43,6 +37,14 @@ from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.llama_index.messages import to_neutral_messages
+from mlx_integrations.llama_index.responses import (
+    ResponseState,
+    StructuredOutputTruncated,
+    StructuredStream,
+    final_response,
+    parse_structured,
+    usage_raw,
+)
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
 from mlx_integrations.settings.fields import check_timeout, validate_request_settings
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
     from llama_index.core.prompts import BasePromptTemplate
     from llama_index.core.tools.types import BaseTool
     from pydantic import BaseModel
+
+__all__ = ["MLXLLM", "MLXLLMMetadata", "StructuredOutputTruncated"]
 
 DEFAULT_CONTEXT_WINDOW = 4096
 
@@ -200,7 +204,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool = True
     ) -> AsyncIterator[ChatResponse]:
         request = self._request(messages, kwargs)
-        state = _ResponseState()
+        state = ResponseState()
         async for event in stream_chat_events(self._served_engine(), request, stream):
             yield state.add(event)
 
@@ -212,7 +216,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         for last in iterate_sync(self._astream_responses(messages, kwargs, False)):  # noqa: B007
             pass
         assert last is not None
-        return _final(last)
+        return final_response(last)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -227,7 +231,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         async for last in self._astream_responses(messages, kwargs, False):  # noqa: B007
             pass
         assert last is not None
-        return _final(last)
+        return final_response(last)
 
     @llm_chat_callback()
     async def astream_chat(
@@ -297,7 +301,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             text += out.new_text
             raw = None
             if out.finished:
-                raw = _usage_raw(
+                raw = usage_raw(
                     out.prompt_tokens,
                     out.completion_tokens,
                     int(getattr(out, "cached_tokens", 0) or 0),
@@ -467,7 +471,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
-        return _parse_structured(output_cls, self.chat(messages, **kwargs))
+        return parse_structured(output_cls, self.chat(messages, **kwargs))
 
     async def astructured_predict(
         self,
@@ -479,7 +483,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         messages, kwargs = self._schema_call(output_cls, prompt, llm_kwargs, prompt_args)
-        return _parse_structured(output_cls, await self.achat(messages, **kwargs))
+        return parse_structured(output_cls, await self.achat(messages, **kwargs))
 
     def stream_structured_predict(  # type: ignore[override]
         self,
@@ -495,7 +499,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         stream = self.stream_chat(messages, **kwargs)
 
         def gen() -> Iterator[Any]:
-            fold = _StructuredStream(output_cls)
+            fold = StructuredStream(output_cls)
             for response in stream:
                 if (partial := fold.add(response)) is not None:
                     yield partial
@@ -518,126 +522,10 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
         stream = await self.astream_chat(messages, **kwargs)
 
         async def gen() -> AsyncIterator[Any]:
-            fold = _StructuredStream(output_cls)
+            fold = StructuredStream(output_cls)
             async for response in stream:
                 if (partial := fold.add(response)) is not None:
                     yield partial
             yield fold.result()
 
         return gen()
-
-
-class _StructuredStream:
-    """Partial objects of ``output_cls`` from a stream of responses, then the complete one."""
-
-    def __init__(self, output_cls: type[BaseModel]) -> None:
-        self.output_cls = output_cls
-        self.last: ChatResponse | None = None
-
-    def add(self, response: ChatResponse) -> Any:
-        """The partial object so far, or None (not enough JSON yet, or the last chunk)."""
-        self.last = response
-        if response.raw is not None:
-            return None
-        return _partial(self.output_cls, response.message.content or "")
-
-    def result(self) -> BaseModel:
-        assert self.last is not None
-        return _parse_structured(self.output_cls, self.last)
-
-
-class StructuredOutputTruncated(ValueError):
-    """The structured output stopped at max_tokens before the JSON was complete."""
-
-
-def _parse_structured(output_cls: type[BaseModel], response: ChatResponse) -> BaseModel:
-    text = response.message.content or ""
-    raw = response.raw or {}
-    if raw.get("finish_reason") == "length":
-        raise StructuredOutputTruncated(
-            f"The {output_cls.__name__} output was cut off at max_tokens before it was "
-            f"complete ({len(text)} characters); raise max_tokens. Output so far: {text[:200]!r}"
-        )
-    return output_cls.model_validate_json(text)
-
-
-def _partial(output_cls: type[BaseModel], text: str) -> Any:
-    """A lenient instance of ``output_cls`` from incomplete JSON, or None."""
-    from llama_index.core.llms.utils import parse_partial_json
-    from llama_index.core.program.utils import create_flexible_model
-
-    try:
-        data = parse_partial_json(text)
-        return create_flexible_model(output_cls).model_validate(data)
-    except Exception:  # not enough JSON yet
-        return None
-
-
-def _usage_raw(
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int,
-    finish_reason: str | None,
-    model: str | None,
-) -> dict[str, Any]:
-    return {
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "cached_tokens": cached_tokens,
-        },
-        "finish_reason": finish_reason,
-        "model": model,
-    }
-
-
-class _ResponseState:
-    """Folds events into the successive ChatResponses of one stream."""
-
-    def __init__(self) -> None:
-        self.turn = Turn()
-
-    def _message(self) -> ChatMessage:
-        turn = self.turn
-        blocks: list[Any] = []
-        if turn.reasoning:
-            blocks.append(ThinkingBlock(content=turn.reasoning))
-        blocks.append(TextBlock(text=turn.content))
-        blocks.extend(
-            ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments)
-            for c in turn.tool_calls
-        )
-        return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
-
-    def add(self, event: Any) -> ChatResponse:
-        self.turn.add(event)
-        extra: dict[str, Any] = {}
-        delta = event.text if isinstance(event, TextDelta) else ""
-        if isinstance(event, ReasoningDelta):
-            extra["thinking_delta"] = event.text
-        raw = None
-        if isinstance(event, Finished):
-            raw = _usage_raw(
-                event.prompt_tokens,
-                event.completion_tokens,
-                event.cached_tokens,
-                event.finish_reason,
-                event.model_name,
-            )
-            if event.model_path:
-                raw["model_path"] = event.model_path  # "model" is the name as given
-            raw["time_to_first_token_s"] = event.ttft_s
-            raw["tokens_per_second"] = event.generation_tps
-            raw.update(event.speculative_metadata())
-        if self.turn.invalid_tool_calls:
-            extra["invalid_tool_calls"] = [
-                {"id": c.id, "name": c.name, "raw": c.raw, "error": c.error}
-                for c in self.turn.invalid_tool_calls
-            ]
-        return ChatResponse(message=self._message(), delta=delta, raw=raw, additional_kwargs=extra)
-
-
-def _final(last: ChatResponse) -> ChatResponse:
-    extra = {k: v for k, v in last.additional_kwargs.items() if k != "thinking_delta"}
-    return ChatResponse(message=last.message, raw=last.raw, additional_kwargs=extra)

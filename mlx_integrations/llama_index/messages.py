@@ -36,9 +36,10 @@ _ROLES = {
 
 def _parts(
     message: ChatMessage, where: str, max_bytes: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    reasoning = ""
     for block in message.blocks:
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
@@ -53,7 +54,9 @@ def _parts(
                 }
             )
         elif isinstance(block, ThinkingBlock):
-            continue  # earlier reasoning is not shown to the model again
+            # Earlier thinking goes as reasoning_content: a template that renders it
+            # (Qwen3's, for the turns since the last question) shows it, others drop it.
+            reasoning += block.content or ""
         elif isinstance(block, ImageBlock):
             source = block.path or block.url
             image, mime = block.image, block.image_mimetype
@@ -72,7 +75,7 @@ def _parts(
                 f"{where} holds a {type(block).__name__}, which MLXLLM cannot send to a "
                 "model; use TextBlock, ImageBlock or VideoBlock content"
             )
-    return parts, calls
+    return parts, calls, reasoning
 
 
 def _media(
@@ -123,7 +126,7 @@ def to_neutral_messages(
                 f"{where} has role {message.role!r}, which MLXLLM does not know; use "
                 "system, user, assistant or tool"
             )
-        parts, calls = _parts(message, where, max_media_bytes)
+        parts, calls, reasoning = _parts(message, where, max_media_bytes)
         extra = message.additional_kwargs or {}
         # OpenAI-style calls kept in kwargs, when the message has no ToolCallBlocks.
         for call in [] if calls else extra.get("tool_calls") or []:
@@ -133,6 +136,8 @@ def to_neutral_messages(
         item: dict[str, Any] = {"role": role, "content": parts}
         if role == "assistant" and calls:
             item["tool_calls"] = calls
+        if role == "assistant" and reasoning:
+            item["reasoning_content"] = reasoning
         if role == "tool":
             item["tool_call_id"] = str(extra.get("tool_call_id") or "")
             if extra.get("name"):

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from mlx_integrations.chat.reasoning import reasoning_switch, reasoning_token_count
-from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine import BaseEngine, BatchedEngine, SimpleEngine
 from tests.support.thinking import (
     EFFORT_TEMPLATE,
     FLAGS_TEMPLATE,
@@ -187,8 +187,69 @@ def test_after_the_budget_the_answer_follows_the_schema(models, engine_class, na
         )
         starts_open = name == "opening"
         assert reasoning_token_count(out.tokens, tok, starts_open) == 6
-        thinking, answer = out.text.split("</think>", 1)
+        answer = out.text.split("</think>", 1)[1]
         jsonschema.validate(json.loads(answer), SCHEMA)
         assert out.finish_reason == "stop"
     finally:
         asyncio.run(engine.stop())
+
+
+class Delegating(BaseEngine):
+    """Another project's engine: it knows no reasoning controls, only the contract
+    (chat template variables and logits processors, passed on to a SimpleEngine)."""
+
+    def __init__(self, inner: SimpleEngine) -> None:
+        self.inner = inner
+        self.seen: list[dict[str, Any]] = []
+
+    model_name = "delegating"
+    is_mllm = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def generate(self, prompt: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def stream_generate(self, prompt: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
+        yield
+
+    def _passed(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        self.seen.append(kwargs)
+        allowed = {"max_tokens", "temperature", "top_p", "tools", "stop"}
+        allowed |= {"chat_template_kwargs", "logits_processors"}
+        return {k: v for k, v in kwargs.items() if k in allowed}
+
+    async def chat(self, messages: Any, **kwargs: Any) -> Any:
+        return await self.inner.chat(messages, **self._passed(kwargs))
+
+    async def stream_chat(self, messages: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        async for out in self.inner.stream_chat(messages, **self._passed(kwargs)):
+            yield out
+
+
+def test_an_engine_without_reasoning_controls_gets_them_from_the_chat_core(models):
+    from mlx_integrations.langchain import ChatMLX
+
+    inner = SimpleEngine(models["qwen3"])
+    try:
+        engine = Delegating(inner)
+        llm = ChatMLX(engine=engine, temperature=0, max_tokens=16)
+        recorder, seen = prompt_recorder()
+        llm.invoke("Hi?", reasoning_effort="none", logits_processors=[recorder])
+        assert engine.seen[-1]["chat_template_kwargs"] == {"enable_thinking": False}
+        assert inner.tokenizer.decode(seen[0]).endswith("<think>\n\n</think>\n\n")
+        thinker = endless_thinker(inner.tokenizer, open_first=True)
+        msg = llm.invoke("Hi?", thinking_budget=3, logits_processors=[thinker])
+        assert msg.usage_metadata["output_token_details"]["reasoning"] == 3
+        assert msg.content
+    finally:
+        asyncio.run(inner.stop())

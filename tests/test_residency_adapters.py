@@ -21,7 +21,12 @@ def defaults_after() -> Iterator[None]:
 def test_chatmlx_keep_alive_0_unloads_after_each_call(tiny_llama: Path):
     from mlx_integrations.langchain import ChatMLX
 
-    llm = ChatMLX(model=str(tiny_llama), keep_alive=0, max_tokens=6, temperature=0)
+    # An engine of its own (no other test's adapter shares it), so that only these calls
+    # load and unload it.
+    own = {"max_num_seqs": 3}
+    llm = ChatMLX(
+        model=str(tiny_llama), keep_alive=0, max_tokens=6, temperature=0, engine_options=own
+    )
     engine = llm.engine
     try:
         assert engine.keep_alive == 0
@@ -32,7 +37,7 @@ def test_chatmlx_keep_alive_0_unloads_after_each_call(tiny_llama: Path):
         assert engine.get_stats()["residency"]["loads"] == loads + 1
         assert residency.wake(wait=30) and not engine.is_loaded
     finally:
-        engine.keep_alive = None  # the process default again, for other users of the pool
+        engine.keep_alive = None  # the process default again
 
 
 def test_the_last_adapter_with_a_keep_alive_sets_the_shared_engines(tiny_llama: Path):

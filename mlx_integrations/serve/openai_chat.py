@@ -26,7 +26,7 @@ from mlx_integrations.chat.completion import (
     Turn,
 )
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
+from mlx_integrations.serve.errors import api_error, openai_error_body
 from mlx_integrations.serve.sse import EventStream, closing, prime, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState
 from mlx_integrations.serve.wire import Body, new_id, now, parse_json, sampling_options, stop_list

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from mlx_integrations.cli.errors import handle_errors
+from mlx_integrations.cli.errors import handle_errors, print_error
 from mlx_integrations.cli.options import JSON_OPTION
 from mlx_integrations.cli.output import (
     Result,
@@ -78,6 +78,12 @@ def serve(
         "--keep-alive",
         help="How long an idle model stays loaded: 5m (default), 1h, 0, -1 (forever).",
     ),
+    max_memory: str | None = typer.Option(
+        None,
+        "--max-memory",
+        help="Memory budget of all models together: 8GB, 0.6 (of the device), off; idle "
+        "models are unloaded to make room (default MLXI_MAX_MEMORY, else none).",
+    ),
     max_num_seqs: int | None = typer.Option(
         None, "--max-num-seqs", help="Most requests decoded together (batched engine)."
     ),
@@ -136,10 +142,12 @@ def serve(
     --keep-alive after its last. Endpoints: /v1/chat/completions, /v1/completions,
     /v1/embeddings, /v1/responses, /v1/models, /v1/messages (Anthropic), /health,
     /metrics; mlxi ps and mlxi stop talk to it. Binds 127.0.0.1 unless --host says
-    otherwise; SIGTERM lets replies in flight finish.
+    otherwise; SIGTERM lets replies in flight finish. Under mlxi launch
+    (mlxi launch -n 2 -- mlxi serve MODEL) the one MODEL is sharded over the ranks.
     """
     import asyncio
 
+    _require_serve_extra()
     from mlx_integrations.serve.config import ServeConfig, models_from_names
     from mlx_integrations.serve.server import security_warnings
     from mlx_integrations.serve.server import serve as run_server
@@ -159,6 +167,7 @@ def serve(
         "api_key": api_key or None,
         "engine_type": engine_type,
         "keep_alive": keep_alive,
+        "max_memory": max_memory,
         "default_max_tokens": max_tokens,
         "max_body_mb": max_body_mb,
         "max_concurrent_requests": max_concurrent_requests,
@@ -191,11 +200,32 @@ def serve(
     except KeyboardInterrupt:
         pass
     except Exception as exc:
+        from mlx_integrations.runtime.residency import ModelTooLarge
         from mlx_integrations.serve.errors import APIError
 
+        if isinstance(exc, ModelTooLarge):  # a preloaded model over --max-memory
+            print_error(
+                str(exc),
+                "start the server with a higher --max-memory, or serve a smaller or "
+                "quantized model",
+            )
+            raise typer.Exit(1) from None
         if isinstance(exc, APIError):  # a preloaded model that is missing: its 404 text
             raise (FileNotFoundError if exc.status == 404 else ValueError)(exc.message) from None
         raise
+
+
+def _require_serve_extra() -> None:
+    """Stop with the install line when the server's dependencies are missing."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print_error(
+            f"mlxi serve needs the [serve] extra ({exc})",
+            "pip install 'mlx-integrations[serve]'",
+        )
+        raise typer.Exit(1) from None
 
 
 # ------------------------------------------------------------- talking to one

@@ -31,7 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve import anthropic, openai_chat, openai_other, responses
-from mlx_integrations.serve.config import ServeConfig
+from mlx_integrations.serve.config import (
+    ServeConfig,
+    apply_memory_budget,
+    restore_memory_budget,
+)
 from mlx_integrations.serve.errors import (
     RETRY_AFTER_S,
     APIError,
@@ -249,7 +253,8 @@ def create_app(
         state: A state made beforehand (its models already loaded); ``config`` is
             then ignored.
         engines: Engines to serve under the given names (any ``BaseEngine``).
-        preload: Load the ``preload`` models when the app starts (its lifespan).
+        preload: Set ``max_memory`` and load the ``preload`` models when the app starts
+            (its lifespan).
 
     Examples:
         >>> from mlx_integrations.serve import ServeConfig, create_app
@@ -262,12 +267,14 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if preload:
-            await served_state.registry.preload()
+        budget = apply_memory_budget(served_state.config) if preload else (False, None)
         try:
+            if preload:
+                await served_state.registry.preload()
             yield
         finally:
             served_state.registry.close()
+            restore_memory_budget(budget)
 
     routes = [
         Route(path, _endpoint(handler), methods=methods) for path, handler, methods in _ROUTES

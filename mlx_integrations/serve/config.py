@@ -5,6 +5,7 @@ A :class:`ServeConfig` comes from the command line, the environment (``MLXI_HOST
 engine of each model::
 
     keep_alive = "10m"          # default for every model (5m when unset)
+    max_memory = "8GB"          # memory budget of all models together (LRU eviction)
     engine_type = "batched"     # default kind of engine
 
     [engine_options]            # default engine options (EngineOptions fields)
@@ -29,16 +30,23 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.pool import ENGINE_CLASSES
 from mlx_integrations.engine.vision.policy import MediaPolicy
-from mlx_integrations.runtime.memory import parse_keep_alive
+from mlx_integrations.runtime.memory import parse_keep_alive, parse_memory_size
 
-__all__ = ["DEFAULT_KEEP_ALIVE", "ModelConfig", "ServeConfig", "load_config_file"]
+__all__ = [
+    "DEFAULT_KEEP_ALIVE",
+    "ModelConfig",
+    "ServeConfig",
+    "apply_memory_budget",
+    "load_config_file",
+    "restore_memory_budget",
+]
 
 DEFAULT_KEEP_ALIVE = "5m"
 """How long a served model stays loaded after its last request, unless told."""
@@ -125,6 +133,10 @@ class ServeConfig:
         engine_type: Default kind of engine; None: batched (simple for vision models).
         engine_options: Default engine options of every model.
         keep_alive: Default keep-alive of served models.
+        max_memory: Memory budget of every model of the process together (``"8GB"``,
+            ``"0.6"`` of the device's memory, ``"off"``): the least recently used idle
+            models are unloaded to make room, and a model that cannot fit is refused
+            (507). None leaves the process's budget (``MLXI_MAX_MEMORY``) as it is.
         only_listed: Refuse requests for models not in ``models``.
         max_body_mb: Largest request body; larger ones get 413.
         max_concurrent_requests: Requests in flight at once; more get 429 with
@@ -145,6 +157,7 @@ class ServeConfig:
     engine_type: str | None = None
     engine_options: dict[str, Any] = field(default_factory=dict)
     keep_alive: float | str = DEFAULT_KEEP_ALIVE
+    max_memory: str | int | None = None
     only_listed: bool = False
     max_body_mb: float = 32.0
     max_concurrent_requests: int | None = None
@@ -163,6 +176,7 @@ class ServeConfig:
             )
         check_engine_options(self.engine_options, "engine_options")
         parse_keep_alive(self.keep_alive)
+        parse_memory_size(self.max_memory, "max_memory")
         for name, value, low in (
             ("max_body_mb", self.max_body_mb, 0.0),
             ("shutdown_timeout_s", self.shutdown_timeout_s, -1.0),
@@ -204,6 +218,32 @@ class ServeConfig:
         """The configured model of that name, if any."""
         return next((m for m in self.models if m.name == name), None)
 
+    def for_ranks(self, ranks: int) -> ServeConfig:
+        """These settings on rank 0 of ``mlxi launch`` over ``ranks`` ranks: the one
+        model named to preload is sharded over them (a ``DistributedEngine``), and no
+        other model is served, since the other ranks follow that one model.
+
+        Raises:
+            ValueError: No model or several named to preload, or one given another
+                engine type.
+        """
+        preloaded = [m for m in self.models if m.preload]
+        if len(preloaded) != 1:
+            named = ", ".join(m.name for m in preloaded) or "none"
+            raise ValueError(
+                f"under mlxi launch, mlxi serve shards one model over the {ranks} ranks; "
+                f"name exactly one (named: {named}): mlxi launch -n {ranks} -- mlxi serve MODEL"
+            )
+        [model] = preloaded
+        if model.engine_type not in (None, "distributed"):
+            raise ValueError(
+                f"model {model.name!r}: engine_type {model.engine_type!r} cannot run under "
+                "mlxi launch, whose other ranks follow a distributed engine; leave "
+                "engine_type out or give 'distributed'"
+            )
+        sharded = replace(model, engine_type="distributed", keep_alive=-1)
+        return replace(self, models=[sharded], only_listed=True)
+
     def with_file(self, path: str | os.PathLike[str]) -> ServeConfig:
         """These settings with a config file's defaults and models joined in: what
         this config sets (the command line) wins, its models come first."""
@@ -215,6 +255,30 @@ class ServeConfig:
         return ServeConfig(
             **{**data, **_set_fields(self, exclude={"models"}), "models": data["models"]}
         )
+
+
+def apply_memory_budget(config: ServeConfig) -> tuple[bool, int | None]:
+    """Set the process's memory budget to ``config.max_memory`` when it gives one.
+
+    Returns:
+        Whether it was set, and the budget before (to put back).
+    """
+    if config.max_memory is None:
+        return False, None
+    from mlx_integrations.engine import pool
+
+    before = pool.memory_budget()
+    pool.set_memory_budget(config.max_memory)
+    return True, before
+
+
+def restore_memory_budget(applied: tuple[bool, int | None]) -> None:
+    """Put back the budget :func:`apply_memory_budget` replaced (given what it returned)."""
+    changed, before = applied
+    if changed:
+        from mlx_integrations.engine import pool
+
+        pool.set_memory_budget(before)
 
 
 def _merge_model(base: ModelConfig | None, over: ModelConfig) -> ModelConfig:
@@ -247,6 +311,7 @@ _TOP_KEYS = {
     "engine_type",
     "engine_options",
     "keep_alive",
+    "max_memory",
     "only_listed",
     "max_body_mb",
     "max_concurrent_requests",

@@ -163,7 +163,12 @@ def api_error(exc: BaseException, *, param: str | None = None) -> APIError:
             retry_after=RETRY_AFTER_S,
         )
     if isinstance(exc, ModelTooLarge):
-        return APIError(507, message, param="model", code="model_too_large")
+        return APIError(
+            507,
+            f"{message.rstrip('.')}; a server's budget is its --max-memory (or MLXI_MAX_MEMORY)",
+            param="model",
+            code="model_too_large",
+        )
     if isinstance(exc, TimeoutError):
         return APIError(504, message or "The request timed out", code="timeout")
     if isinstance(exc, (ValueError, TypeError)):

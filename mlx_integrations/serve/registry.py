@@ -219,8 +219,8 @@ class ModelRegistry:
         return {"model": name, "unloaded": unloaded, "pending": not unloaded}
 
     def running(self) -> list[dict[str, Any]]:
-        """The models this server holds in memory: each name, its folder and kind, and
-        its residency (memory, last use, keep-alive, expiry; the ``ResidencyStats`` keys)."""
+        """The models this server holds in memory: each name, its folder, kind and
+        engine type, and its residency (memory, last use, keep-alive, expiry; the ``ResidencyStats`` keys)."""
         rows = []
         for served in self.served():
             stats = getattr(served.engine, "residency_stats", None)
@@ -232,6 +232,7 @@ class ModelRegistry:
                 model=served.config.target,
                 path=str(served.path),
                 kind=served.kind,
+                engine_type=getattr(served.engine, "engine_type", None),
             )
             rows.append(row)
         return rows

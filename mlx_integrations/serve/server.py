@@ -19,7 +19,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.serve.config import ServeConfig
+from mlx_integrations.serve.config import (
+    ServeConfig,
+    apply_memory_budget,
+    restore_memory_budget,
+)
 from mlx_integrations.serve.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -134,9 +138,14 @@ async def serve(
         APIError: A model named to preload is missing (404) or of the wrong kind.
     """
     from mlx_integrations.engine import pool
+    from mlx_integrations.engine.distributed.ranks import launched_ranks
     from mlx_integrations.serve.app import create_app
 
+    ranks = launched_ranks()
+    if ranks > 1:  # rank 0 of `mlxi launch`: the model is sharded over the ranks
+        config = config.for_ranks(ranks)
     sock = bind(config.host, config.port)
+    budget = apply_memory_budget(config)
     state = ServerState(config)
     try:
         await state.registry.preload()
@@ -151,6 +160,7 @@ async def serve(
         sock.close()
         state.registry.close()
         await pool.ashutdown()
+        restore_memory_budget(budget)
 
 
 class BackgroundServer:
@@ -188,6 +198,7 @@ class BackgroundServer:
         self._server = _uvicorn_server(self.app, self.config, log_level)
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._budget: tuple[bool, int | None] = (False, None)
 
     def start(self, timeout: float = 120.0) -> str:
         """Load the preloaded models, start serving; return the base URL.
@@ -195,11 +206,14 @@ class BackgroundServer:
         Raises:
             RuntimeError: The server did not start (its error is chained).
         """
+        self._budget = apply_memory_budget(self.config)
         self._thread = threading.Thread(target=self._run, name="mlxi-serve", daemon=True)
         self._thread.start()
         ready = self._server.ready
         while not ready.wait(0.05):
             if not self._thread.is_alive() or self._failure is not None:
+                restore_memory_budget(self._budget)  # nothing runs under it
+                self._budget = (False, None)
                 raise RuntimeError("the server did not start") from self._failure
             timeout -= 0.05
             if timeout <= 0:
@@ -222,12 +236,15 @@ class BackgroundServer:
         self._server.should_exit = True
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Shut down (replies in flight finish first) and let go of the models."""
+        """Shut down (replies in flight finish first) and let go of the models; the
+        process's memory budget is put back as it was before :meth:`start`."""
         self.begin_shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
         self.state.registry.close()
         self._socket.close()
+        restore_memory_budget(self._budget)
+        self._budget = (False, None)
 
     @property
     def stopped(self) -> bool:

@@ -9,8 +9,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,8 @@ from typer.testing import CliRunner
 
 from mlx_integrations.serve.config import ModelConfig, ServeConfig
 from mlx_integrations.serve.server import BackgroundServer, security_warnings
-from tests.serve.conftest import engine_of, no_eos_bias, sse_events
+from tests.serve.conftest import engine_of, no_eos_bias, sse_events, wait_for
+from tests.support.tiny_models import build_tiny_model
 
 USER = [{"role": "user", "content": "Hello"}]
 
@@ -152,6 +155,32 @@ def test_exposed_without_a_key_warns_loudly(server: BackgroundServer):
     result = mlxi("serve", "--host", "0.0.0.0", "--port", port)
     assert "WARNING: mlxi serve listens on 0.0.0.0" in result.stderr
     assert result.exit_code == 1 and "cannot listen on 0.0.0.0" in result.stderr
+    # A key from the environment is a key: no warning then.
+    keyed = mlxi("serve", "--host", "0.0.0.0", "--port", port, env={"MLXI_API_KEY": "k"})
+    assert keyed.exit_code == 1 and "cannot listen on 0.0.0.0" in keyed.stderr
+    assert "WARNING" not in keyed.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-memory", "lots"], "max_memory='lots' is not a size"),
+        (["--engine-type", "fast"], "engine_type must be one of"),
+        (["--keep-alive", "soon"], "soon"),
+        (["--kv-bits", "5"], "kv_bits"),
+    ],
+)
+def test_bad_flags_stop_the_start_naming_the_value(args: list[str], message: str):
+    result = mlxi("serve", *args, "--port", "0")
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_without_the_serve_extra_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "starlette", None)  # as if it were not installed
+    result = mlxi("serve", "--port", "0")
+    assert result.exit_code == 1
+    assert "Hint: pip install 'mlx-integrations[serve]'" in result.stderr
 
 
 def test_a_missing_model_stops_the_start(tmp_path: Path):
@@ -204,3 +233,100 @@ preload = true
         file.write_text(text)
         with pytest.raises(ValueError, match=message):
             ServeConfig().with_file(file)
+
+
+def test_max_memory_refuses_a_model_that_cannot_fit(tiny_llama: Path):
+    from mlx_integrations.engine import pool
+
+    before = pool.memory_budget()
+    weights = sum(f.stat().st_size for f in tiny_llama.glob("*.safetensors"))
+    # Engine options of its own: no other test's engine on this model is shared.
+    model = ModelConfig("tiny", source=str(tiny_llama), options={"cache_memory_mb": 7})
+    config = ServeConfig(models=[model], max_memory=weights // 2)
+    with BackgroundServer(config) as url:
+        assert pool.memory_budget() == weights // 2
+        body = {"model": "tiny", "messages": USER, "max_tokens": 2}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 507, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "model_too_large" and "--max-memory" in error["message"]
+    assert pool.memory_budget() == before  # the process's budget as it was
+    # Named on the command line, the model is refused before the server starts.
+    result = mlxi("serve", str(tiny_llama), "--max-memory", f"{weights // 2}B", "--port", "0")
+    assert result.exit_code == 1, result.output
+    assert "more than the memory budget" in result.stderr
+    assert "Hint: start the server with a higher --max-memory" in result.stderr
+    assert pool.memory_budget() == before
+
+
+def test_under_mlxi_launch_one_model_is_named(tiny_llama: Path):
+    launched = {"MLXI_CONTROL": "127.0.0.1:9", "MLXI_WORLD_SIZE": "2"}
+    result = mlxi("serve", "--port", "0", env=launched)
+    assert result.exit_code == 2
+    assert "mlxi launch -n 2 -- mlxi serve MODEL" in result.stderr
+    config = ServeConfig(models=[ModelConfig("m", preload=True), ModelConfig("other")])
+    [sharded] = config.for_ranks(2).models
+    assert (sharded.name, sharded.engine_type) == ("m", "distributed")
+    assert config.for_ranks(2).only_listed
+    batched = ServeConfig(models=[ModelConfig("m", engine_type="batched", preload=True)])
+    with pytest.raises(ValueError, match="engine_type 'batched' cannot run under mlxi launch"):
+        batched.for_ranks(2)
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model whose heads and FFN divide by 2 ranks, with varied greedy replies."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-split"),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+    )
+
+
+def _reply(url: str, model: Path) -> httpx.Response:
+    body = {"model": str(model), "messages": USER, "max_tokens": 8, "temperature": 0}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+
+@pytest.mark.timeout(300)
+def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
+    from mlx_integrations.engine.distributed.launch import free_ports, launch
+
+    single = ModelConfig(
+        str(tiny_split), engine_type="simple", options={"cache_memory_mb": 0}, preload=True
+    )
+    with BackgroundServer(ServeConfig(models=[single])) as url:
+        expected = _reply(url, tiny_split).json()["choices"][0]["message"]["content"]
+    port = free_ports(1)[0]
+    rank0 = [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_split)]
+    rank0 += ["--port", str(port), "--log-level", "warning"]
+    pids: list[int] = []
+    ended: dict[str, Any] = {}
+    launcher = threading.Thread(
+        target=lambda: ended.update(result=launch(rank0, num_ranks=2, on_start=pids.extend))
+    )
+    launcher.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(url) or not launcher.is_alive(), "the server", timeout=240)
+        assert launcher.is_alive(), ended
+        reply = _reply(url, tiny_split)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == expected
+        [row] = httpx.get(f"{url}/api/ps").json()["models"]
+        assert row["engine_type"] == "distributed"
+    finally:
+        if pids:
+            os.kill(pids[0], signal.SIGTERM)  # what stops a server: rank 0 tells the others
+        launcher.join(120)
+    # Every rank ended on its own, with status 0.
+    assert ended["result"].exit_code == 0, ended["result"]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -43,12 +43,28 @@ def join_owner_thread(executor: ThreadPoolExecutor | None, timeout: float) -> No
 
 
 def release_thread_streams() -> None:
-    """Destroy the MLX streams the calling thread made (mlx-lm's generation stream too)."""
+    """Destroy the MLX streams the calling thread made (mlx-lm's generation stream too).
+
+    ``mx.clear_streams`` also empties MLX's compile cache: it takes the cache's lock, then
+    the GIL to drop the Python functions the entries hold. A compiled function collected
+    on another thread meanwhile holds the GIL and waits for that lock, and both threads
+    hang. The garbage collector stays off during the call, so no collection can start
+    there (the usual way such a function goes).
+    """
+    import gc
+
     import mlx.core as mx
 
     clear_streams = getattr(mx, "clear_streams", None)
-    if clear_streams is not None:
+    if clear_streams is None:
+        return
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
         clear_streams()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def stop_owner_thread(executor: ThreadPoolExecutor, wait: bool = False) -> None:

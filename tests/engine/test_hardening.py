@@ -50,6 +50,9 @@ def raising_on_call(n: int, exc: Exception):
     return processor
 
 
+_COMPILED: list = []
+
+
 def breaking_random_state_on_call(n: int):
     """A logits processor that, on its n-th call, fails inside an ``mx.compile`` that
     declares ``mx.random.state`` as an output, as mlx-lm's sampling filters do: the
@@ -60,15 +63,16 @@ def breaking_random_state_on_call(n: int):
 
     calls = [0]
 
+    @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+    def broken(x):
+        raise ValueError("filter failed while traced")
+
+    _COMPILED.append(broken)  # lives as long as the process, like mlx-lm's filters
+
     def processor(tokens, logits):
         calls[0] += 1
         if calls[0] != n:
             return logits
-
-        @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
-        def broken(x):
-            raise ValueError("filter failed while traced")
-
         return broken(logits)
 
     return processor

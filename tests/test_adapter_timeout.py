@@ -157,7 +157,9 @@ async def test_mlxllm_achat_times_out(tiny_llama: Path):
     with pytest.raises(TimeoutError, match=MESSAGE):
         await llm.achat(user("Hello"), logits_processors=[blocker])
     blocker.release.set()
-    assert (await llm.achat(user("Hi"), max_tokens=3, timeout=None)).raw["finish_reason"] == "length"
+    assert (await llm.achat(user("Hi"), max_tokens=3, timeout=None)).raw[
+        "finish_reason"
+    ] == "length"
 
 
 @pytest.mark.parametrize("make", [chatmlx, mlxllm], ids=["ChatMLX", "MLXLLM"])

@@ -67,7 +67,7 @@ def test_failed_load_releases_everything_and_is_retried(corrupt_model, make):
     for _ in range(2):  # the second call loads again (and fails again), never a stale error
         with pytest.raises(ValueError, match=r"model\.norm\.weight"):
             call()
-        assert owner_threads(folder) == []  # the owner thread is stopped and joined
+        assert owner_threads(folder) == []  # the owner thread is given back
         assert not pooled(engine)  # out of the pool at once, no unload_idle() needed
         assert engine._lease is None and not engine.is_loaded
     # Another adapter for the model gets a fresh engine, not the failed one.

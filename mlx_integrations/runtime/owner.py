@@ -3,9 +3,15 @@
 MLX arrays and streams belong to the thread that made them, and MLX asks that a thread
 destroy its streams before it ends, or the process may abort at exit ("terminate called
 without an active exception"). Engines run their owner thread as a single-worker
-executor and stop it through :func:`stop_owner_thread`, which releases the streams as
-the thread's last job; :func:`at_thread_exit` runs a callable early enough at
-interpreter exit for owners nobody stopped.
+executor and stop it through :func:`stop_owner_thread`.
+
+A stopped owner's thread is kept for the next owner rather than ended: releasing a
+thread's streams (``mx.clear_streams``) also empties MLX's process-wide compile cache,
+and doing that while another thread runs MLX work can abort the process (seen on CUDA)
+or hang it. Kept threads release their streams at interpreter exit, once nothing else
+runs; a model loaded again on a kept thread also finds its per-thread GPU set-up ready.
+:func:`at_thread_exit` runs a callable early enough at interpreter exit for owners
+nobody stopped.
 """
 
 from __future__ import annotations
@@ -24,15 +30,30 @@ _registered: set[Callable[[], None]] = set()
 _lock = threading.Lock()
 
 
+IDLE_NAME = "mlxi-owner-idle"
+_idle: list[ThreadPoolExecutor] = []  # stopped owners' threads, for the next owner
+_exiting = False
+
+
 def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
     """A single-worker executor: jobs run in order on one thread.
 
-    ``daemon`` makes a thread that does not hold up interpreter exit
+    The thread of an owner stopped earlier is used again when there is one (renamed
+    ``name``). ``daemon`` makes a new thread that does not hold up interpreter exit
     (:class:`DaemonOwnerThread`), for work that may never return.
     """
     if daemon:
         return DaemonOwnerThread(name)
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    with _lock:
+        executor = _idle.pop() if _idle and not _exiting else None
+    if executor is None:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    executor.submit(_rename, f"{name}_0")
+    return executor
+
+
+def _rename(name: str) -> None:
+    threading.current_thread().name = name
 
 
 def join_owner_thread(executor: ThreadPoolExecutor | None, timeout: float) -> None:
@@ -68,12 +89,43 @@ def release_thread_streams() -> None:
 
 
 def stop_owner_thread(executor: ThreadPoolExecutor, wait: bool = False) -> None:
-    """Queue the stream release as the owner's last job, then shut it down."""
+    """Give the owner's thread back for the next owner, once its queued jobs are done.
+
+    A daemon thread, or any thread at interpreter exit, releases its streams as its
+    last job and ends instead. ``wait`` blocks until the queued jobs are done.
+    """
+    if isinstance(executor, DaemonOwnerThread) or _exiting:
+        _end(executor, wait)
+        return
+    try:
+        done = executor.submit(_rename, IDLE_NAME)
+    except RuntimeError:  # already shut down
+        return
+    with _lock:
+        if any(e is executor for e in _idle):
+            return
+        _idle.append(executor)
+    if wait:
+        done.result()
+
+
+def _end(executor: ThreadPoolExecutor, wait: bool) -> None:
+    """Release the thread's streams as its last job and shut it down."""
     try:
         executor.submit(release_thread_streams)
     except RuntimeError:  # already shut down
         return
     executor.shutdown(wait=wait)
+
+
+def _end_idle_threads() -> None:
+    """At interpreter exit: the kept threads release their streams and end."""
+    global _exiting
+    with _lock:
+        _exiting = True
+        idle, _idle[:] = list(_idle), []
+    for executor in idle:
+        _end(executor, wait=False)
 
 
 def at_thread_exit(hook: Callable[[], None]) -> None:
@@ -159,3 +211,6 @@ class DaemonOwnerThread(ThreadPoolExecutor):
         """Wait for the thread to end (after :meth:`shutdown`), at most ``timeout`` s."""
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+at_thread_exit(_end_idle_threads)

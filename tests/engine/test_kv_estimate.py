@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlx_integrations.engine.cache.kv_estimate import KV_STEP, KVShape, kv_shape
+from mlx_integrations.runtime import quantized_attention_error
 from tests.support.tiny_models import build_tiny_model
 
 
@@ -40,6 +41,8 @@ def prefilled_cache_bytes(folder: Path, tokens: int, kv_bits: int | None) -> tup
 @pytest.mark.parametrize("tokens", [1, 255, 300, 700, 1500])
 @pytest.mark.parametrize("kv_bits", [None, 8, 4])
 def test_the_estimate_matches_the_cache_after_a_prefill(heads_of_32, tokens, kv_bits):
+    if kv_bits is not None and quantized_attention_error("float32", 32, kv_bits, 32):
+        pytest.skip("this MLX backend has no kernel for attention over a quantized KV cache")
     config = json.loads((heads_of_32 / "config.json").read_text())
     measured, itemsize = prefilled_cache_bytes(heads_of_32, tokens, kv_bits)
     shape = kv_shape(config, itemsize, kv_bits, group_size=32)
@@ -66,6 +69,8 @@ def test_the_engine_estimates_with_the_models_dtype_and_its_kv_bits(heads_of_32)
 
     # 2 layers x 2 KV heads x (32 + 32) values x 4 bytes (float32) x 256 tokens.
     assert asyncio.run(estimate()) == 2 * 2 * 64 * 4 * 256
+    if quantized_attention_error("float32", 32, 8, 32):
+        return  # this backend refuses kv_bits at load (tests/engine/test_kv_backend.py)
     # 8 bits: 32 bytes a row of keys or values, and a float32 scale and bias per group.
     assert asyncio.run(estimate(kv_bits=8, kv_group_size=32)) == 2 * 2 * 2 * (32 + 8) * 256
 

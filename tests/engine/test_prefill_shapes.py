@@ -245,12 +245,14 @@ async def test_the_engines_prefill_padded_pieces_only_when_asked(engines):
 
 async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
     engine = SimpleEngine(tiny_own_head, prefill_step_size=STEP, prefill_buckets=True)
-    off = SimpleEngine(tiny_own_head, prefill_step_size=STEP, cache_memory_mb=1)
+    off = SimpleEngine(
+        tiny_own_head, prefill_step_size=STEP, cache_memory_mb=1, prefill_buckets=False
+    )
     try:
         assert engine.warmup_seconds is None
         await engine.start()
         await off.start()
-        # On by default where prefill_buckets is; both off by default on the CPU.
+        # On by default where prefill_buckets is (and both on by default on CUDA only).
         assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
         assert off.warmup_seconds is None
         out = await reply(engine, [{"role": "user", "content": "Hello there"}])

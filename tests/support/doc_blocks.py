@@ -39,7 +39,7 @@ def read_blocks(path: Path, root: Path) -> list[Block]:
     return blocks
 
 
-RUNNER = '''
+RUNNER = """
 import ast, asyncio, json, sys, traceback
 
 blocks = json.loads(sys.stdin.read())
@@ -57,5 +57,5 @@ for page, line, code in blocks:
         traceback.print_exc()
         sys.exit(1)
 loop.close()
-'''
+"""
 """Runs the blocks given as JSON on stdin: ``[[page, line, code], ...]``."""

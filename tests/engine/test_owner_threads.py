@@ -1,0 +1,76 @@
+"""Owner threads outlive their engines: a stopped engine's thread serves the next one,
+and no thread releases its MLX streams (which empties MLX's process-wide compile cache)
+while the process runs; kept threads release them at exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from mlx_integrations.engine import SimpleEngine
+from mlx_integrations.runtime import owner
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def _thread_of(engine: SimpleEngine) -> threading.Thread:
+    executor = engine._executor
+    assert executor is not None
+    return executor.submit(threading.current_thread).result()
+
+
+async def test_a_stopped_engines_thread_serves_the_next_engine(tiny_llama: Path, monkeypatch):
+    released: list[str] = []
+    real = owner.release_thread_streams
+    monkeypatch.setattr(
+        owner,
+        "release_thread_streams",
+        lambda: (released.append(threading.current_thread().name), real()),
+    )
+    first = SimpleEngine(tiny_llama, cache_memory_mb=1)
+    await first.start()
+    thread = _thread_of(first)
+    reply = (await first.chat(MESSAGES, max_tokens=4, temperature=0)).text
+    await first.stop()
+    second = SimpleEngine(tiny_llama, cache_memory_mb=2)
+    try:
+        await second.start()
+        assert _thread_of(second) is thread and thread.is_alive()
+        assert thread.name == f"mlxi-owner-{tiny_llama.name}_0"
+        assert (await second.chat(MESSAGES, max_tokens=4, temperature=0)).text == reply
+    finally:
+        await second.stop()
+    assert released == []  # no stream release while the process runs
+
+
+EXIT_SCRIPT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+import mlx_integrations
+from mlx_integrations.engine import SimpleEngine
+
+async def main():
+    engines = [SimpleEngine({path!r}, cache_memory_mb=n) for n in (1, 2, 3)]
+    for engine in engines:
+        await engine.start()
+        await engine.chat([{{"role": "user", "content": "Hi"}}], max_tokens=2)
+    await engines[0].stop()  # its thread is kept, then the next stop keeps another
+    await engines[1].stop()
+    # engines[2] is left running
+
+asyncio.run(main())
+print("done")
+"""
+
+
+def test_kept_threads_release_their_streams_and_end_at_exit(tiny_llama: Path):
+    root = str(Path(__file__).resolve().parents[2])
+    script = EXIT_SCRIPT.format(root=root, path=str(tiny_llama))
+    for _ in range(2):  # an abort at exit is intermittent
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "done"

@@ -30,7 +30,9 @@ def reference_text(model: Path, adapter_path: Path | None) -> str:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    loaded = mlx_lm.load(str(model), adapter_path=None if adapter_path is None else str(adapter_path))
+    loaded = mlx_lm.load(
+        str(model), adapter_path=None if adapter_path is None else str(adapter_path)
+    )
     net, tokenizer = loaded[0], loaded[1]
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -66,9 +68,7 @@ def test_mlxllm_with_an_adapter_answers_as_mlx_lm(tiny_own_head, adapter, expect
     assert reply.message.content == expected
 
 
-def test_a_model_with_and_without_an_adapter_are_two_engines(
-    tiny_own_head, adapter, monkeypatch
-):
+def test_a_model_with_and_without_an_adapter_are_two_engines(tiny_own_head, adapter, monkeypatch):
     plain = ChatMLX(model=str(tiny_own_head))
     tuned = ChatMLX(model=str(tiny_own_head), adapter_path=str(adapter))
     assert tuned.engine is not plain.engine
@@ -96,9 +96,24 @@ def test_adapter_path_beside_a_given_engine_is_refused(tiny_own_head, adapter):
 
 def test_adapter_path_and_engine_options_must_agree(tiny_own_head, adapter, tmp_path):
     other = build_lora_adapter(tiny_own_head, tmp_path / "other", seed=2)
-    with pytest.raises(ValueError, match=r"got adapter_path=.* and engine_options\['adapter_path'\]"):
+    with pytest.raises(
+        ValueError, match=r"got adapter_path=.* and engine_options\['adapter_path'\]"
+    ):
         ChatMLX(
             model=str(tiny_own_head),
             adapter_path=str(adapter),
             engine_options={"adapter_path": str(other)},
         )
+
+
+def test_langchains_cache_keeps_replies_with_and_without_the_adapter_apart(
+    tiny_own_head, adapter, expected
+):
+    from langchain_core.caches import InMemoryCache
+
+    cache = InMemoryCache()
+    common = {"model": str(tiny_own_head), "temperature": 0.0, "max_tokens": N, "cache": cache}
+    plain = ChatMLX(**common).invoke([HumanMessage(PROMPT)])
+    assert plain.content != expected
+    tuned = ChatMLX(**common, adapter_path=str(adapter)).invoke([HumanMessage(PROMPT)])
+    assert tuned.content == expected  # its own reply, not the plain model's cached one

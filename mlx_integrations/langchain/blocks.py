@@ -12,7 +12,6 @@ malformed calls out). :class:`BlockIndexer` numbers the blocks of a stream.
 from __future__ import annotations
 
 import json
-from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages import content as types
@@ -20,25 +19,18 @@ from langchain_core.messages.block_translators import register_translator
 
 PROVIDER = "mlx"
 
-_STANDARD = set(types.KNOWN_BLOCK_TYPES)
+_CALLS = ("tool_call", "invalid_tool_call", "tool_call_chunk")
 
 
-def _content_blocks(content: Any) -> list[types.ContentBlock]:
-    """The blocks of a message's own content: a string is one text block; a list keeps
-    its standard blocks (an image a caller put in a history message), wraps the rest."""
+def _content_blocks(message: AIMessage) -> list[types.ContentBlock]:
+    """The blocks of a message's own content: a string is one text block; a list is read
+    as LangChain reads any message (v0 and OpenAI-style image blocks, say of a reply a
+    caller edited, become standard ones). Calls come from ``tool_calls`` instead."""
+    content = message.content
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    blocks: list[types.ContentBlock] = []
-    for item in content:
-        if isinstance(item, str):
-            if item:
-                blocks.append({"type": "text", "text": item})
-        elif isinstance(item, dict) and item.get("type") in _STANDARD:
-            if item["type"] not in ("tool_call", "invalid_tool_call", "tool_call_chunk"):
-                blocks.append(cast(types.ContentBlock, dict(item)))
-        else:
-            blocks.append({"type": "non_standard", "value": item})
-    return blocks
+    blocks = super(AIMessage, message).content_blocks  # LangChain's own parsing
+    return [b for b in blocks if b.get("type") not in _CALLS]
 
 
 def _reasoning(message: AIMessage) -> list[types.ContentBlock]:
@@ -49,7 +41,7 @@ def _reasoning(message: AIMessage) -> list[types.ContentBlock]:
 def translate_content(message: AIMessage) -> list[types.ContentBlock]:
     """A whole reply's blocks: reasoning, text, calls, malformed calls (in that order,
     the order the model writes them in)."""
-    blocks = _reasoning(message) + _content_blocks(message.content)
+    blocks = _reasoning(message) + _content_blocks(message)
     blocks += [
         {"type": "tool_call", "id": c.get("id"), "name": c["name"], "args": c["args"]}
         for c in message.tool_calls
@@ -84,7 +76,7 @@ def translate_content_chunk(chunk: AIMessageChunk) -> list[types.ContentBlock]:
     """A stream chunk's blocks; a whole (summed) stream reads as a whole reply."""
     if chunk.chunk_position == "last":
         return translate_content(chunk)
-    blocks = _reasoning(chunk) + _content_blocks(chunk.content)
+    blocks = _reasoning(chunk) + _content_blocks(chunk)
     for call in chunk.tool_call_chunks:
         block: types.ToolCallChunk = {
             "type": "tool_call_chunk",

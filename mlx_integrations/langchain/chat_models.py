@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from contextlib import aclosing, closing
 from operator import itemgetter
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -27,11 +28,11 @@ from langchain_core.runnables import (
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from langchain_protocol.protocol import MessagesData
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from mlx_integrations.chat.completion import (
     ChatRequest,
+    Finished,
     pop_engine_options,
     stream_chat_events,
 )
@@ -59,6 +60,11 @@ from mlx_integrations.langchain.structured import (
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
 from mlx_integrations.settings.fields import check_timeout, validate_request_settings
+
+if TYPE_CHECKING:
+    # The content-block protocol's event type (``stream_events(version="v3")``); a type
+    # only, so an older langchain-core without that protocol still imports ChatMLX.
+    from langchain_protocol.protocol import MessagesData
 
 
 class ChatMLX(ChatSettings, BaseChatModel):
@@ -176,6 +182,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "thinking_budget": self.thinking_budget,
             "chat_template_kwargs": self.chat_template_kwargs,
             "tool_format": self.tool_format,
+            "adapter_path": self.adapter_path,
             "kv_bits": self.kv_bits,
             "kv_group_size": self.kv_group_size,
             "quantized_kv_start": self.quantized_kv_start,
@@ -255,7 +262,7 @@ class ChatMLX(ChatSettings, BaseChatModel):
         stop: list[str] | None,
         kwargs: dict[str, Any],
         stream: bool = True,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         override = kwargs.get("model")
         request = self._request(messages, stop, kwargs)
         if not override or override == self.model:
@@ -312,8 +319,16 @@ class ChatMLX(ChatSettings, BaseChatModel):
         blocks (see :mod:`~mlx_integrations.langchain.events`)."""
         kwargs.pop("stream_usage", None)  # message-finish always carries the usage
         writer = self._protocol_events(kwargs)
-        for event in iterate_sync(self._aevents(messages, stop, kwargs)):
-            yield from writer.feed(event)
+        last: list[MessagesData] = []
+        # LangChain stops pulling at message-finish: the request (and a per-call model's
+        # pool lease) is closed before that last event goes out, not when this is freed.
+        with closing(iterate_sync(self._aevents(messages, stop, kwargs))) as events:
+            for event in events:
+                if isinstance(event, Finished):
+                    last = writer.feed(event)
+                    break
+                yield from writer.feed(event)
+        yield from last
 
     async def _astream_chat_model_events(
         self,
@@ -325,9 +340,16 @@ class ChatMLX(ChatSettings, BaseChatModel):
         """``astream_events(version="v3")``: as :meth:`_stream_chat_model_events`."""
         kwargs.pop("stream_usage", None)
         writer = self._protocol_events(kwargs)
-        async for event in self._aevents(messages, stop, kwargs):
-            for item in writer.feed(event):
-                yield item
+        last: list[MessagesData] = []
+        async with aclosing(self._aevents(messages, stop, kwargs)) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    last = writer.feed(event)
+                    break
+                for item in writer.feed(event):
+                    yield item
+        for item in last:
+            yield item
 
     def _protocol_events(self, kwargs: dict[str, Any]) -> ProtocolEvents:
         model = kwargs.get("model") or self.model

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, cast
-
-from langchain_protocol.protocol import MessagesData
+from typing import TYPE_CHECKING, Any, cast
 
 from mlx_integrations.chat.completion import (
     Finished,
@@ -23,6 +21,9 @@ from mlx_integrations.chat.completion import (
     ReasoningDelta,
     TextDelta,
 )
+
+if TYPE_CHECKING:
+    from langchain_protocol.protocol import MessagesData
 
 
 class ProtocolEvents:
@@ -90,7 +91,7 @@ class ProtocolEvents:
             out += self._close()
             usage, metadata = self._finish(event)
             out.append({"event": "message-finish", "usage": usage, "metadata": metadata})
-        return cast(list[MessagesData], out)
+        return cast("list[MessagesData]", out)
 
     def _begin(self, out: list[dict[str, Any]], skeleton: dict[str, Any]) -> int:
         index, self._next = self._next, self._next + 1

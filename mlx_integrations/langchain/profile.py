@@ -57,6 +57,8 @@ def model_profile(engine: BaseEngine) -> ModelProfile:
     profile["reasoning_output"] = switch.thinks
     if switch.thinks and switch.levels:
         profile["reasoning_effort_levels"] = list(switch.levels)
+        if switch.default is not None:  # what a call without reasoning_effort gets
+            profile["reasoning_effort_default"] = switch.default
     profile["mid_conversation_system_messages"] = mid_system
     return profile
 

@@ -9,8 +9,9 @@ early closes the async one, which aborts the request in the engine.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Generator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -45,7 +46,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
-def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
+def iterate_sync(agen: AsyncIterator[T]) -> Generator[T, None, None]:
     """Iterate an async iterator from synchronous code, item by item.
 
     If the caller stops early (or Ctrl-C arrives while an item is awaited), the async
@@ -71,7 +72,9 @@ def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
             pending.cancel()
         else:
             aclose = getattr(agen, "aclose", None)
-            if aclose is not None and not _on_loop_thread(loop):
+            # An iterator left open until the interpreter exits is closed while it shuts
+            # down, when the loop's daemon thread runs no more: waiting would never end.
+            if aclose is not None and not _on_loop_thread(loop) and not sys.is_finalizing():
                 asyncio.run_coroutine_threadsafe(aclose(), loop).result()
 
 

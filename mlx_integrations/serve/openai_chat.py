@@ -5,7 +5,8 @@ ignored: ``n`` above 1, ``logprobs``/``top_logprobs`` (the engines return no tok
 probabilities), audio output, the legacy ``functions``. Sampling extensions that vLLM
 also takes (``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``)
 are read; fields that change nothing here (``user``, ``metadata``, ``store``,
-``service_tier``) are ignored.
+``service_tier``) are ignored. ``reasoning_effort`` goes to the chat template's own
+switch, and the ``thinking_budget`` extension caps the thinking at N tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mlx_integrations.chat.completion import (
     Turn,
 )
 from mlx_integrations.chat.output_parser import Event
+from mlx_integrations.chat.reasoning import check_effort
 from mlx_integrations.serve.errors import api_error, openai_error_body
 from mlx_integrations.serve.sse import EventStream, closing, prime, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState
@@ -72,6 +74,22 @@ def read_response_format(body: Body, name: str = "response_format") -> dict[str,
     raise body.error(name, f"has type {kind!r}; use 'text', 'json_object' or 'json_schema'")
 
 
+def reasoning_options(body: Body, name: str, effort: Any) -> dict[str, Any]:
+    """``reasoning_effort`` (at ``name``) and the ``thinking_budget`` extension as engine
+    options: the effort goes to the chat template's own switch (a level the template
+    does not take is a 400 naming those it takes), the budget caps the thinking tokens."""
+    options: dict[str, Any] = {}
+    if effort is not None:
+        try:
+            options["reasoning_effort"] = check_effort(effort)
+        except ValueError as exc:
+            raise body.error(name, str(exc).removeprefix("reasoning_effort ")) from None
+    budget = body.integer("thinking_budget", low=0)
+    if budget is not None:
+        options["thinking_budget"] = budget
+    return options
+
+
 def read_chat(body: Body) -> tuple[ChatParts, bool, bool]:
     """The chat parts of a request, whether it streams, whether usage is streamed."""
     model = body.raw("model")
@@ -91,12 +109,7 @@ def read_chat(body: Body) -> tuple[ChatParts, bool, bool]:
     if max_tokens is None:
         max_tokens = body.integer("max_tokens", low=1)
     options = sampling_options(body)
-    effort = body.text("reasoning_effort")
-    if effort is not None:  # templates that take it (gpt-oss) read it; others ignore it
-        options["chat_template_kwargs"] = {
-            **options.get("chat_template_kwargs", {}),
-            "reasoning_effort": effort,
-        }
+    options.update(reasoning_options(body, "reasoning_effort", body.text("reasoning_effort")))
     tools = body.array("tools")
     parts = ChatParts(
         model=model,

@@ -26,7 +26,7 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.serve.errors import api_error, openai_error_body
-from mlx_integrations.serve.openai_chat import stream_response
+from mlx_integrations.serve.openai_chat import reasoning_options, stream_response
 from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState
 from mlx_integrations.serve.wire import Body, new_id, now, parse_json, sampling_options
@@ -174,11 +174,7 @@ def read_parts(body: Body) -> tuple[ChatParts, bool]:
     body.refuse("store", "must be false or absent: this server keeps no responses")
     options = sampling_options(body)
     reasoning = body.obj("reasoning") or {}
-    if reasoning.get("effort") is not None:
-        options["chat_template_kwargs"] = {
-            **options.get("chat_template_kwargs", {}),
-            "reasoning_effort": reasoning["effort"],
-        }
+    options.update(reasoning_options(body, "reasoning.effort", reasoning.get("effort")))
     tools = read_tools(body)
     choice = read_tool_choice(body)
     parts = ChatParts(

@@ -56,18 +56,19 @@ def prompt_of(engine: SimpleEngine, **kwargs: Any) -> str:
 
 
 @pytest.mark.parametrize(
-    ("name", "kind", "levels"),
+    ("name", "kind", "levels", "default"),
     [
-        ("qwen3", "enable_thinking", ("none", "high")),
-        ("opening", "enable_thinking", ("none", "high")),
-        ("effort", "reasoning_effort", ("low", "medium", "high")),
-        ("flags", "flags", ("none", "high")),
-        ("plain", "none", ()),
+        ("qwen3", "enable_thinking", ("none", "high"), "high"),
+        ("opening", "enable_thinking", ("none", "high"), "high"),
+        ("effort", "reasoning_effort", ("low", "medium", "high"), "medium"),
+        ("flags", "flags", ("none", "high"), "high"),
+        ("plain", "none", (), None),
     ],
 )
-def test_each_template_is_read_for_its_switch(engines, name, kind, levels):
+def test_each_template_is_read_for_its_switch(engines, name, kind, levels, default):
     switch = reasoning_switch(engines[name].tokenizer)
     assert (switch.kind, switch.levels, switch.thinks) == (kind, levels, bool(levels))
+    assert switch.default == default  # the level a request without a switch gets
 
 
 def test_qwen3_none_turns_thinking_off_and_high_on(engines):

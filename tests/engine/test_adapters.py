@@ -41,7 +41,9 @@ def reference(model: Path, adapter_path: Path | None, prompt: str, n: int = N) -
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    loaded = mlx_lm.load(str(model), adapter_path=None if adapter_path is None else str(adapter_path))
+    loaded = mlx_lm.load(
+        str(model), adapter_path=None if adapter_path is None else str(adapter_path)
+    )
     net, tokenizer = loaded[0], loaded[1]
     ids = tokenizer.apply_chat_template(messages(prompt), add_generation_prompt=True)
     steps = generate_step(mx.array(ids), net, max_tokens=n, sampler=make_sampler(0.0))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_tests.utils.stream_lifecycle import assert_valid_event_stream
 
@@ -97,6 +97,36 @@ def test_v1_output_keeps_the_order_whole_and_streamed(llm):
     assert shape(summed.content_blocks) == IN_ORDER
     assert [b.get("index") for b in summed.content if b["type"] != "tool_call"] == [0, 1, 3, 4]
     assert summed.tool_calls[0]["args"] == {"city": "Paris"}
+    # The usage travels beside the blocks, thinking tokens counted apart.
+    for msg in (whole, summed):
+        assert msg.usage_metadata["output_tokens"] == whole.usage_metadata["output_tokens"]
+        assert msg.usage_metadata["output_token_details"]["reasoning"] == len(
+            llm.engine.tokenizer.encode("Needs the tool.", add_special_tokens=False)
+        )
+
+
+def test_images_in_a_reply_read_as_standard_image_blocks():
+    """A reply whose content holds images in OpenAI's or LangChain's v0 layout (a
+    history message a caller built or edited) reads as standard image blocks."""
+    png = "iVBORw0KGgo="
+    msg = AIMessage(
+        [
+            {"type": "text", "text": "Here:"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+            {"type": "image", "source_type": "url", "url": "http://127.0.0.1/cat.png"},
+            {"type": "image", "url": "http://127.0.0.1/dog.png"},
+        ],
+        additional_kwargs={"reasoning_content": "Show them."},
+        response_metadata={"model_provider": "mlx"},
+    )
+    blocks = [{k: v for k, v in b.items() if k != "id"} for b in msg.content_blocks]
+    assert blocks == [
+        {"type": "reasoning", "reasoning": "Show them."},
+        {"type": "text", "text": "Here:"},
+        {"type": "image", "base64": png, "mime_type": "image/png"},
+        {"type": "image", "url": "http://127.0.0.1/cat.png"},
+        {"type": "image", "url": "http://127.0.0.1/dog.png"},
+    ]
 
 
 def test_a_streamed_v0_reply_reads_as_the_whole_one(llm):
@@ -196,3 +226,94 @@ def test_reasoning_goes_back_to_the_template(llm):
     # The tiny model's template renders earlier reasoning: it is in the prompt.
     prompt = llm.engine.render_prompt(to_neutral_messages([HumanMessage("Hi"), v0]))
     assert "<think>Look it up.</think>It is sunny." in prompt
+
+
+STEPS = [
+    "<think>Needs the tool.</think>Checking. "
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> Wait.',
+    "<think>Got it.</think>It is sunny.",
+]
+
+
+@pytest.mark.filterwarnings("ignore:The v3 streaming protocol on Pregel is experimental")
+def test_an_agent_streamed_as_v3_gets_each_steps_own_blocks(llm):
+    """LangGraph's v3 stream of a create_agent run routes each model step through
+    ChatMLX's own events: each step's thinking, text and call are blocks of their own."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware, ModelRequest
+
+    class Scripted(AgentMiddleware):
+        """Makes the random model write STEPS[n] once n tool results are in."""
+
+        def wrap_model_call(self, request: ModelRequest, handler: Any) -> Any:
+            step = sum(isinstance(m, ToolMessage) for m in request.messages)
+            processor = forcing(llm.engine.tokenizer, STEPS[step])[0]
+            settings = {**request.model_settings, "logits_processors": [processor]}
+            return handler(request.override(model_settings=settings))
+
+    agent = create_agent(llm, tools=[get_weather], middleware=[Scripted()])
+    run = agent.stream_events({"messages": [("human", "Weather in Paris?")]}, version="v3")
+    steps = []
+    for stream in run.messages:
+        events = list(stream)
+        assert_valid_event_stream(events)
+        steps.append(stream.output)
+    assert [shape(s.content_blocks) for s in steps] == [
+        [
+            ("reasoning", "Needs the tool."),
+            ("text", "Checking. "),
+            ("tool_call", "get_weather", {"city": "Paris"}),
+            ("text", " Wait."),
+        ],
+        [("reasoning", "Got it."), ("text", "It is sunny.")],
+    ]
+    assert all(s.usage_metadata["output_token_details"]["reasoning"] > 0 for s in steps)
+    messages = run.output["messages"]
+    assert isinstance(messages[2], ToolMessage) and messages[2].content == "sunny in Paris"
+    assert messages[-1].content_blocks == steps[-1].content_blocks
+
+
+def test_a_v3_stream_closes_its_request_at_message_finish(llm, tiny_plain):
+    """LangChain stops pulling events at message-finish; the request of a per-call
+    model is over by then, so its pooled engine is no longer counted as in use."""
+    from mlx_integrations.engine import pool
+
+    stream = llm.stream_events("Hi", version="v3", model=str(tiny_plain), max_tokens=4)
+    events = list(stream)
+    assert events[-1]["event"] == "message-finish"
+    users = {str(e.model_path): n for e, n in pool.shared_engines()}
+    assert users[str(tiny_plain)] == 0  # the stream object is still alive here
+    del stream
+
+
+EXITS = """
+import sys
+from mlx_integrations.langchain import ChatMLX
+
+llm = ChatMLX(model=sys.argv[1], max_tokens=8)
+if sys.argv[2] == "open":
+    stream = llm.stream("Hi")
+    next(stream)  # left open: the interpreter closes it as it exits
+else:
+    events = llm.stream_events("Hi", version="v3")
+    list(events)
+print("done")
+"""
+
+
+@pytest.mark.parametrize("how", ["open", "v3"])
+def test_a_process_that_leaves_a_stream_open_exits(tiny_llama, how):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS, str(tiny_llama), how],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a generous bound: the failure this guards against never ends
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "done\n"

@@ -4,7 +4,7 @@ reasoning_effort through the template's own switch, a thinking budget."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -34,6 +34,7 @@ def test_profile_of_a_thinking_model_lists_its_levels_without_loading_it(qwen3):
     assert profile is not None
     assert profile["reasoning_output"] is True
     assert profile["reasoning_effort_levels"] == ["none", "high"]
+    assert profile["reasoning_effort_default"] == "high"  # Qwen3 thinks unless told not to
     assert profile["max_input_tokens"] == profile["max_output_tokens"] == 4096
     assert profile["tool_calling"] and profile["tool_choice"] and profile["tool_call_streaming"]
     assert profile["structured_output"] and profile["open_weights"]
@@ -44,6 +45,7 @@ def test_profile_of_a_thinking_model_lists_its_levels_without_loading_it(qwen3):
 def test_profile_of_an_effort_template(effort):
     profile = ChatMLX(model=str(effort)).profile
     assert profile["reasoning_effort_levels"] == ["low", "medium", "high"]
+    assert profile["reasoning_effort_default"] == "medium"  # what the template falls back to
 
 
 def test_a_template_that_does_not_think_has_no_reasoning(tiny_plain):
@@ -51,8 +53,19 @@ def test_a_template_that_does_not_think_has_no_reasoning(tiny_plain):
     profile = ChatMLX(model=str(tiny_plain)).profile
     assert profile["reasoning_output"] is False
     assert "reasoning_effort_levels" not in profile
+    assert "reasoning_effort_default" not in profile
     with pytest.raises(ValueError, match="does not think"):
         ChatMLX(model=str(tiny_plain), reasoning_effort="low")
+
+
+def test_profile_of_a_vision_model_takes_images_everywhere(tiny_vlm):
+    llm = ChatMLX(model=str(tiny_vlm), engine_type="simple")
+    profile = llm.profile
+    assert profile is not None
+    for key in ("image_inputs", "image_url_inputs", "video_inputs", "image_tool_message"):
+        assert profile[key] is True, key
+    assert profile["pdf_inputs"] is False and profile["audio_inputs"] is False
+    assert profile["max_input_tokens"] == llm.engine.context_length
 
 
 def test_a_level_the_model_does_not_take_is_refused_when_made(qwen3):
@@ -99,3 +112,21 @@ def test_a_budget_on_a_model_that_does_not_think_is_refused(tiny_plain):
     with pytest.raises(ValueError, match="does not think"):
         llm.invoke("Hi?", thinking_budget=8)
     assert isinstance(llm.invoke("Hi?").content, str)  # the engine serves on
+
+
+def test_after_the_budget_a_forced_call_follows_the_tools_schema(qwen3):
+    """The budget writes </think>; the forced call's grammar holds from there on."""
+
+    def get_weather(city: Literal["Paris", "Rome"]) -> str:
+        """Get the weather of a city."""
+        return "sunny"
+
+    llm = ChatMLX(model=str(qwen3), temperature=0, max_tokens=60, thinking_budget=4)
+    thinker = endless_thinker(llm.engine.tokenizer, open_first=True, ban_eos=False)
+    bound = llm.bind_tools([get_weather], tool_choice="any")
+    msg = bound.invoke("Weather in Paris?", logits_processors=[thinker])
+    assert msg.usage_metadata["output_token_details"]["reasoning"] == 4
+    assert msg.additional_kwargs["reasoning_content"]
+    assert [c["name"] for c in msg.tool_calls] == ["get_weather"]
+    assert msg.tool_calls[0]["args"]["city"] in ("Paris", "Rome")
+    assert msg.invalid_tool_calls == []

@@ -25,6 +25,7 @@ from tests.support.thinking import (
     QWEN3_TEMPLATE,
     build_thinking_model,
     endless_thinker,
+    prompt_recorder,
 )
 
 
@@ -63,6 +64,20 @@ def test_thinking_streams_as_thinking_delta(opening):
     # The thinking comes first, then the answer's text deltas, never mixed.
     first_text = next(i for i, r in enumerate(responses) if r.delta)
     assert all(not d for d in deltas[first_text:])
+
+
+def test_reasoning_effort_goes_to_the_templates_own_switch(qwen3):
+    llm = MLXLLM(model=str(qwen3), max_tokens=1, reasoning_effort="none")
+
+    def prompt(**kwargs: object) -> str:
+        recorder, seen = prompt_recorder()
+        llm.chat(QUESTION, logits_processors=[recorder], **kwargs)
+        return llm.engine.tokenizer.decode(seen[0])
+
+    assert prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # off
+    assert prompt(reasoning_effort="high").endswith("<|im_start|>assistant\n")  # on
+    with pytest.raises(ValueError, match="takes reasoning_effort 'none', 'high', not 'low'"):
+        llm.chat(QUESTION, reasoning_effort="low")
 
 
 def test_reasoning_in_the_history_is_kept_or_dropped_as_the_template_wants(qwen3, tiny_plain):

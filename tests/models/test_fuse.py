@@ -33,7 +33,9 @@ def greedy(model: Path, adapter_path: Path | None = None) -> list[list[int]]:
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    loaded = mlx_lm.load(str(model), adapter_path=None if adapter_path is None else str(adapter_path))
+    loaded = mlx_lm.load(
+        str(model), adapter_path=None if adapter_path is None else str(adapter_path)
+    )
     net, tokenizer = loaded[0], loaded[1]
     out = []
     for prompt in PROMPTS:
@@ -49,7 +51,9 @@ def last_logits(model: Path, adapter_path: Path | None = None) -> object:
     import mlx.core as mx
     import mlx_lm
 
-    loaded = mlx_lm.load(str(model), adapter_path=None if adapter_path is None else str(adapter_path))
+    loaded = mlx_lm.load(
+        str(model), adapter_path=None if adapter_path is None else str(adapter_path)
+    )
     net, tokenizer = loaded[0], loaded[1]
     ids = tokenizer.encode(" ".join(PROMPTS))
     return net(mx.array([ids]))[0]

@@ -48,6 +48,9 @@ class ReasoningSwitch:
             ``reasoning_content`` in the prompt (else it is dropped).
         turns_off: ``enable_thinking=False`` turns thinking off (beside an effort
             variable, for ``"none"``).
+        default: The level the template renders when no switch is set (Qwen3:
+            ``"high"``, thinking on; an effort template: the level it falls back
+            to), or None when it matches none of its levels.
     """
 
     thinks: bool
@@ -55,6 +58,7 @@ class ReasoningSwitch:
     levels: tuple[str, ...]
     renders_reasoning: bool = False
     turns_off: bool = False
+    default: str | None = None
 
 
 NO_REASONING = ReasoningSwitch(False, "none", ())
@@ -116,18 +120,30 @@ def probe_reasoning(tokenizer: Any) -> ReasoningSwitch:
     shown = _render(tokenizer, [*question, answer], add_generation_prompt=False) or ""
     renders = _PROBE_REASONING in shown
     none = ("none",) if turns_off else ()
+    # What the template does when the request sets no switch.
+    plain = _render(tokenizer, question)
+    off_by_default = plain is not None and (plain == off if turns_off else False)
     if len(efforts) > 1:
-        return ReasoningSwitch(True, "reasoning_effort", (*none, *efforts), renders, turns_off)
+        default = "none" if off_by_default else _level_of(plain, efforts)
+        levels = (*none, *efforts)
+        return ReasoningSwitch(True, "reasoning_effort", levels, renders, turns_off, default)
     if turns_off:
-        return ReasoningSwitch(True, "enable_thinking", ("none", "high"), renders, True)
+        default = "none" if off_by_default else ("high" if plain == on else None)
+        return ReasoningSwitch(True, "enable_thinking", ("none", "high"), renders, True, default)
     if _NO_THINK in source:
-        return ReasoningSwitch(True, "flags", ("none", "high"), renders)
+        default = "none" if plain is not None and closes_reasoning(plain, tokenizer) else "high"
+        return ReasoningSwitch(True, "flags", ("none", "high"), renders, default=default)
     thinks = (on is not None and opens_reasoning(on, tokenizer)) or any(
         m in source for m in markers
     )
     if thinks:
-        return ReasoningSwitch(True, "always", ("high",), renders)
+        return ReasoningSwitch(True, "always", ("high",), renders, default="high")
     return ReasoningSwitch(False, "none", (), renders)
+
+
+def _level_of(text: str | None, efforts: dict[str, str]) -> str | None:
+    """The effort level whose rendering ``text`` is, if any."""
+    return next((level for level, shown in efforts.items() if shown == text), None)
 
 
 def check_effort(value: Any) -> str | None:

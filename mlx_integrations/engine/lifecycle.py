@@ -110,13 +110,11 @@ class ModelLifecycle(BaseEngine, ResidencyControls):
                 return False
             with self._state_lock:
                 executor = self._executor
-            tokenizer = self._tokenizer
             try:
                 if executor is not None:
-                    executor.submit(self._unload).result()
+                    executor.submit(self._unload).result()  # keeps the tokenizer
             finally:
                 self._weights_bytes = 0
-                self._tokenizer = tokenizer  # rendering and counting need no weights
                 self._residency.unloaded()
         finally:
             self._start_lock.release()

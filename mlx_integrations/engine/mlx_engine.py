@@ -539,7 +539,9 @@ class MLXEngine(ModelLifecycle):
         if self._prefix.disk is not None:
             self._prefix.disk.close()  # what is queued is written before the engine stops
         self._model = None
-        self._tokenizer = None
+        # The tokenizer stays (plain Python, no MLX memory): rendering and counting need
+        # no weights, and a caller reading it while the weights go must not load them
+        # again outside a request.
         self._loaded_vision = None
         mx.clear_cache()
         self._release_lease()

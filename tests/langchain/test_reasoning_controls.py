@@ -59,7 +59,8 @@ def test_a_template_that_does_not_think_has_no_reasoning(tiny_plain):
 
 
 def test_profile_of_a_vision_model_takes_images_everywhere(tiny_vlm):
-    llm = ChatMLX(model=str(tiny_vlm), engine_type="simple")
+    # An engine of its own: another test's adapter may have loaded the shared one.
+    llm = ChatMLX(model=str(tiny_vlm), engine_type="simple", engine_options={"cache_memory_mb": 7})
     profile = llm.profile
     assert profile is not None
     for key in ("image_inputs", "image_url_inputs", "video_inputs", "image_tool_message"):

@@ -89,7 +89,8 @@ def test_sigterm_lets_the_reply_in_flight_finish(serve_process, long_model: Path
         rest = [data for _, data in events]
     assert rest[-1] == "[DONE]"
     assert rest[-2]["usage"]["completion_tokens"] == 100  # type: ignore[index]
-    assert process.wait(timeout=120) == 0
+    code = process.wait(timeout=120)
+    assert code == 0, process.stderr.read()[-3000:] if process.stderr else code
 
 
 @pytest.fixture(scope="module")

@@ -109,3 +109,30 @@ async def test_async_unload_idle_and_shutdown(tiny_llama, monkeypatch):
         assert not used.is_loaded and pool.shared_engines() == []
     finally:
         ticker.cancel()
+
+
+def test_an_adapter_collected_while_the_pool_is_busy_is_released(tiny_llama):
+    """The garbage collector may free an adapter (and so call pool.release) on a thread
+    that holds the pool's lock, as acquire() does while it makes an engine."""
+    import gc
+
+    from mlx_integrations.langchain import ChatMLX
+
+    box: list = [ChatMLX(model=str(tiny_llama), engine_options={"cache_memory_mb": 9})]
+    box.append(box)  # a cycle: only a collection frees the adapter
+    engine = box[0].engine
+    users = dict((id(e), n) for e, n in pool.shared_engines())[id(engine)]
+    done = threading.Event()
+
+    def collect_inside_the_pool() -> None:
+        nonlocal box
+        with pool._lock:
+            box = []
+            gc.collect()
+        done.set()
+
+    worker = threading.Thread(target=collect_inside_the_pool, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert done.is_set(), "pool.release() from the collector waited for its own thread"
+    assert dict((id(e), n) for e, n in pool.shared_engines())[id(engine)] == users - 1

@@ -79,7 +79,9 @@ class _Slot:
     refs: int = 0
 
 
-_lock = threading.Lock()
+# Reentrant: an adapter's finalizer calls release() from the garbage collector, which
+# can run on a thread that holds the lock already (while acquire() makes an engine).
+_lock = threading.RLock()
 _slots: dict[tuple[Any, ...], _Slot] = {}
 # Engines whose load failed, out of the pool: their key and users, for a later success.
 _failed: weakref.WeakKeyDictionary[BaseEngine, tuple[tuple[Any, ...], _Slot]] = (

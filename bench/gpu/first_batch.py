@@ -1,0 +1,242 @@
+"""Where the first batches of a process spend their time on a GPU.
+
+Two probes, each printing JSON lines (also written to ``--out``):
+
+``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
+shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
+makes for left-padded rows; the same mask over the key length rounded up to the
+cache's 256-position step), a run of key lengths the thread has not met: the first
+call at each length and a second one, in ms. And a length met on this thread, called
+again from a new thread.
+
+``trace``: a fresh process per scenario (``engine-first``, ``raw-first``). Each times
+every prefill call and decode step of mlx-lm's batch classes (the engine runs them
+too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
+lengths; and ``batch_generate`` on the same three sets, in the scenario's order.
+Prints per run: seconds, slowest first token, the steps slower than 3x the run's
+median step and their key lengths.
+
+Usage: python bench/gpu/first_batch.py [--probes sdpa,trace] [--shapes qwen2.5-0.5b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
+
+import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
+
+HEADS = {name: (s["num_attention_heads"], s["num_key_value_heads"]) for name, s in bench_gpu.SHAPES.items()}
+STEP = 256
+
+
+def emit(record: dict[str, Any], out: Path | None) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out is not None:
+        with (out / "first_batch.jsonl").open("a") as f:
+            f.write(line + "\n")
+
+
+# ------------------------------------------------------------------ sdpa
+
+
+def sdpa_probe(shape: str, out: Path | None) -> None:
+    import mlx.core as mx
+
+    h, kvh = HEADS[shape]
+    d = bench_gpu.SHAPES[shape]["hidden_size"] // h
+
+    def call(b: int, length: int, mask: str) -> float:
+        buffer = -(-length // STEP) * STEP
+        seen = buffer if mask == "padded" else length
+        q = mx.random.normal((b, h, 1, d)).astype(mx.bfloat16)
+        keys = mx.random.normal((b, kvh, buffer, d)).astype(mx.bfloat16)
+        values = mx.random.normal((b, kvh, buffer, d)).astype(mx.bfloat16)
+        k, v = keys[..., :seen, :], values[..., :seen, :]
+        m: Any = None
+        if mask != "none":
+            pad = mx.arange(b)[:, None] % 3  # rows' left padding
+            pos = mx.arange(seen)[None]
+            m = ((pos >= pad) & (pos < length))[:, None, None, :]
+        mx.eval(q, k, v, m) if m is not None else mx.eval(q, k, v)
+        began = time.perf_counter()
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=m)
+        mx.eval(o)
+        return (time.perf_counter() - began) * 1000
+
+    for b in (1, 8):
+        for mask in ("none", "array", "padded"):
+            lengths = list(range(300 + 40 * b + (mask != "none") * 7, 300 + 40 * b + 12 + (mask != "none") * 7))
+            if mask == "padded":
+                lengths = [n + 13 for n in lengths]
+            first = [call(b, n, mask) for n in lengths]
+            again = [call(b, n, mask) for n in lengths]
+            holder: list[float] = []
+            t = threading.Thread(target=lambda: holder.append(call(b, lengths[0], mask)))
+            t.start()
+            t.join()
+            emit(
+                {
+                    "probe": "sdpa",
+                    "shape": shape,
+                    "batch": b,
+                    "mask": mask,
+                    "lengths": lengths,
+                    "first_ms": [round(x, 2) for x in first],
+                    "again_ms": [round(x, 2) for x in again],
+                    "new_thread_seen_length_ms": round(holder[0], 2),
+                },
+                out,
+            )
+
+
+# ------------------------------------------------------------------ trace
+
+
+class Tracer:
+    """Times mlx-lm's batched prefill calls and decode steps, with their key lengths."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int, float]] = []  # kind, rows, key length, ms
+
+    def install(self) -> None:
+        import importlib
+
+        g = importlib.import_module("mlx_lm.generate")
+
+        tracer = self
+
+        def timed(kind: str, fn: Any) -> Any:
+            def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return fn(self, *args, **kwargs)
+                finally:
+                    ms = (time.perf_counter() - began) * 1000
+                    cache = getattr(self, "prompt_cache", None) or []
+                    length = getattr(cache[0], "_idx", -1) if cache else -1
+                    tracer.events.append((kind, len(self.uids), int(length), ms))
+
+            return wrapper
+
+        g.PromptProcessingBatch.prompt = timed("prefill", g.PromptProcessingBatch.prompt)
+        g.GenerationBatch._step = timed("decode", g.GenerationBatch._step)
+
+    def take(self) -> list[tuple[str, int, int, float]]:
+        events, self.events = self.events, []
+        return events
+
+
+def summarize(name: str, seconds: float, events: list[Any], first_token: float | None) -> dict[str, Any]:
+    decode = [e for e in events if e[0] == "decode"]
+    prefill = [e for e in events if e[0] == "prefill"]
+    median = statistics.median(e[3] for e in decode) if decode else 0.0
+    slow = [e for e in decode if e[3] > 3 * median]
+    return {
+        "run": name,
+        "seconds": round(seconds, 3),
+        "slowest_first_token_s": None if first_token is None else round(first_token, 3),
+        "prefill_ms": [[e[1], e[2], round(e[3], 1)] for e in prefill],
+        "decode_steps": len(decode),
+        "decode_ms_total": round(sum(e[3] for e in decode), 1),
+        "decode_ms_median": round(median, 2),
+        "slow_steps": len(slow),
+        "slow_ms_total": round(sum(e[3] for e in slow), 1),
+        "slow_lengths": [e[2] for e in slow][:40],
+        "slow_rows": sorted({e[1] for e in slow}),
+    }
+
+
+def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> None:
+    from mlx_lm import batch_generate, load
+
+    from mlx_integrations.engine import BatchedEngine
+
+    path = bench_gpu.build_model(Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape])
+    tracer = Tracer()
+    tracer.install()
+    model, tokenizer = load(str(path))
+    sets = {
+        "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
+        "new-lengths": [bench_gpu.words(41 + 3 * i, offset=i + 5) for i in range(8)],
+    }
+    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0)
+    loop = asyncio.new_event_loop()
+    began = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    emit({"probe": "trace", "order": order, "shape": shape, "load_s": round(time.perf_counter() - began, 3), "warmup_s": engine.warmup_seconds}, out)
+
+    def ours(label: str, prompts: list[str]) -> None:
+        async def serve() -> list[Any]:
+            calls = [engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
+            return list(await asyncio.gather(*calls))
+
+        tracer.take()
+        start = time.perf_counter()
+        outs = loop.run_until_complete(serve())
+        seconds = time.perf_counter() - start
+        record = summarize(f"engine {label}", seconds, tracer.take(), max(o.ttft_s for o in outs))
+        emit({"probe": "trace", "order": order, "shape": shape, **record}, out)
+
+    def raw(label: str, prompts: list[str]) -> None:
+        ids = [tokenizer.encode(p) for p in prompts]
+        tracer.take()
+        start = time.perf_counter()
+        batch_generate(model, tokenizer, ids, max_tokens=tokens, completion_batch_size=8, prefill_batch_size=8)
+        seconds = time.perf_counter() - start
+        emit({"probe": "trace", "order": order, "shape": shape, **summarize(f"raw {label}", seconds, tracer.take(), None)}, out)
+
+    sides = [ours, raw] if order == "engine-first" else [raw, ours]
+    try:
+        for label in ("a", "a-again", "new-lengths"):
+            for side in sides:
+                side(label, sets["a" if label == "a-again" else label])
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--probes", default="sdpa,trace")
+    parser.add_argument("--shapes", default="qwen2.5-0.5b")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    if args.scenario is not None:  # a child process: one scenario
+        trace_scenario(args.shapes, args.scenario, args.tokens, args.out)
+        return
+    probes = args.probes.split(",")
+    for shape in args.shapes.split(","):
+        if "sdpa" in probes:
+            sdpa_probe(shape, args.out)
+        if "trace" in probes:
+            for order in ("engine-first", "raw-first"):
+                cmd = [sys.executable, __file__, "--scenario", order, "--shapes", shape, "--tokens", str(args.tokens)]
+                if args.out is not None:
+                    cmd += ["--out", str(args.out)]
+                done = subprocess.run(cmd, env=os.environ)
+                if done.returncode:
+                    emit({"probe": "trace", "order": order, "shape": shape, "exit": done.returncode}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,10 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
 
-HEADS = {name: (s["num_attention_heads"], s["num_key_value_heads"]) for name, s in bench_gpu.SHAPES.items()}
+HEADS = {
+    name: (s["num_attention_heads"], s["num_key_value_heads"])
+    for name, s in bench_gpu.SHAPES.items()
+}
 STEP = 256
 
 
@@ -81,13 +84,17 @@ def sdpa_probe(shape: str, out: Path | None) -> None:
 
     for b in (1, 8):
         for mask in ("none", "array", "padded"):
-            lengths = list(range(300 + 40 * b + (mask != "none") * 7, 300 + 40 * b + 12 + (mask != "none") * 7))
+            lengths = list(
+                range(300 + 40 * b + (mask != "none") * 7, 300 + 40 * b + 12 + (mask != "none") * 7)
+            )
             if mask == "padded":
                 lengths = [n + 13 for n in lengths]
             first = [call(b, n, mask) for n in lengths]
             again = [call(b, n, mask) for n in lengths]
             holder: list[float] = []
-            t = threading.Thread(target=lambda: holder.append(call(b, lengths[0], mask)))
+            t = threading.Thread(
+                target=lambda h, *a: h.append(call(*a)), args=(holder, b, lengths[0], mask)
+            )
             t.start()
             t.join()
             emit(
@@ -142,7 +149,9 @@ class Tracer:
         return events
 
 
-def summarize(name: str, seconds: float, events: list[Any], first_token: float | None) -> dict[str, Any]:
+def summarize(
+    name: str, seconds: float, events: list[Any], first_token: float | None
+) -> dict[str, Any]:
     decode = [e for e in events if e[0] == "decode"]
     prefill = [e for e in events if e[0] == "prefill"]
     median = statistics.median(e[3] for e in decode) if decode else 0.0
@@ -167,7 +176,9 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
 
     from mlx_integrations.engine import BatchedEngine
 
-    path = bench_gpu.build_model(Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape])
+    path = bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
     tracer = Tracer()
     tracer.install()
     model, tokenizer = load(str(path))
@@ -179,7 +190,16 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     loop.run_until_complete(engine.start())
-    emit({"probe": "trace", "order": order, "shape": shape, "load_s": round(time.perf_counter() - began, 3), "warmup_s": engine.warmup_seconds}, out)
+    emit(
+        {
+            "probe": "trace",
+            "order": order,
+            "shape": shape,
+            "load_s": round(time.perf_counter() - began, 3),
+            "warmup_s": engine.warmup_seconds,
+        },
+        out,
+    )
 
     def ours(label: str, prompts: list[str]) -> None:
         async def serve() -> list[Any]:
@@ -197,9 +217,19 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         ids = [tokenizer.encode(p) for p in prompts]
         tracer.take()
         start = time.perf_counter()
-        batch_generate(model, tokenizer, ids, max_tokens=tokens, completion_batch_size=8, prefill_batch_size=8)
+        batch_generate(
+            model, tokenizer, ids, max_tokens=tokens, completion_batch_size=8, prefill_batch_size=8
+        )
         seconds = time.perf_counter() - start
-        emit({"probe": "trace", "order": order, "shape": shape, **summarize(f"raw {label}", seconds, tracer.take(), None)}, out)
+        emit(
+            {
+                "probe": "trace",
+                "order": order,
+                "shape": shape,
+                **summarize(f"raw {label}", seconds, tracer.take(), None),
+            },
+            out,
+        )
 
     sides = [ours, raw] if order == "engine-first" else [raw, ours]
     try:
@@ -230,12 +260,24 @@ def main() -> None:
             sdpa_probe(shape, args.out)
         if "trace" in probes:
             for order in ("engine-first", "raw-first"):
-                cmd = [sys.executable, __file__, "--scenario", order, "--shapes", shape, "--tokens", str(args.tokens)]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--scenario",
+                    order,
+                    "--shapes",
+                    shape,
+                    "--tokens",
+                    str(args.tokens),
+                ]
                 if args.out is not None:
                     cmd += ["--out", str(args.out)]
                 done = subprocess.run(cmd, env=os.environ)
                 if done.returncode:
-                    emit({"probe": "trace", "order": order, "shape": shape, "exit": done.returncode}, args.out)
+                    emit(
+                        {"probe": "trace", "order": order, "shape": shape, "exit": done.returncode},
+                        args.out,
+                    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ cache's 256-position step), a run of key lengths the thread has not met: the fir
 call at each length and a second one, in ms. And a length met on this thread, called
 again from a new thread.
 
-``trace``: a fresh process per scenario (``engine-first``, ``raw-first``). Each times
+``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
+alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
 lengths; and ``batch_generate`` on the same three sets, in the scenario's order.
@@ -181,12 +182,14 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     )
     tracer = Tracer()
     tracer.install()
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path)) if "engine" not in order else (None, None)
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
         "new-lengths": [bench_gpu.words(41 + 3 * i, offset=i + 5) for i in range(8)],
     }
-    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0)
+    # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
+    warm = False if order == "engine-nowarm" else None
+    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0, warmup_shapes=warm)
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     loop.run_until_complete(engine.start())
@@ -231,7 +234,13 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             out,
         )
 
-    sides = [ours, raw] if order == "engine-first" else [raw, ours]
+    sides = {
+        "engine-first": [ours, raw],
+        "raw-first": [raw, ours],
+        "engine": [ours],
+        "engine-nowarm": [ours],
+        "raw": [raw],
+    }[order]
     try:
         for label in ("a", "a-again", "new-lengths"):
             for side in sides:
@@ -246,6 +255,7 @@ def main() -> None:
     parser.add_argument("--probes", default="sdpa,trace")
     parser.add_argument("--shapes", default="qwen2.5-0.5b")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--orders", default="engine-first,raw-first")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -259,7 +269,7 @@ def main() -> None:
         if "sdpa" in probes:
             sdpa_probe(shape, args.out)
         if "trace" in probes:
-            for order in ("engine-first", "raw-first"):
+            for order in args.orders.split(","):
                 cmd = [
                     sys.executable,
                     __file__,

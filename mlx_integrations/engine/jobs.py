@@ -6,6 +6,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -162,3 +163,14 @@ def aborted_output(job: Job) -> MLXGenerationOutput:
         finished=True,
         request_id=job.params.request_id,
     )
+
+
+def run_call(fn: Callable[[], Any], future: Future[Any]) -> None:
+    """Run ``fn`` on this thread and settle ``future`` with its result or error (unless
+    the future was cancelled)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except BaseException as exc:
+        future.set_exception(exc)

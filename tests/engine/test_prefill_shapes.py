@@ -262,6 +262,38 @@ async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
         await off.stop()
 
 
+async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
+    tiny_own_head, engines, monkeypatch
+):
+    """The warm-up runs a small batch (rows of unequal length, one joining with its own
+    cache, rows ending) through mlx-lm's generator; afterwards nothing of it remains
+    (no generator, no cached prefix) and the engine replies as one without it."""
+    from mlx_lm.generate import BatchGenerator
+
+    rows: list[int] = []  # the rows of every decode step the generator runs
+    real_next = BatchGenerator.next
+
+    def counted(self: Any) -> Any:
+        prompts, generated = real_next(self)
+        rows.append(len(generated))
+        return prompts, generated
+
+    monkeypatch.setattr(BatchGenerator, "next", counted)
+    engine = BatchedEngine(tiny_own_head, prefill_step_size=STEP, prefill_buckets=True)
+    try:
+        await engine.start()
+        assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
+        assert max(rows) == 3 and rows[-1] >= 1  # two rows, then a third joined them
+        assert engine._generator is None
+        assert engine.get_cache_stats()["entry_count"] == 0
+        chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]
+        warmed = await asyncio.gather(*(reply(engine, c) for c in chats))
+        cold = await asyncio.gather(*(reply(engines["batched_padded"], c) for c in chats))
+        assert [o.tokens for o in warmed] == [o.tokens for o in cold]
+    finally:
+        await engine.stop()
+
+
 async def staggered(
     engine: Any, chats: list[list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[Any], list[tuple[int, ...]]]:

@@ -148,9 +148,10 @@ async def test_what_the_budget_counts_is_what_mlx_holds_after_a_batch(model_a):
             gc.collect()
             counted = engine.get_stats()["residency"]["memory_bytes"]
             assert engine.get_cache_stats()["entry_count"] >= n  # their KV is cached
-            # A GPU allocator rounds each small buffer up (8% more here on CUDA, where
-            # this tiny model's KV arrays are a few KB each); the CPU's does not.
-            rel = 0.01 if backend_info()["backend"] == "cpu" else 0.1
+            # A GPU allocator rounds each small buffer up (8% and 13% more in two runs on
+            # CUDA, where this tiny model's KV arrays are a few KB each); the CPU's does
+            # not. Counting the batch's buffers as well would be twice as much.
+            rel = 0.01 if backend_info()["backend"] == "cpu" else 0.2
             assert active_mb(engine) * MiB == pytest.approx(counted, rel=rel)
     finally:
         await engine.stop()

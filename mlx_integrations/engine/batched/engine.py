@@ -27,6 +27,7 @@ from mlx_integrations.engine.batched.sampling import (
 )
 from mlx_integrations.engine.batched.solo import SoloDecode, prefill_joining
 from mlx_integrations.engine.batched.speculation import BatchSpeculation, add_token
+from mlx_integrations.engine.batched.warmup import warm_batch
 from mlx_integrations.engine.cache.kv_quantization import (
     check_batched_kv_options,
     check_kv_at_load,
@@ -38,7 +39,7 @@ from mlx_integrations.engine.generation import (
     OutputBuilder,
     request_processors,
 )
-from mlx_integrations.engine.jobs import Job, aborted_output
+from mlx_integrations.engine.jobs import Job, aborted_output, run_call
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.speculative.draft_model import DraftModel
@@ -265,6 +266,11 @@ class BatchedEngine(MLXEngine):
             self._unload()  # nothing half-loaded stays: the next request loads again
             raise
 
+    def _warm_up(self) -> None:
+        super()._warm_up()
+        if self.warmup_seconds is not None:  # the shapes of a request alone were met
+            self.warmup_seconds += warm_batch(self._model, self._prefill_step_size, self._shapes)
+
     def _clear(self) -> ClearStats:
         self._draft.cache.clear()
         return super()._clear()
@@ -292,7 +298,7 @@ class BatchedEngine(MLXEngine):
                         self._serving = False
                         return
                 for fn, future in calls:
-                    _run_call(fn, future)
+                    run_call(fn, future)
                 try:
                     self._drop_aborted()
                     self._admit()
@@ -637,12 +643,3 @@ class BatchedEngine(MLXEngine):
             self._generator.close()
             self._generator = None
         self._spec.release()
-
-
-def _run_call(fn: Callable[[], Any], future: Future[Any]) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        future.set_result(fn())
-    except BaseException as exc:
-        future.set_exception(exc)

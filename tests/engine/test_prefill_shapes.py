@@ -265,9 +265,10 @@ async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
 async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     tiny_own_head, engines, monkeypatch
 ):
-    """The warm-up runs a small batch (rows of unequal length, one joining with its own
-    cache, rows ending) through mlx-lm's generator; afterwards nothing of it remains
-    (no generator, no cached prefix) and the engine replies as one without it."""
+    """The warm-up runs small batches (rows of unequal length, one joining with its own
+    cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
+    mlx-lm's generator; afterwards nothing of it remains (no generator, no cached
+    prefix) and the engine replies as one without it."""
     from mlx_lm.generate import BatchGenerator
 
     rows: list[int] = []  # the rows of every decode step the generator runs
@@ -279,11 +280,14 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
         return prompts, generated
 
     monkeypatch.setattr(BatchGenerator, "next", counted)
-    engine = BatchedEngine(tiny_own_head, prefill_step_size=STEP, prefill_buckets=True)
+    engine = BatchedEngine(
+        tiny_own_head, max_num_seqs=6, prefill_step_size=STEP, prefill_buckets=True
+    )
     try:
         await engine.start()
         assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
-        assert max(rows) == 3 and rows[-1] >= 1  # two rows, then a third joined them
+        # Two rows with a third joining them, then a batch grown to every size it can run.
+        assert set(range(1, engine.max_num_seqs + 1)) <= set(rows)
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]

@@ -269,7 +269,9 @@ class BatchedEngine(MLXEngine):
     def _warm_up(self) -> None:
         super()._warm_up()
         if self.warmup_seconds is not None:  # the shapes of a request alone were met
-            self.warmup_seconds += warm_batch(self._model, self._prefill_step_size, self._shapes)
+            self.warmup_seconds += warm_batch(
+                self._model, self._prefill_step_size, self._shapes, self._max_num_seqs
+            )
 
     def _clear(self) -> ClearStats:
         self._draft.cache.clear()

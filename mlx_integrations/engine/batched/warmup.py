@@ -24,13 +24,15 @@ STEPS = 64
 """Generator steps after which the warm-up gives up (it needs about ten)."""
 
 
-def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes) -> float:
+def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> float:
     """Run one small batch through mlx-lm's ``BatchGenerator``, as the engine runs one.
 
     Two rows of unequal length are prefilled together (left padding: the masked
     attention of a batch's prefill and decode steps); once they decode, a third joins
     with a KV cache prefilled alone and padded as the engine pads a lone newcomer (the
     merge into a running batch); the rows end at different steps (the batch shrinking).
+    Then a batch grows by one joining row a step up to ``rows`` (the engine's
+    ``max_num_seqs``), so every batch size the engine can run has decoded once.
 
     Returns:
         The seconds it took.
@@ -41,31 +43,49 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes) -> flo
     began = time.perf_counter()
     generator = BatchGenerator(
         model,
-        completion_batch_size=3,
-        prefill_batch_size=3,
+        completion_batch_size=max(rows, 3),
+        prefill_batch_size=max(rows, 3),
         prefill_step_size=prefill_step_size,
     )
     try:
         generator.insert([[0] * 24, [0] * 17], max_tokens=[6, 3])
-        rows, joined = 2, False
-        for _ in range(STEPS):
-            _, responses = generator.next()
-            rows -= sum(r.finish_reason is not None for r in responses)
-            if responses and not joined:
-                joined, rows = True, rows + 1
-                tokens = [0] * 12
-                cache, fed = prefill_joining(model, tokens, 0, None, shapes)
-                generator.insert(
-                    [tokens[fed:]],
-                    max_tokens=[4],
-                    caches=None if cache is None else [cache],
-                    all_tokens=[tokens[:fed]],
-                )
-            if joined and rows == 0:
-                break
+        _run(generator, 2, [(1, [0] * 12, 4)], model, shapes)
+        # One row joins at each step: row i decodes until the batch holds ``rows``.
+        joining = [(i, [0] * (8 + i % 8), rows - i + 1) for i in range(1, rows)]
+        generator.insert([[0] * 8], max_tokens=[rows + 1])
+        _run(generator, 1, joining, model, shapes)
     finally:
         generator.close()
         mx.clear_cache()
     seconds = time.perf_counter() - began
     logger.info("Met the batch's kernels in %.2f s", seconds)
     return seconds
+
+
+def _run(
+    generator: Any,
+    rows: int,
+    joining: list[tuple[int, list[int], int]],
+    model: Any,
+    shapes: PrefillShapes,
+) -> None:
+    """Step ``generator`` (holding ``rows`` rows) until every row has ended; each of
+    ``joining`` (step, prompt, max_tokens) is prefilled alone and joins after that many
+    steps that returned tokens."""
+    steps = 0
+    for _ in range(STEPS + len(joining) * 2):
+        _, responses = generator.next()
+        rows -= sum(r.finish_reason is not None for r in responses)
+        steps += bool(responses)
+        while joining and joining[0][0] <= steps:
+            _, tokens, max_tokens = joining.pop(0)
+            cache, fed = prefill_joining(model, tokens, 0, None, shapes)
+            generator.insert(
+                [tokens[fed:]],
+                max_tokens=[max_tokens],
+                caches=None if cache is None else [cache],
+                all_tokens=[tokens[:fed]],
+            )
+            rows += 1
+        if not joining and rows == 0:
+            return

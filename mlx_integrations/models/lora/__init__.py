@@ -13,8 +13,7 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mlx_integrations.lazy_imports import lazy_attributes
 
 _EXPORTS = {
     "ADAPTER_CONFIG": "adapter",
@@ -31,14 +30,10 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: the engines check an adapter folder without importing the store's writers.
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+# Lazy: the engines check an adapter folder without importing the store's writers.
+__getattr__ = lazy_attributes(
+    __name__, {name: f"{__name__}.{module}" for name, module in _EXPORTS.items()}
+)
 
 
 def __dir__() -> list[str]:

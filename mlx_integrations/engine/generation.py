@@ -75,9 +75,8 @@ class OutputBuilder:
 
     def add(self, token: int) -> MLXGenerationOutput | None:
         """Take one sampled token; return a chunk when there is new text (streaming) or an end."""
-        now = time.perf_counter()
         if self._first_token_at is None:
-            self._first_token_at = now
+            self._first_token_at = time.perf_counter()
         self.tokens.append(token)
         if token in self._eos:
             return self.finish("stop")

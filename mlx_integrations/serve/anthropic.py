@@ -6,8 +6,9 @@ calls, each ``tool_result`` a tool message, ``thinking`` the assistant's reasoni
 reply comes back as blocks in the order the model wrote them; a stream sends the
 event sequence strict clients check: ``message_start``, per block
 ``content_block_start``/``_delta``/``_stop``, ``message_delta`` (stop reason, usage),
-``message_stop``. ``thinking.budget_tokens`` is read but not enforced: thinking is on
-or off as the chat template allows.
+``message_stop``. ``thinking`` turns thinking on or off where the chat template
+allows, and ``budget_tokens`` caps it on a model that thinks (the model writes its end
+of thinking after that many tokens); a model that does not think ignores it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mlx_integrations.chat.completion import (
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
+from mlx_integrations.chat.reasoning import reasoning_switch
 from mlx_integrations.serve.errors import APIError, anthropic_error_body, api_error
 from mlx_integrations.serve.openai_chat import stream_response
 from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
@@ -235,6 +237,13 @@ def read_parts(body: Body) -> tuple[ChatParts, bool]:
     thinking = body.obj("thinking")
     if thinking is not None:
         options["enable_thinking"] = thinking.get("type") in ("enabled", "adaptive")
+        budget = thinking.get("budget_tokens")
+        if thinking.get("type") == "enabled" and budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                raise body.error(
+                    "thinking.budget_tokens", f"must be a number of tokens >= 1, got {budget!r}"
+                )
+            options["thinking_budget"] = budget
     output = body.obj("output_config") or {}
     response_format = None
     fmt = output.get("format")
@@ -420,6 +429,8 @@ async def messages(state: ServerState, request: Request) -> Response:
     parts, stream = read_parts(body)
     served = await state.served(parts.model)
     chat = state.chat_request(served, parts)
+    if "thinking_budget" in chat.options and not await asyncio.to_thread(thinks, served.engine):
+        del chat.options["thinking_budget"]  # nothing to cap (Anthropic's clients send it)
     message_id = new_id("msg_")
     chat.options["request_id"] = message_id
     events = state.turn(served, chat, stream)
@@ -431,6 +442,11 @@ async def messages(state: ServerState, request: Request) -> Response:
     _, events = await until_disconnected(request.receive, prime(events))
     frames = message_frames(events, message_id, parts.model)
     return stream_response(state, frames, anthropic_error_frame, request)
+
+
+def thinks(engine: Any) -> bool:
+    """Whether the engine's model thinks (reading the tokenizer may load it)."""
+    return reasoning_switch(engine.tokenizer).thinks
 
 
 async def count_tokens(state: ServerState, request: Request) -> Response:

@@ -9,7 +9,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.serve.conftest import TIME, WEATHER, sse_events
+from tests.serve.conftest import TIME, WEATHER, no_eos_bias, sse_events
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [
@@ -23,6 +23,7 @@ TOOLS = [
 SCHEMAS = {t["name"]: t["input_schema"] for t in TOOLS}
 # The SDK takes sampling settings only as extra body fields now; the server reads them.
 GREEDY = {"temperature": 0}
+USER_BODY = {"model": "exact", "messages": USER, "max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +208,44 @@ def test_thinking_comes_back_as_thinking_blocks(client: anthropic.Anthropic):
         again.usage.input_tokens + (again.usage.cache_read_input_tokens or 0)
         > reply.usage.input_tokens
     )
+
+
+def test_thinking_budget_tokens_caps_the_thinking(client, url, thinking_model):
+    """With </think> and the end tokens banned the thinker thinks until max_tokens; a
+    budget of 3 tokens makes it close the thinking there, then a text block follows."""
+    added = json.loads((thinking_model / "tokenizer.json").read_text())["added_tokens"]
+    bias = no_eos_bias(thinking_model)
+    bias.update({str(t["id"]): -100.0 for t in added if t["content"] == "</think>"})
+    extra = {**GREEDY, "logit_bias": bias}
+
+    def reply(budget: int) -> anthropic.types.Message:
+        return client.messages.create(
+            model="thinker",
+            messages=USER,
+            max_tokens=16,
+            extra_body=extra,
+            thinking={"type": "enabled", "budget_tokens": budget},
+        )
+
+    unbounded, capped = reply(1024), reply(3)
+    assert [b.type for b in unbounded.content] == ["thinking"]
+    assert [b.type for b in capped.content] == ["thinking", "text"]
+    long, short = unbounded.content[0].thinking, capped.content[0].thinking  # type: ignore[union-attr]
+    assert long.startswith(short) and len(short) < len(long)
+    # A model that does not think has nothing to cap: the budget is ignored, as Claude
+    # clients send it whatever the model.
+    plain = {"model": "exact", "messages": USER, "max_tokens": 6, "extra_body": GREEDY}
+    assert (
+        client.messages.create(**plain, thinking={"type": "enabled", "budget_tokens": 3}).content
+        == client.messages.create(**plain).content
+    )
+    bad = httpx.post(
+        f"{url}/v1/messages",
+        json={**USER_BODY, "thinking": {"type": "enabled", "budget_tokens": 0}},
+        timeout=60,
+    )
+    assert bad.status_code == 400, bad.text
+    assert "thinking.budget_tokens" in bad.text and ">= 1" in bad.text
 
 
 def test_count_tokens_is_the_prompt_a_call_reports(client: anthropic.Anthropic):

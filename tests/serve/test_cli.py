@@ -9,10 +9,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -293,7 +291,10 @@ def _reply(url: str, model: Path) -> httpx.Response:
 
 @pytest.mark.timeout(300)
 def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
-    from mlx_integrations.engine.distributed.launch import free_ports, launch
+    """`mlxi launch -n 2 -- mlxi serve MODEL` answers as one process does; SIGTERM to
+    the launcher stops the server as SIGTERM to rank 0 does (rank 0 tells the other
+    rank), and every rank ends on its own with status 0."""
+    from mlx_integrations.engine.distributed.launch import free_ports
 
     single = ModelConfig(
         str(tiny_split), engine_type="simple", options={"cache_memory_mb": 0}, preload=True
@@ -301,29 +302,24 @@ def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
     with BackgroundServer(ServeConfig(models=[single])) as url:
         expected = _reply(url, tiny_split).json()["choices"][0]["message"]["content"]
     port = free_ports(1)[0]
-    rank0 = [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_split)]
-    rank0 += ["--port", str(port), "--log-level", "warning"]
-    pids: list[int] = []
-    ended: dict[str, Any] = {}
-    launcher = threading.Thread(
-        target=lambda: ended.update(result=launch(rank0, num_ranks=2, on_start=pids.extend))
+    cli = [sys.executable, "-m", "mlx_integrations.cli"]
+    rank0 = [*cli, "serve", str(tiny_split), "--port", str(port), "--log-level", "warning"]
+    launcher = subprocess.Popen(
+        [*cli, "launch", "-n", "2", "--", *rank0], stderr=subprocess.PIPE, text=True
     )
-    launcher.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _answers(url) or not launcher.is_alive(), "the server", timeout=240)
-        assert launcher.is_alive(), ended
+        wait_for(lambda: _answers(url) or launcher.poll() is not None, "the server", timeout=240)
+        assert launcher.poll() is None, launcher.communicate()[1]
         reply = _reply(url, tiny_split)
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["message"]["content"] == expected
         [row] = httpx.get(f"{url}/api/ps").json()["models"]
         assert row["engine_type"] == "distributed"
     finally:
-        if pids:
-            os.kill(pids[0], signal.SIGTERM)  # what stops a server: rank 0 tells the others
-        launcher.join(120)
-    # Every rank ended on its own, with status 0.
-    assert ended["result"].exit_code == 0, ended["result"]
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, stderr
 
 
 def _answers(url: str) -> bool:

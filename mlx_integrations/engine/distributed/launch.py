@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -330,13 +331,41 @@ def _launch_mpi(
 def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float) -> LaunchResult:
     """Wait for the ranks. Once one has failed (or rank 0 has ended), the others have
     ``grace`` seconds to exit on their own (rank 0 reports the loss first); then they
-    are stopped."""
+    are stopped.
+
+    SIGTERM to the launcher (watching from the main thread) goes on to rank 0, as a
+    server or program is stopped: rank 0 finishes what it is doing and tells the others
+    to exit, and the ranks have ``grace`` seconds to end; a second SIGTERM stops them
+    at once. Ctrl-C stops them at once.
+    """
+    sigterms: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sigterms.append(1)) if main else None
+    try:
+        return _wait(procs, hosts, grace, sigterms)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _wait(
+    procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float, sigterms: list[int]
+) -> LaunchResult:
     codes: list[int | None] = [None] * len(procs)
     failure: str | None = None
     failed: int | None = None  # the rank that failure names
-    since: float | None = None  # when the first failure, or rank 0's exit, was seen
+    since: float | None = None  # when the first failure, rank 0's exit or SIGTERM was seen
+    after = "after rank 0 exited"
+    forwarded = False
     try:
         while not all(c is not None for c in codes):
+            if sigterms and not forwarded:
+                forwarded, after = True, "after SIGTERM"
+                since = since or time.monotonic()
+                _signal(procs[0], signal.SIGTERM)
+            if len(sigterms) > 1:
+                failure = failure or "stopped by a second SIGTERM"
+                break
             ended = []
             for rank, proc in enumerate(procs):
                 if codes[rank] is None and (code := proc.poll()) is not None:
@@ -350,7 +379,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float)
             if since is not None and time.monotonic() - since > grace:
                 if failure is None:
                     late = [r for r, c in enumerate(codes) if c is None]
-                    failure = f"rank(s) {late} still ran {grace:g}s after rank 0 exited"
+                    failure = f"rank(s) {late} still ran {grace:g}s {after}"
                 break
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -382,6 +411,14 @@ def _first_failure(ended: list[int], codes: list[int | None]) -> int | None:
     return first[0] if first else None
 
 
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to a rank's process group (it may have ended meanwhile)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop(procs: list[subprocess.Popen[bytes]], codes: list[int | None]) -> set[int]:
     """SIGTERM the ranks still running (their process groups), SIGKILL after 5 s."""
     running = {r for r, c in enumerate(codes) if c is None}
@@ -390,10 +427,7 @@ def _stop(procs: list[subprocess.Popen[bytes]], codes: list[int | None]) -> set[
         if not alive:
             break
         for r in alive:
-            try:
-                os.killpg(procs[r].pid, sig)
-            except ProcessLookupError:
-                pass
+            _signal(procs[r], sig)
         deadline = time.monotonic() + wait
         for r in alive:
             try:

@@ -249,17 +249,24 @@ def percentile(values: list[float], q: float) -> float:
 # --------------------------------------------------------------------- run
 
 
-def servers(model: Path, peers: list[str], peer_python: str) -> list[Server]:
+def servers(
+    model: Path, peers: list[str], peer_python: str, variants: list[str] | None = None
+) -> list[Server]:
+    """``mlxi serve``, then one more ``mlxi serve`` per variant (its extra arguments, as
+    one shell-quoted string), then the peers."""
+    import shlex
+
     python = sys.executable
     made = [
         Server(
-            "mlxi serve",
+            "mlxi serve" + (f" {extra}" if extra else ""),
             [
                 python,
                 "-m",
                 "mlx_integrations.cli",
                 "serve",
                 str(model),
+                *shlex.split(extra),
                 "--log-level",
                 "warning",
                 "--port",
@@ -267,6 +274,7 @@ def servers(model: Path, peers: list[str], peer_python: str) -> list[Server]:
             str(model),
             free_port(),
         )
+        for extra in ["", *(variants or [])]
     ]
     if "mlx_lm" in peers:
         Path("~/.cache/huggingface/hub").expanduser().mkdir(parents=True, exist_ok=True)
@@ -355,6 +363,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="First turns per conversation.")
     parser.add_argument("--peers", nargs="*", default=["mlx_lm", "vllm_mlx"])
     parser.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="Another mlxi serve for each: its extra arguments, e.g. '--max-num-seqs 32'.",
+    )
     parser.add_argument("--plot", type=Path, help="Write a plot (PNG) here.")
     parser.add_argument("--json", type=Path, help="Write the figures here.")
     args = parser.parse_args()
@@ -382,7 +396,7 @@ def main() -> None:
         args.peers = [p for p in args.peers if p != "vllm_mlx"]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     running = []
-    for server in servers(model, args.peers, args.peer_python):
+    for server in servers(model, args.peers, args.peer_python, args.variants):
         try:
             server.start(log_dir, timeout=300)
             asyncio.run(

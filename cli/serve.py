@@ -85,7 +85,7 @@ def serve(
         "models are unloaded to make room (default MLXI_MAX_MEMORY, else none).",
     ),
     max_num_seqs: int | None = typer.Option(
-        None, "--max-num-seqs", help="Most requests decoded together (batched engine)."
+        None, "--max-num-seqs", help="Most requests decoded together (batched engine; default 32)."
     ),
     admission: str | None = typer.Option(
         None,

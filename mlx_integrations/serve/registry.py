@@ -18,7 +18,7 @@ from typing import Any, Literal
 from mlx_integrations.engine import pool
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.models.resolve import ENCODER_MODEL_TYPES, resolve_model_path
-from mlx_integrations.serve.config import ModelConfig, ServeConfig
+from mlx_integrations.serve.config import SERVER_MAX_NUM_SEQS, ModelConfig, ServeConfig
 from mlx_integrations.serve.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class ModelRegistry:
         )
         if engine_type in ("simple", "batched"):
             options.setdefault("media_policy", self._config.media_policy)
+        if engine_type == "batched":
+            options.setdefault("max_num_seqs", SERVER_MAX_NUM_SEQS)
         if engine_type == "distributed":
             keep_alive = None  # a distributed engine stays loaded
         engine = pool.acquire(

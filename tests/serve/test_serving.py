@@ -115,6 +115,28 @@ def test_an_anthropic_stream_gone_mid_way_aborts_too(served: BackgroundServer):
     assert names[0] == "message_start"
 
 
+def test_a_served_batched_engine_takes_32_requests_at_once_unless_told(tiny_llama: Path):
+    """A server's clients arrive together: its batched engines decode up to 32 requests
+    at once (the engine alone takes 8); --max-num-seqs or a model's options set it."""
+    config = ServeConfig(
+        models=[
+            ModelConfig("default", source=str(tiny_llama)),
+            ModelConfig("four", source=str(tiny_llama), options={"max_num_seqs": 4}),
+        ],
+        engine_options={"cache_memory_mb": 0},
+        only_listed=True,
+    )
+    background = BackgroundServer(config)
+    with background as url:
+        for name, seqs in (("default", 32), ("four", 4)):
+            body = {"model": name, "messages": USER, "max_tokens": 2}
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            engine = engine_of(background, name)
+            assert type(engine).__name__ == "BatchedEngine"
+            assert engine.max_num_seqs == seqs
+
+
 def test_a_full_engine_answers_503_with_retry_after(served: BackgroundServer):
     engine = engine_of(served, "busy")
     with httpx.stream(

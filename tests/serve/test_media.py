@@ -140,3 +140,36 @@ def test_an_allowed_folder_and_private_urls_when_allowed(
         assert reply.usage.input_tokens > 10
     finally:
         server.stop()
+
+
+def test_allowed_media_domains_admit_only_their_hosts(
+    tiny_vlm: Path, tiny_llama: Path, images: Path
+):
+    """--allowed-media-domains: a URL on a listed host is fetched, one on any other host
+    is a 400 naming the host, before any connection; the list does not open private
+    addresses by itself."""
+    picture = {"cat.png": (images / "stripes.png").read_bytes()}
+    server = _server(
+        tiny_vlm, tiny_llama, allowed_media_domains=["127.0.0.1"], allow_private_media_urls=True
+    )
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        with FileServer(picture) as files:
+            assert _ask(client, files.url("cat.png")).choices
+            other = files.url("cat.png").replace("127.0.0.1", "localhost")
+            with pytest.raises(openai.BadRequestError) as caught:
+                _ask(client, other)
+            assert "'localhost' is not among the allowed media domains" in caught.value.message
+            assert files.hits == {"cat.png": 1}  # the refused URL was never fetched
+    finally:
+        server.stop()
+    server = _server(tiny_vlm, tiny_llama, allowed_media_domains=["127.0.0.1"])
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        with FileServer(picture) as files:
+            with pytest.raises(openai.BadRequestError) as caught:
+                _ask(client, files.url("cat.png"))
+            assert "loopback, private" in caught.value.message
+            assert files.hits == {}
+    finally:
+        server.stop()

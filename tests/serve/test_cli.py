@@ -290,7 +290,7 @@ def _reply(url: str, model: Path) -> httpx.Response:
 
 
 @pytest.mark.timeout(300)
-def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
+def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path, tmp_path: Path):
     """`mlxi launch -n 2 -- mlxi serve MODEL` answers as one process does; SIGTERM to
     the launcher stops the server as SIGTERM to rank 0 does (rank 0 tells the other
     rank), and every rank ends on its own with status 0."""
@@ -304,13 +304,13 @@ def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
     port = free_ports(1)[0]
     cli = [sys.executable, "-m", "mlx_integrations.cli"]
     rank0 = [*cli, "serve", str(tiny_split), "--port", str(port), "--log-level", "warning"]
-    launcher = subprocess.Popen(
-        [*cli, "launch", "-n", "2", "--", *rank0], stderr=subprocess.PIPE, text=True
-    )
+    log = tmp_path / "launch.log"  # a file: a pipe nobody reads could fill and block
+    with log.open("w") as stderr:
+        launcher = subprocess.Popen([*cli, "launch", "-n", "2", "--", *rank0], stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: _answers(url) or launcher.poll() is not None, "the server", timeout=240)
-        assert launcher.poll() is None, launcher.communicate()[1]
+        assert launcher.poll() is None, log.read_text()
         reply = _reply(url, tiny_split)
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["message"]["content"] == expected
@@ -318,8 +318,12 @@ def test_under_mlxi_launch_it_serves_the_model_sharded(tiny_split: Path):
         assert row["engine_type"] == "distributed"
     finally:
         launcher.send_signal(signal.SIGTERM)
-        _, stderr = launcher.communicate(timeout=120)
-    assert launcher.returncode == 0, stderr
+        try:
+            launcher.wait(120)
+        except subprocess.TimeoutExpired:
+            launcher.kill()  # its ranks die with it
+            launcher.wait()
+    assert launcher.returncode == 0, log.read_text()
 
 
 def _answers(url: str) -> bool:

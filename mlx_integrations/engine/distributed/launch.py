@@ -70,7 +70,7 @@ class RankExit:
     returncode: int | None
     """The exit status (negative: killed by that signal); None if it never ended."""
     stopped: bool = False
-    """The launcher stopped it, after another rank failed."""
+    """The launcher stopped it (after another rank failed, or at SIGTERM)."""
 
 
 @dataclass
@@ -257,8 +257,9 @@ def launch(
     else:
         hosts = [Host("127.0.0.1", "127.0.0.1")] * num_ranks
     python = python or sys.executable
+    wait = rank_timeout + 5 if grace is None else grace
     if backend == "mpi":
-        return _launch_mpi(command, hosts, python, rank_timeout, start_timeout)
+        return _launch_mpi(command, hosts, python, rank_timeout, start_timeout, wait)
     local = all(h.is_local for h in hosts)
     ports = free_ports(len(hosts) + 1)
     if not local:  # remote ports cannot be probed from here: a fixed range
@@ -290,7 +291,6 @@ def launch(
         ]
         if on_start is not None:
             on_start([p.pid for p in procs])
-        wait = rank_timeout + 5 if grace is None else grace
         return _watch(procs, [c.host.ssh for c in commands], wait)
 
 
@@ -300,6 +300,7 @@ def _launch_mpi(
     python: str,
     rank_timeout: float,
     start_timeout: float,
+    grace: float,
 ) -> LaunchResult:
     import shutil
 
@@ -325,7 +326,8 @@ def _launch_mpi(
         start_new_session=True,
         preexec_fn=_die_with_parent(os.getpid()),
     )
-    return _watch([proc], ["127.0.0.1"], grace=0)
+    # One process (mpirun): grace counts only after a SIGTERM, which mpirun passes on.
+    return _watch([proc], ["127.0.0.1"], grace)
 
 
 def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float) -> LaunchResult:
@@ -333,10 +335,11 @@ def _watch(procs: list[subprocess.Popen[bytes]], hosts: list[str], grace: float)
     ``grace`` seconds to exit on their own (rank 0 reports the loss first); then they
     are stopped.
 
-    SIGTERM to the launcher (watching from the main thread) goes on to rank 0, as a
-    server or program is stopped: rank 0 finishes what it is doing and tells the others
-    to exit, and the ranks have ``grace`` seconds to end; a second SIGTERM stops them
-    at once. Ctrl-C stops them at once.
+    SIGTERM to the launcher (watching from the main thread) goes on to rank 0's process
+    (local, or the ssh of a remote one), as a server or program is stopped: rank 0
+    finishes what it is doing and tells the others to exit, and the ranks have
+    ``grace`` seconds from then to end; where rank 0 has already ended, or at a second
+    SIGTERM, the ranks still running are stopped at once. Ctrl-C stops them at once.
     """
     sigterms: list[int] = []
     main = threading.current_thread() is threading.main_thread()
@@ -359,13 +362,6 @@ def _wait(
     forwarded = False
     try:
         while not all(c is not None for c in codes):
-            if sigterms and not forwarded:
-                forwarded, after = True, "after SIGTERM"
-                since = since or time.monotonic()
-                _signal(procs[0], signal.SIGTERM)
-            if len(sigterms) > 1:
-                failure = failure or "stopped by a second SIGTERM"
-                break
             ended = []
             for rank, proc in enumerate(procs):
                 if codes[rank] is None and (code := proc.poll()) is not None:
@@ -374,6 +370,15 @@ def _wait(
             if failure is None and (cause := _first_failure(ended, codes)) is not None:
                 failed = cause
                 failure = f"rank {cause} ({hosts[cause]}) {_describe(codes[cause] or 0)}"
+            if sigterms and not forwarded:
+                forwarded = True
+                if codes[0] is not None:
+                    break  # rank 0 is gone and cannot tell the others: stop them now
+                after, since = "after SIGTERM", time.monotonic()
+                _signal(procs[0], signal.SIGTERM)
+            if len(sigterms) > 1:
+                failure = failure or "stopped by a second SIGTERM"
+                break
             if since is None and (failure is not None or codes[0] is not None):
                 since = time.monotonic()
             if since is not None and time.monotonic() - since > grace:

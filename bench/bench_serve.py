@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -75,7 +76,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, log_dir: Path, timeout: float) -> None:
-        self.log = log_dir / f"{self.name}.log"
+        self.log = log_dir / (re.sub(r"[^A-Za-z0-9._-]+", "_", self.name) + ".log")
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
@@ -372,6 +373,8 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="Write a plot (PNG) here.")
     parser.add_argument("--json", type=Path, help="Write the figures here.")
     args = parser.parse_args()
+    if len(set(args.variants)) != len(args.variants) or "" in args.variants:
+        parser.error(f"--variants must be distinct and non-empty, got {args.variants}")
 
     if args.model is not None:
         model, title = args.model, args.model.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,10 @@ def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str],
         module = modules.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(module), name)
+        value = getattr(importlib.import_module(module), name)
+        # Kept on the package: found at once next time, and never shadowed by a
+        # submodule of the same name that an import sets on the package.
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__

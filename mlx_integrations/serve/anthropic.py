@@ -241,7 +241,8 @@ def read_parts(body: Body) -> tuple[ChatParts, bool]:
         if thinking.get("type") == "enabled" and budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
                 raise body.error(
-                    "thinking.budget_tokens", f"must be a number of tokens >= 1, got {budget!r}"
+                    "thinking.budget_tokens",
+                    f"must be an integer number of tokens >= 1, got {budget!r}",
                 )
             options["thinking_budget"] = budget
     output = body.obj("output_config") or {}

@@ -262,13 +262,14 @@ async def test_the_warm_up_runs_at_load_and_is_timed(tiny_own_head):
         await off.stop()
 
 
+@pytest.mark.parametrize(("buckets", "seqs"), [(True, 6), (False, 5), (True, 2)])
 async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
-    tiny_own_head, engines, monkeypatch
+    tiny_own_head, engines, monkeypatch, buckets, seqs
 ):
     """The warm-up runs small batches (rows of unequal length, one joining with its own
     cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
-    mlx-lm's generator; afterwards nothing of it remains (no generator, no cached
-    prefix) and the engine replies as one without it."""
+    mlx-lm's generator, none larger than ``max_num_seqs``; afterwards nothing of it
+    remains (no generator, no cached prefix) and the engine replies as one without it."""
     from mlx_lm.generate import BatchGenerator
 
     rows: list[int] = []  # the rows of every decode step the generator runs
@@ -281,18 +282,23 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
 
     monkeypatch.setattr(BatchGenerator, "next", counted)
     engine = BatchedEngine(
-        tiny_own_head, max_num_seqs=6, prefill_step_size=STEP, prefill_buckets=True
+        tiny_own_head,
+        max_num_seqs=seqs,
+        prefill_step_size=STEP,
+        prefill_buckets=buckets,
+        warmup_shapes=True,
     )
     try:
         await engine.start()
         assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
-        # Two rows with a third joining them, then a batch grown to every size it can run.
-        assert set(range(1, engine.max_num_seqs + 1)) <= set(rows)
+        # Every batch size the engine can run has decoded, and no larger one.
+        assert set(rows) - {0} == set(range(1, seqs + 1))
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]
         warmed = await asyncio.gather(*(reply(engine, c) for c in chats))
-        cold = await asyncio.gather(*(reply(engines["batched_padded"], c) for c in chats))
+        plain = engines["batched_padded" if buckets else "batched"]
+        cold = await asyncio.gather(*(reply(plain, c) for c in chats))
         assert [o.tokens for o in warmed] == [o.tokens for o in cold]
     finally:
         await engine.stop()

@@ -171,7 +171,9 @@ class PrefixCache:
         and ``reused``, the prefix of it the request was served, let the disk tier keep
         a long prompt's prefix (:meth:`~.disk.DiskCache.offer_prompt`).
         """
-        if not cache or (self.max_bytes == 0 and self.disk is None and not pinned):
+        if not cache or (
+            0 in (self.max_bytes, self.max_entries) and self.disk is None and not pinned
+        ):
             return  # nowhere to keep it: evaluating the batch's slice would be wasted
         offset = cache_offset(cache)
         if offset < len(tokens):

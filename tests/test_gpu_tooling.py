@@ -97,8 +97,9 @@ def test_pack_writes_bundles_outside_the_repository(tmp_path):
         assert sums[name] == hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
+def small_bundles(tmp_path: Path) -> tuple[dict[str, bytes], list[Path]]:
+    """Fake wheels packed into bundles of 0.3 MiB (wheels only): the wheels, the bundles
+    in order."""
     wheels = fake_wheels(tmp_path / "wheels")
     out = tmp_path / "bundles"
     done = run_pack(
@@ -111,8 +112,13 @@ def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
         "0.3",
     )
     assert done.returncode == 0, done.stderr
+    return wheels, sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
+    wheels, bundles = small_bundles(tmp_path)
     work = tmp_path / "work"
-    bundles = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     assert len(bundles) >= 3
     cuda = next(name for name in wheels if name.startswith("mlx_cuda"))
     for i, folder in enumerate(bundles):
@@ -136,24 +142,12 @@ def test_a_wheel_is_ready_on_the_device_only_once_all_its_pieces_came(tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_each_install_adds_the_wheels_that_came_since_the_last(tmp_path):
-    wheels = fake_wheels(tmp_path / "wheels")
-    out = tmp_path / "bundles"
-    done = run_pack(
-        "--out",
-        str(out),
-        "--wheels",
-        str(tmp_path / "wheels"),
-        "--no-models",
-        "--bundle-mib",
-        "0.3",
-    )
-    assert done.returncode == 0, done.stderr
+    wheels, bundles = small_bundles(tmp_path)
     # A stand-in for Python that logs the wheels pip is asked to install.
     log = tmp_path / "calls.log"
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     python.chmod(0o755)
-    bundles = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     installed: list[str] = []
     for folder in bundles:
         log.write_text("")

@@ -129,6 +129,16 @@ def no_eos_bias(model: Any) -> dict[str, float]:
     return {str(t["id"]): -100.0 for t in added if t["content"] in ends}
 
 
+def no_end_bias(model: Any) -> dict[str, float]:
+    """``no_eos_bias`` that also bans ``</think>``: a thinking model thinks until
+    max_tokens, unless a thinking budget closes the thinking."""
+    folder = Path(getattr(model, "model_path", model))
+    added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    bias = no_eos_bias(model)
+    bias.update({str(t["id"]): -100.0 for t in added if t["content"] == "</think>"})
+    return bias
+
+
 def sse_events(response: httpx.Response) -> Iterator[tuple[str | None, Any]]:
     """(event name, data) of each server-sent event of a streamed response."""
     name = None

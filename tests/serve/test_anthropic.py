@@ -9,7 +9,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.serve.conftest import TIME, WEATHER, no_eos_bias, sse_events
+from tests.serve.conftest import TIME, WEATHER, no_end_bias, sse_events
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [
@@ -213,10 +213,7 @@ def test_thinking_comes_back_as_thinking_blocks(client: anthropic.Anthropic):
 def test_thinking_budget_tokens_caps_the_thinking(client, url, thinking_model):
     """With </think> and the end tokens banned the thinker thinks until max_tokens; a
     budget of 3 tokens makes it close the thinking there, then a text block follows."""
-    added = json.loads((thinking_model / "tokenizer.json").read_text())["added_tokens"]
-    bias = no_eos_bias(thinking_model)
-    bias.update({str(t["id"]): -100.0 for t in added if t["content"] == "</think>"})
-    extra = {**GREEDY, "logit_bias": bias}
+    extra = {**GREEDY, "logit_bias": no_end_bias(thinking_model)}
 
     def reply(budget: int) -> anthropic.types.Message:
         return client.messages.create(

@@ -3,7 +3,6 @@ template's own switch, the budget closes the thinking after N tokens."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 
 from mlx_integrations.serve.config import ModelConfig, ServeConfig
 from mlx_integrations.serve.server import BackgroundServer
-from tests.serve.conftest import no_eos_bias
+from tests.serve.conftest import no_end_bias
 from tests.support.thinking import QWEN3_TEMPLATE, build_thinking_model
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -92,9 +91,7 @@ def test_a_level_the_template_does_not_take_is_a_400_naming_those_it_takes(url):
 def test_thinking_budget_closes_the_thinking_then_the_answer_follows(url, thinking_model):
     """The thinker's prompt opens <think>; with </think> and the end tokens banned it
     thinks to max_tokens; the budget writes </think> after 3 tokens, then it answers."""
-    added = json.loads((thinking_model / "tokenizer.json").read_text())["added_tokens"]
-    bias = no_eos_bias(thinking_model)
-    bias.update({str(t["id"]): -100.0 for t in added if t["content"] == "</think>"})
+    bias = no_end_bias(thinking_model)
     body = {"model": "thinker", "messages": USER, "max_tokens": 16, "temperature": 0}
     unbounded = post(url, "chat/completions", **body, logit_bias=bias).json()
     thought = unbounded["choices"][0]["message"]

@@ -25,7 +25,7 @@ STEPS = 64
 
 
 def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> float:
-    """Run one small batch through mlx-lm's ``BatchGenerator``, as the engine runs one.
+    """Run small batches through mlx-lm's ``BatchGenerator``, as the engine runs them.
 
     Two rows of unequal length are prefilled together (left padding: the masked
     attention of a batch's prefill and decode steps); once they decode, a third joins

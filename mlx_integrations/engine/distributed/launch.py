@@ -358,8 +358,7 @@ def _wait(
     failure: str | None = None
     failed: int | None = None  # the rank that failure names
     since: float | None = None  # when the first failure, rank 0's exit or SIGTERM was seen
-    after = "after rank 0 exited"
-    forwarded = False
+    forwarded = False  # the first SIGTERM went on to rank 0
     try:
         while not all(c is not None for c in codes):
             ended = []
@@ -374,7 +373,7 @@ def _wait(
                 forwarded = True
                 if codes[0] is not None:
                     break  # rank 0 is gone and cannot tell the others: stop them now
-                after, since = "after SIGTERM", time.monotonic()
+                since = time.monotonic()
                 _signal(procs[0], signal.SIGTERM)
             if len(sigterms) > 1:
                 failure = failure or "stopped by a second SIGTERM"
@@ -384,7 +383,8 @@ def _wait(
             if since is not None and time.monotonic() - since > grace:
                 if failure is None:
                     late = [r for r, c in enumerate(codes) if c is None]
-                    failure = f"rank(s) {late} still ran {grace:g}s {after}"
+                    after = "SIGTERM" if forwarded else "rank 0 exited"
+                    failure = f"rank(s) {late} still ran {grace:g}s after {after}"
                 break
             time.sleep(0.05)
     except KeyboardInterrupt:

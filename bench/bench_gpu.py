@@ -292,21 +292,40 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
 
 
 def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    from _gpu_steps import StepTracer
+
+    tracer = StepTracer()
+    tracer.install()
     results: dict[str, Any] = {}
     for c in args.concurrency:
-        r = results[str(c)] = batched_at(c, path, model, tokenizer, args)
+        r = results[str(c)] = batched_at(c, path, model, tokenizer, args, tracer)
         first = r["first"]
+        steps = "; ".join(
+            f"{side} step {s.get('step_ms_median')} ms + rest {s.get('rest_ms_per_step')} ms"
+            for side, s in r["split_median"].items()
+        )
         print(
             f"    [{r['card']}] c={c:3d}  {summary(r)}; first runs ({first['first_side']} first): "
             f"ours {first['ours_tps']:.1f} raw {first['raw_tps']:.1f} tok/s, slowest first "
-            f"token {first['ours_slowest_first_token_s']:.3f} s",
+            f"token {first['ours_slowest_first_token_s']:.3f} s; {steps}",
             flush=True,
         )
     return results
 
 
-def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
-    """``c`` requests at once: BatchedEngine against batch_generate with batch sizes ``c``."""
+def batched_at(
+    c: int, path: Path, model: Any, tokenizer: Any, args: Any, tracer: Any
+) -> dict[str, Any]:
+    """``c`` requests at once: BatchedEngine against batch_generate with batch sizes ``c``.
+
+    Every run's wall time is split into mlx-lm's prefill calls, its decode steps and
+    the rest (the Python around them: mlx-lm's loop, and the engine's own work). With
+    ``--raw-thread``, batch_generate also runs on a thread of its own (as the engine's
+    steps do) beside the main-thread runs.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _gpu_steps import split
     from mlx_lm import batch_generate
 
     from mlx_integrations.engine import BatchedEngine
@@ -315,10 +334,22 @@ def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dic
     ids = [tokenizer.encode(p) for p in prompts]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
     loop = asyncio.new_event_loop()
-    counts: dict[str, list[int]] = {"raw": [], "ours": []}
+    thread = ThreadPoolExecutor(1, thread_name_prefix="raw-thread")
+    counts: dict[str, list[int]] = {}
+    splits: dict[str, list[dict[str, Any]]] = {}
+    started: dict[str, list[float]] = {}  # each run's start, time.time(), to match GPU clocks
 
-    def raw() -> float:
+    def timed(side: str, run: Callable[[], int]) -> float:
+        tracer.take()
+        started.setdefault(side, []).append(round(time.time(), 3))
         start = time.perf_counter()
+        n = run()
+        seconds = time.perf_counter() - start
+        counts.setdefault(side, []).append(n)
+        splits.setdefault(side, []).append(split(seconds, tracer.take()))
+        return n / seconds
+
+    def raw_run() -> int:
         response = batch_generate(
             model,
             tokenizer,
@@ -328,9 +359,7 @@ def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dic
             prefill_batch_size=c,
             return_token_ids=True,
         )
-        seconds = time.perf_counter() - start
-        counts["raw"].append(n := sum(map(len, response.token_ids)))
-        return n / seconds
+        return sum(map(len, response.token_ids))
 
     async def serve() -> list[Any]:
         calls = [engine.generate(p, max_tokens=args.tokens, temperature=0.0) for p in prompts]
@@ -338,40 +367,70 @@ def batched_at(c: int, path: Path, model: Any, tokenizer: Any, args: Any) -> dic
 
     slowest_first: list[float] = []  # the engine's slowest first token, per run
 
-    def ours() -> float:
-        start = time.perf_counter()
+    def ours_run() -> int:
         outs = loop.run_until_complete(serve())
-        seconds = time.perf_counter() - start
-        counts["ours"].append(n := sum(o.completion_tokens for o in outs))
         slowest_first.append(max(o.ttft_s for o in outs))
-        return n / seconds
+        return sum(o.completion_tokens for o in outs)
 
+    sides = {
+        "raw": lambda: timed("raw", raw_run),
+        "ours": lambda: timed("ours", ours_run),
+        "raw-thread": lambda: timed("raw-thread", lambda: thread.submit(raw_run).result()),
+    }
+    chosen = sides if args.raw_thread else {"raw": sides["raw"], "ours": sides["ours"]}
     try:
         began = time.perf_counter()
         loop.run_until_complete(engine.start())
         load_s = time.perf_counter() - began
+        thread.submit(lambda: None).result()
         # The first run of each side at this batch size: new shapes for both, and a
         # new owner thread for the engine. The first side alternates with c.
         first_side = "raw" if args.concurrency.index(c) % 2 == 0 else "ours"
         first = alternate(
-            1, {"raw": raw, "ours": ours} if first_side == "raw" else {"ours": ours, "raw": raw}
+            1,
+            {"raw": sides["raw"], "ours": sides["ours"]}
+            if first_side == "raw"
+            else {"ours": sides["ours"], "raw": sides["raw"]},
         )
-        tps = alternate(args.batched_reps, {"raw": raw, "ours": ours})
-        return spread(tps["ours"], tps["raw"]) | {
-            "card": card(),
-            "same_token_count": len(set(counts["raw"] + counts["ours"])) == 1,
-            "tokens_per_run": counts["ours"][-1],
-            "first": {
-                "first_side": first_side,
-                "raw_tps": first["raw"][0],
-                "ours_tps": first["ours"][0],
-                "ours_slowest_first_token_s": slowest_first[0],
-            },
-            "ours_slowest_first_token_s": slowest_first[1:],
-            "load_s": load_s,
-            "warmup_s": engine.warmup_seconds,
+        first_splits = {side: splits[side][0] for side in ("raw", "ours")}
+        splits.clear()
+        tps = alternate(args.batched_reps, chosen)
+        extra = {
+            f"{side.replace('-', '_')}_tps": tps[side]
+            for side in tps
+            if side not in ("raw", "ours")
         }
+        return (
+            spread(tps["ours"], tps["raw"])
+            | extra
+            | {
+                "card": card(),
+                "same_token_count": len({n for ns in counts.values() for n in ns}) == 1,
+                "tokens_per_run": counts["ours"][-1],
+                "first": {
+                    "first_side": first_side,
+                    "raw_tps": first["raw"][0],
+                    "ours_tps": first["ours"][0],
+                    "ours_slowest_first_token_s": slowest_first[0],
+                    "split": first_splits,
+                },
+                "ours_slowest_first_token_s": slowest_first[1:],
+                "split": splits,
+                "split_median": {
+                    side: {
+                        key: statistics.median(s[key] for s in runs)
+                        for key in ("step_ms_median", "rest_ms_per_step", "prefill_ms_total")
+                        if all(s[key] is not None for s in runs)
+                    }
+                    for side, runs in splits.items()
+                },
+                "started": started,
+                "load_s": load_s,
+                "warmup_s": engine.warmup_seconds,
+            }
+        )
     finally:
+        thread.shutdown()
         loop.run_until_complete(engine.stop())
         loop.close()
 
@@ -775,6 +834,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs a side first")
     parser.add_argument("--batched-reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument(
+        "--raw-thread",
+        action="store_true",
+        help="a third batched side: batch_generate on a thread of its own, as the engine's steps",
+    )
     parser.add_argument("--prefix-tokens", type=int, default=1024)
     parser.add_argument(
         "--graph-ops",
@@ -844,6 +908,7 @@ def main() -> None:
     common = ["--tokens", str(args.tokens), "--reps", str(args.reps), "--models", str(args.models)]
     common += ["--batched-reps", str(args.batched_reps), "--prefix-tokens", str(args.prefix_tokens)]
     common += ["--concurrency", *map(str, args.concurrency), "--warmup", str(args.warmup)]
+    common += ["--raw-thread"] if args.raw_thread else []
     common += ["--graph-ops", *args.graph_ops, "--graph-reps", str(args.graph_reps)]
     common += ["--graph-inner", str(args.graph_inner), "--ttft-reps", str(args.ttft_reps)]
     common += ["--ttft-lengths", *map(str, args.ttft_lengths)]

@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
+from _gpu_steps import StepTracer  # noqa: E402
 
 HEADS = {
     name: (s["num_attention_heads"], s["num_key_value_heads"])
@@ -116,40 +117,6 @@ def sdpa_probe(shape: str, out: Path | None) -> None:
 # ------------------------------------------------------------------ trace
 
 
-class Tracer:
-    """Times mlx-lm's batched prefill calls and decode steps, with their key lengths."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int, int, float]] = []  # kind, rows, key length, ms
-
-    def install(self) -> None:
-        import importlib
-
-        g = importlib.import_module("mlx_lm.generate")
-
-        tracer = self
-
-        def timed(kind: str, fn: Any) -> Any:
-            def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-                began = time.perf_counter()
-                try:
-                    return fn(self, *args, **kwargs)
-                finally:
-                    ms = (time.perf_counter() - began) * 1000
-                    cache = getattr(self, "prompt_cache", None) or []
-                    length = getattr(cache[0], "_idx", -1) if cache else -1
-                    tracer.events.append((kind, len(self.uids), int(length), ms))
-
-            return wrapper
-
-        g.PromptProcessingBatch.prompt = timed("prefill", g.PromptProcessingBatch.prompt)
-        g.GenerationBatch._step = timed("decode", g.GenerationBatch._step)
-
-    def take(self) -> list[tuple[str, int, int, float]]:
-        events, self.events = self.events, []
-        return events
-
-
 def summarize(
     name: str, seconds: float, events: list[Any], first_token: float | None
 ) -> dict[str, Any]:
@@ -180,7 +147,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     path = bench_gpu.build_model(
         Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
     )
-    tracer = Tracer()
+    tracer = StepTracer()
     tracer.install()
     model, tokenizer = load(str(path)) if "engine" not in order else (None, None)
     sets = {

@@ -13,7 +13,10 @@ again from a new thread.
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
-lengths; and ``batch_generate`` on the same three sets, in the scenario's order.
+lengths, then on 8 more of lengths new again but in the same buckets (the engine
+prefills requests arriving together as one padded group where it pads pieces, which
+the tracer does not see: its slowest first token does); and ``batch_generate`` on the
+same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
@@ -153,6 +156,9 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
         "new-lengths": [bench_gpu.words(41 + 3 * i, offset=i + 5) for i in range(8)],
+        # Lengths new again, each within one word of a new-lengths one: one padded shape
+        # for the engine (the same buckets), new shapes for raw.
+        "other-lengths": [bench_gpu.words(42 + 3 * i, offset=i + 9) for i in range(8)],
     }
     # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
     warm = False if order == "engine-nowarm" else None
@@ -181,6 +187,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         outs = loop.run_until_complete(serve())
         seconds = time.perf_counter() - start
         record = summarize(f"engine {label}", seconds, tracer.take(), max(o.ttft_s for o in outs))
+        record["grouped_so_far"] = engine.get_stats()["grouped_prefill_requests"]
         emit({"probe": "trace", "order": order, "shape": shape, **record}, out)
 
     def raw(label: str, prompts: list[str]) -> None:
@@ -209,7 +216,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         "raw": [raw],
     }[order]
     try:
-        for label in ("a", "a-again", "new-lengths"):
+        for label in ("a", "a-again", "new-lengths", "other-lengths"):
             for side in sides:
                 side(label, sets["a" if label == "a-again" else label])
     finally:

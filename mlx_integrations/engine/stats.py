@@ -179,6 +179,10 @@ class BatchedEngineStats(EngineStats):
     and decode there without drafts: they have logits processors or a seeded sampler,
     or the batch cannot draft (a sliding-window or state-space batch cache, or a draft
     model whose own cache cannot drop positions)."""
+    grouped_prefill_requests: int
+    """Requests prefilled in one padded group with others that arrived with them (where
+    prefill pieces are padded, ``prefill_buckets``: CUDA by default), rather than by
+    mlx-lm's generator at the group's exact shape."""
 
 
 class ClearStats(TypedDict):

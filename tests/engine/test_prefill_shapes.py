@@ -355,3 +355,76 @@ async def test_requests_joining_a_running_batch_one_by_one_are_prefilled_padded(
     assert pieces and all(rows == 1 and n in bucket_sizes(STEP) for rows, n in pieces)
     # Unpadded, the generator prefilled each newcomer at its own length.
     assert {s for s in plain_seen if s[1] > 1} - {(1, b) for b in bucket_sizes(STEP)}
+
+
+async def together(engine: Any, chats: list[list[dict[str, str]]], monkeypatch: Any) -> tuple:
+    """The chats sent at once; the replies and the input shapes of every forward pass."""
+    await engine.start()
+    model_class = type(engine._model)
+    seen: list[tuple[int, ...]] = []
+    forward = model_class.__call__
+
+    def recorded(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tuple(inputs.shape))
+        return forward(self, inputs, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model_class, "__call__", recorded)
+        outs = await asyncio.gather(*(reply(engine, c) for c in chats))
+    return outs, seen
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
+    engines, monkeypatch, n
+):
+    """Prompts of one piece sent at once are prefilled in one batch of a bucket's length
+    and a power of two of rows; each request's cache holds its own tokens alone, so the
+    replies are token for token the unpadded ones, and the next turns reuse them."""
+    chats = [
+        [{"role": "user", "content": " ".join(f"w{j}" for j in range(1 + 2 * i)) + f" {n}"}]
+        for i in range(n)
+    ]
+    plain, padded = engines["batched"], engines["batched_padded"]
+    before = padded.get_stats()["grouped_prefill_requests"]
+    a, _ = await together(plain, chats, monkeypatch)
+    b, seen = await together(padded, chats, monkeypatch)
+    assert [o.tokens for o in b] == [o.tokens for o in a]
+    assert padded.get_stats()["grouped_prefill_requests"] - before == n
+    pieces = [s for s in seen if s[1] > 1]
+    rows = 1 << (n - 1).bit_length()
+    assert len(pieces) == 1 and pieces[0][0] == rows and pieces[0][1] in bucket_sizes(STEP)
+    turns = [
+        [*c, {"role": "assistant", "content": o.text}, {"role": "user", "content": "And?"}]
+        for c, o in zip(chats, a, strict=True)
+    ]
+    a2, _ = await together(plain, turns, monkeypatch)
+    before = padded.get_stats()["grouped_prefill_requests"]
+    b2, seen = await together(padded, turns, monkeypatch)
+    # After their cached prefixes (padded in front to one bucket), as one group again.
+    assert padded.get_stats()["grouped_prefill_requests"] - before == n
+    pieces = [s for s in seen if s[1] > 1]
+    assert len(pieces) == 1 and pieces[0][0] == rows and pieces[0][1] in bucket_sizes(STEP)
+    assert [o.tokens for o in b2] == [o.tokens for o in a2]
+    assert [o.cached_tokens for o in b2] == [o.cached_tokens for o in a2]
+    assert all(o.cached_tokens > 0 for o in b2)
+
+
+async def test_a_group_leaves_requests_with_a_cached_prefix_or_long_prompts_to_the_generator(
+    engines, monkeypatch
+):
+    padded = engines["batched_padded"]
+    long_chat = [{"role": "user", "content": PROMPTS[3] + " Long."}]
+    short = [[{"role": "user", "content": f"Short {i}."}] for i in range(2)]
+    before = padded.get_stats()["grouped_prefill_requests"]
+    outs, seen = await together(padded, [long_chat, *short], monkeypatch)
+    assert padded.get_stats()["grouped_prefill_requests"] - before == 2
+    assert all(o.completion_tokens == 16 for o in outs)
+    # The long prompt (over one piece) went to the generator, at its own length.
+    assert any(rows == 1 and n not in bucket_sizes(STEP) for rows, n in seen if n > 1)
+    # Sent again, a prompt is in the prefix cache but its last token: with one other
+    # request, no group is left to pad.
+    again = [short[0], [{"role": "user", "content": "Short 9."}]]
+    before = padded.get_stats()["grouped_prefill_requests"]
+    await together(padded, again, monkeypatch)
+    assert padded.get_stats()["grouped_prefill_requests"] == before

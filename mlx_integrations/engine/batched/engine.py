@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlx_integrations.engine.batched.arrivals import joins_together, prefill_together
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     GuardedSampler,
@@ -181,6 +182,7 @@ class BatchedEngine(MLXEngine):
         self._last_batch = 0
         self._peak_batch = 0
         self._resets = 0
+        self._grouped_requests = 0
 
     @property
     def max_num_seqs(self) -> int:
@@ -201,6 +203,7 @@ class BatchedEngine(MLXEngine):
                 solo_requests=self._solo_requests,
                 solo_tokens=self._solo_tokens,
                 speculation_off_requests=self._spec.plain_requests,
+                grouped_prefill_requests=self._grouped_requests,
             )
 
     # ------------------------------------------------------- engine hooks
@@ -337,10 +340,11 @@ class BatchedEngine(MLXEngine):
     def _admit(self) -> None:
         """Move queued requests into the generator while the batch has room."""
         took = 0
-        while len(self._active) + (self._solo is not None) < self._max_num_seqs:
+        together: list[Job] = []  # arrived with others: prefilled as one padded group
+        while len(self._active) + len(together) + (self._solo is not None) < self._max_num_seqs:
             with self._state_lock:
                 if not self._inbox:
-                    return
+                    break
                 job = self._inbox.popleft()
                 lone = not self._inbox and not took  # joins the batch on its own
                 alone = lone and not self._active and self._solo is None
@@ -354,15 +358,55 @@ class BatchedEngine(MLXEngine):
                     continue
                 if self._solo is not None:
                     self._join_solo()
-                self._insert(job, lone)
+                if lone or self._options.kv_bits is not None:
+                    self._insert(job, lone)
+                else:
+                    together.append(job)
             except Exception as exc:
-                logger.debug("Request %s failed", job.params.request_id, exc_info=True)
-                repair_random_state()
-                self._finish(job, exc)
+                self._fail(job, exc)
+        if together:
+            self._insert_together(together)
 
-    def _insert(self, job: Job, lone: bool = False) -> None:
+    def _fail(self, job: Job, exc: Exception) -> None:
+        logger.debug("Request %s failed", job.params.request_id, exc_info=True)
+        repair_random_state()
+        self._finish(job, exc)
+
+    def _insert_together(self, jobs: list[Job]) -> None:
+        """Insert requests that arrived together; those with one piece to prefill after
+        a short cached prefix (or none) are prefilled as one padded group (:mod:`.arrivals`)."""
+        taken = [self._prefix.take(job.tokens) for job in jobs]
+        rest = [job.tokens[reused:-1] for job, (_, reused) in zip(jobs, taken, strict=True)]
+        group = [
+            i for i, (cache, _) in enumerate(taken) if joins_together(cache, rest[i], self._shapes)
+        ]
+        filled: dict[int, list[Any]] = {}
+        if len(group) >= 2:
+            try:
+                arrivals = [(taken[i][0], rest[i]) for i in group]
+                caches = prefill_together(self._model, arrivals, self._shapes)
+                filled = dict(zip(group, caches, strict=True)) if caches else {}
+            except Exception:  # the generator prefills them instead
+                logger.debug("A padded group prefill failed", exc_info=True)
+        with self._state_lock:
+            self._grouped_requests += len(filled)
+        for i, job in enumerate(jobs):
+            try:
+                self._insert(job, taken=taken[i], prefilled=filled.get(i))
+            except Exception as exc:
+                self._fail(job, exc)
+
+    def _insert(
+        self,
+        job: Job,
+        lone: bool = False,
+        taken: tuple[list[Any] | None, int] | None = None,
+        prefilled: list[Any] | None = None,
+    ) -> None:
+        """Put a request into the generator; ``taken``: what the prefix cache gave it
+        (taken here if None); ``prefilled``: a cache holding all its tokens but the last."""
         p = job.params
-        cache, reused = self._prefix.take(job.tokens)
+        cache, reused = taken if taken is not None else self._prefix.take(job.tokens)
         if cache is not None and not all(hasattr(layer, "merge") for layer in cache):
             # This cache type cannot join a batch; prefill the whole prompt instead.
             self._prefix.put(job.tokens[:reused], cache)
@@ -374,7 +418,9 @@ class BatchedEngine(MLXEngine):
             builder = self._output_builder(job, reused)
             act = _Active(job, builder, processors, sampler)
             fed = reused
-            if lone and self._options.kv_bits is None:
+            if prefilled is not None:
+                cache, fed = prefilled, len(job.tokens) - 1
+            elif lone and self._options.kv_bits is None:
                 cache, fed = prefill_joining(self._model, job.tokens, reused, cache, self._shapes)
             self._insert_active(act, job.tokens[fed:], cache, job.tokens[:fed])
         except BaseException:

@@ -162,7 +162,8 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     }
     # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
     warm = False if order == "engine-nowarm" else None
-    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0, warmup_shapes=warm)
+    # Room for 16: a group of 8 is padded (with placeholder rows) as a server's would be.
+    engine = BatchedEngine(path, max_num_seqs=16, cache_memory_mb=0, warmup_shapes=warm)
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     loop.run_until_complete(engine.start())

@@ -180,9 +180,9 @@ class BatchedEngineStats(EngineStats):
     or the batch cannot draft (a sliding-window or state-space batch cache, or a draft
     model whose own cache cannot drop positions)."""
     grouped_prefill_requests: int
-    """Requests prefilled in one padded group with others that arrived with them (where
-    prefill pieces are padded, ``prefill_buckets``: CUDA by default), rather than by
-    mlx-lm's generator at the group's exact shape."""
+    """Requests prefilled with others that arrived with them in a batch padded to a
+    bucket's length and a power of two of rows (where prefill pieces are padded,
+    ``prefill_buckets``: CUDA by default), rather than at the group's exact shape."""
 
 
 class ClearStats(TypedDict):

@@ -30,6 +30,8 @@ from mlx_integrations.engine.options import EngineOptions
 
 STEP = 64
 SHAPES = PrefillShapes(bucket_sizes(STEP))
+ROWS = {1, 2, 3, 4, 6, 8, 12, 16}
+"""The row counts a group's prefill is padded to (up to 16)."""
 LENGTHS = [1, 2, 5, 16, 17, 23, 40, 63, 64, 65, 100, 130, 150]
 """Prompt lengths: on a bucket, just past one, and over one and two whole pieces."""
 
@@ -379,8 +381,8 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     engines, monkeypatch, n
 ):
     """Prompts of one piece sent at once are prefilled in one batch of a bucket's length
-    and a power of two of rows; each request's cache holds its own tokens alone, so the
-    replies are token for token the unpadded ones, and the next turns reuse them."""
+    and one of a few row counts (placeholder rows, taken out before they decode), so the
+    replies are token for token the unpadded ones; the next turns reuse their caches."""
     chats = [
         [{"role": "user", "content": " ".join(f"w{j}" for j in range(1 + 2 * i)) + f" {n}"}]
         for i in range(n)
@@ -391,9 +393,9 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     b, seen = await together(padded, chats, monkeypatch)
     assert [o.tokens for o in b] == [o.tokens for o in a]
     assert padded.get_stats()["grouped_prefill_requests"] - before == n
-    pieces = [s for s in seen if s[1] > 1]
-    rows = 1 << (n - 1).bit_length()
-    assert len(pieces) == 1 and pieces[0][0] == rows and pieces[0][1] in bucket_sizes(STEP)
+    (rows, length), *more = [s for s in seen if s[1] > 1]  # one prefill of the group
+    assert not more and length in bucket_sizes(STEP)
+    assert rows >= n and rows in ROWS  # placeholders up to one of a few row counts
     turns = [
         [*c, {"role": "assistant", "content": o.text}, {"role": "user", "content": "And?"}]
         for c, o in zip(chats, a, strict=True)
@@ -401,16 +403,16 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     a2, _ = await together(plain, turns, monkeypatch)
     before = padded.get_stats()["grouped_prefill_requests"]
     b2, seen = await together(padded, turns, monkeypatch)
-    # After their cached prefixes (padded in front to one bucket), as one group again.
+    # After their cached prefixes, as one group again.
     assert padded.get_stats()["grouped_prefill_requests"] - before == n
-    pieces = [s for s in seen if s[1] > 1]
-    assert len(pieces) == 1 and pieces[0][0] == rows and pieces[0][1] in bucket_sizes(STEP)
+    (rows, length), *more = [s for s in seen if s[1] > 1]
+    assert not more and length in bucket_sizes(STEP) and rows in ROWS
     assert [o.tokens for o in b2] == [o.tokens for o in a2]
     assert [o.cached_tokens for o in b2] == [o.cached_tokens for o in a2]
     assert all(o.cached_tokens > 0 for o in b2)
 
 
-async def test_a_group_leaves_requests_with_a_cached_prefix_or_long_prompts_to_the_generator(
+async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_not_padded(
     engines, monkeypatch
 ):
     padded = engines["batched_padded"]
@@ -418,13 +420,31 @@ async def test_a_group_leaves_requests_with_a_cached_prefix_or_long_prompts_to_t
     short = [[{"role": "user", "content": f"Short {i}."}] for i in range(2)]
     before = padded.get_stats()["grouped_prefill_requests"]
     outs, seen = await together(padded, [long_chat, *short], monkeypatch)
-    assert padded.get_stats()["grouped_prefill_requests"] - before == 2
+    # The long prompt sets the batch's pieces (the generator's own): nothing to pad.
+    assert padded.get_stats()["grouped_prefill_requests"] == before
     assert all(o.completion_tokens == 16 for o in outs)
-    # The long prompt (over one piece) went to the generator, at its own length.
-    assert any(rows == 1 and n not in bucket_sizes(STEP) for rows, n in seen if n > 1)
+    assert any(n not in bucket_sizes(STEP) for _, n in seen if n > 1)
     # Sent again, a prompt is in the prefix cache but its last token: with one other
-    # request, no group is left to pad.
+    # request, a group of one is left to prefill.
     again = [short[0], [{"role": "user", "content": "Short 9."}]]
-    before = padded.get_stats()["grouped_prefill_requests"]
     await together(padded, again, monkeypatch)
     assert padded.get_stats()["grouped_prefill_requests"] == before
+
+
+def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_room():
+    from mlx_integrations.engine.batched.arrivals import group_rows, placeholder_prompts
+
+    assert [group_rows(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    # Rests 5, 9, 7: a placeholder of 16 (the bucket) sets the length; with it, 4 rows.
+    # Its last token is held back, as a prompt's is.
+    assert [len(r) for r in placeholder_prompts([5, 9, 7], room=6, shapes=SHAPES)] == [17]
+    # On a bucket already: rows only (5 become 6). Four rows: nothing to add.
+    rows = placeholder_prompts([16, 3, 16, 2, 2], room=6, shapes=SHAPES)
+    assert [len(r) for r in rows] == [2]
+    assert placeholder_prompts([16, 16, 3, 5], room=6, shapes=SHAPES) == []
+    # No room, no pieces padded, or a rest over one piece: nothing.
+    assert placeholder_prompts([5, 9], room=0, shapes=SHAPES) == []
+    assert placeholder_prompts([5, 9], room=6, shapes=PrefillShapes()) == []
+    assert placeholder_prompts([5, STEP + 1], room=6, shapes=SHAPES) == []
+    # Room for the length placeholder but not for the rows: 5 rows (6 would be padded).
+    assert [len(r) for r in placeholder_prompts([5, 9, 3, 4], room=1, shapes=SHAPES)] == [17]

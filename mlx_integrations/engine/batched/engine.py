@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlx_integrations.engine.batched.arrivals import joins_together, prefill_together
+from mlx_integrations.engine.batched.arrivals import placeholder_prompts
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     GuardedSampler,
@@ -183,6 +183,7 @@ class BatchedEngine(MLXEngine):
         self._peak_batch = 0
         self._resets = 0
         self._grouped_requests = 0
+        self._placeholders: list[int] = []  # generator rows padding a group's prefill
 
     @property
     def max_num_seqs(self) -> int:
@@ -373,38 +374,35 @@ class BatchedEngine(MLXEngine):
         self._finish(job, exc)
 
     def _insert_together(self, jobs: list[Job]) -> None:
-        """Insert requests that arrived together; those with one piece to prefill after
-        a short cached prefix (or none) are prefilled as one padded group (:mod:`.arrivals`)."""
-        taken = [self._prefix.take(job.tokens) for job in jobs]
-        rest = [job.tokens[reused:-1] for job, (_, reused) in zip(jobs, taken, strict=True)]
-        group = [
-            i for i, (cache, _) in enumerate(taken) if joins_together(cache, rest[i], self._shapes)
-        ]
-        filled: dict[int, list[Any]] = {}
-        if len(group) >= 2:
+        """Insert requests that arrived together, their batch prefill padded to a
+        bucket's length and a power of two of rows by placeholders (:mod:`.arrivals`)."""
+        rests: list[int] = []
+        for job in jobs:
             try:
-                arrivals = [(taken[i][0], rest[i]) for i in group]
-                caches = prefill_together(self._model, arrivals, self._shapes)
-                filled = dict(zip(group, caches, strict=True)) if caches else {}
-            except Exception:  # the generator prefills them instead
-                logger.debug("A padded group prefill failed", exc_info=True)
-        with self._state_lock:
-            self._grouped_requests += len(filled)
-        for i, job in enumerate(jobs):
-            try:
-                self._insert(job, taken=taken[i], prefilled=filled.get(i))
+                cache, reused = self._prefix.take(job.tokens)
+                self._insert(job, taken=(cache, reused))
+                rests.append(len(job.tokens) - 1 - reused)
             except Exception as exc:
                 self._fail(job, exc)
+        prefilling = [n for n in rests if n > 0]  # the others hold all but their last token
+        busy = len(getattr(self._generator, "_prompt_batch", ())) > 0  # earlier rows prefilling
+        if self._options.kv_bits is not None or busy or len(prefilling) < 2:
+            return
+        room = self._max_num_seqs - len(self._active)
+        rows = placeholder_prompts(prefilling, room, self._shapes)
+        if rows:
+            self._placeholders = self._generator.insert(rows, max_tokens=[1] * len(rows))
+            with self._state_lock:
+                self._grouped_requests += len(prefilling)
 
     def _insert(
         self,
         job: Job,
         lone: bool = False,
         taken: tuple[list[Any] | None, int] | None = None,
-        prefilled: list[Any] | None = None,
     ) -> None:
         """Put a request into the generator; ``taken``: what the prefix cache gave it
-        (taken here if None); ``prefilled``: a cache holding all its tokens but the last."""
+        (taken here if None)."""
         p = job.params
         cache, reused = taken if taken is not None else self._prefix.take(job.tokens)
         if cache is not None and not all(hasattr(layer, "merge") for layer in cache):
@@ -418,9 +416,7 @@ class BatchedEngine(MLXEngine):
             builder = self._output_builder(job, reused)
             act = _Active(job, builder, processors, sampler)
             fed = reused
-            if prefilled is not None:
-                cache, fed = prefilled, len(job.tokens) - 1
-            elif lone and self._options.kv_bits is None:
+            if lone and self._options.kv_bits is None:
                 cache, fed = prefill_joining(self._model, job.tokens, reused, cache, self._shapes)
             self._insert_active(act, job.tokens[fed:], cache, job.tokens[:fed])
         except BaseException:
@@ -603,6 +599,9 @@ class BatchedEngine(MLXEngine):
         """One generator step: prefill pieces of newcomers and one token for the rest."""
         # A failure here resets the batch (see _serve); a row may get several tokens.
         _, responses = self._spec.next(self._generator)
+        if self._placeholders:  # prefilled with their group: out before they decode
+            self._generator.remove(self._placeholders)
+            self._placeholders = []
         if rows := len({r.uid for r in responses}):
             with self._state_lock:
                 self._steps += 1
@@ -687,6 +686,7 @@ class BatchedEngine(MLXEngine):
             self._finish(act.job, error)
 
     def _close_generator(self) -> None:
+        self._placeholders = []
         if self._generator is not None:
             self._generator.close()
             self._generator = None

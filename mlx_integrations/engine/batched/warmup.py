@@ -15,7 +15,6 @@ import logging
 import time
 from typing import Any
 
-from mlx_integrations.engine.batched.arrivals import prefill_together
 from mlx_integrations.engine.batched.solo import prefill_joining
 from mlx_integrations.engine.decoding import PrefillShapes
 
@@ -34,8 +33,7 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
     merge into a running batch); the rows end at different steps (the batch shrinking).
     Then a batch grows by one joining row a step up to ``rows`` (the engine's
     ``max_num_seqs``), so every batch size the engine can run has decoded once. No
-    batch is larger than ``rows``. Where prefill pieces are padded, two rows are
-    prefilled as a padded group too (:mod:`.arrivals`: requests arriving together).
+    batch is larger than ``rows``.
 
     A failure (a cache type that cannot join a batch, say) is logged and the load goes
     on: the warm-up only moves work earlier.
@@ -65,8 +63,6 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
         joining = [(i, [0] * (8 + i % 8), rows - i + extra) for i in range(1, rows)]
         generator.insert([[0] * 8], max_tokens=[rows + extra])
         _run(generator, 1, joining, model, shapes)
-        if rows >= 2 and shapes.buckets:
-            prefill_together(model, [(None, [0] * 5), (None, [0] * 9)], shapes)
     except Exception:  # the first batch served then meets its kernels itself
         logger.warning("The batch warm-up failed; the model loads without it", exc_info=True)
     finally:

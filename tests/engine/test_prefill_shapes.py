@@ -446,5 +446,13 @@ def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_ro
     assert placeholder_prompts([5, 9], room=0, shapes=SHAPES) == []
     assert placeholder_prompts([5, 9], room=6, shapes=PrefillShapes()) == []
     assert placeholder_prompts([5, STEP + 1], room=6, shapes=SHAPES) == []
+    # A model whose cache is not a plain KV cache (here: a sliding window) gets none.
+    class Windowed:
+        def make_cache(self) -> list[Any]:
+            from mlx_lm.models.cache import RotatingKVCache
+
+            return [RotatingKVCache(max_size=32)]
+
+    assert placeholder_prompts([5, 9, 7], room=6, shapes=SHAPES, model=Windowed()) == []
     # Room for the length placeholder but not for the rows: 5 rows (6 would be padded).
     assert [len(r) for r in placeholder_prompts([5, 9, 3, 4], room=1, shapes=SHAPES)] == [17]

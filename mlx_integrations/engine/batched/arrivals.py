@@ -15,21 +15,28 @@ that prefilled them), so the real rows are computed exactly as in any mlx-lm bat
 
 from __future__ import annotations
 
+from typing import Any
+
 from mlx_integrations.engine.decoding import PrefillShapes
 
 PLACEHOLDER = 0
 """The token placeholder rows are made of (any token: they are never decoded)."""
 
 
-def placeholder_prompts(rests: list[int], room: int, shapes: PrefillShapes) -> list[list[int]]:
+def placeholder_prompts(
+    rests: list[int], room: int, shapes: PrefillShapes, model: Any = None
+) -> list[list[int]]:
     """Placeholder rows for a group whose prompts have ``rests`` tokens to prefill
     before their last one (all going into one prefill batch), with ``room`` places
-    left in the batch; none where pieces are not padded or a rest is over one piece.
+    left in the batch; none where pieces are not padded, a rest is over one piece, or
+    ``model``'s cache is not a plain KV cache (a sliding window or a state-space layer).
 
     A placeholder's last token is held back as a real prompt's is, so its prefill
     length is its length less one.
     """
     if not shapes.buckets or not rests or room < 1 or not 0 < max(rests) <= shapes.buckets[-1]:
+        return []
+    if model is not None and not _plain_kv(model, shapes):
         return []
     length = next(size for size in shapes.buckets if size >= max(rests))
     if shapes.positions is not None and length >= shapes.positions:
@@ -47,3 +54,9 @@ def group_rows(n: int) -> int:
     two and one and a half times them), at most a third more than ``n``."""
     size = 1 << (n - 1).bit_length()
     return size * 3 // 4 if size >= 4 and size * 3 // 4 >= n else size
+
+
+def _plain_kv(model: Any, shapes: PrefillShapes) -> bool:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return shapes.pads(make_prompt_cache(model))

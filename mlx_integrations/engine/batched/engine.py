@@ -389,7 +389,7 @@ class BatchedEngine(MLXEngine):
         if self._options.kv_bits is not None or busy or len(prefilling) < 2:
             return
         room = self._max_num_seqs - len(self._active)
-        rows = placeholder_prompts(prefilling, room, self._shapes)
+        rows = placeholder_prompts(prefilling, room, self._shapes, self._model)
         if rows:
             self._placeholders = self._generator.insert(rows, max_tokens=[1] * len(rows))
             with self._state_lock:

@@ -416,14 +416,16 @@ async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_no
     engines, monkeypatch
 ):
     padded = engines["batched_padded"]
-    long_chat = [{"role": "user", "content": PROMPTS[3] + " Long."}]
+    long_text = " ".join(f"item {i} or" for i in range(70))  # no other test's prefix
+    long_chat = [{"role": "user", "content": long_text}]
     short = [[{"role": "user", "content": f"Short {i}."}] for i in range(2)]
     before = padded.get_stats()["grouped_prefill_requests"]
     outs, seen = await together(padded, [long_chat, *short], monkeypatch)
-    # The long prompt sets the batch's pieces (the generator's own): nothing to pad.
+    # The long prompt sets the batch's pieces (the generator's own): nothing to pad, the
+    # three rows go in alone (no placeholder row).
     assert padded.get_stats()["grouped_prefill_requests"] == before
     assert all(o.completion_tokens == 16 for o in outs)
-    assert any(n not in bucket_sizes(STEP) for _, n in seen if n > 1)
+    assert (3, STEP) in seen and not any(rows > 3 for rows, n in seen if n > 1)
     # Sent again, a prompt is in the prefix cache but its last token: with one other
     # request, a group of one is left to prefill.
     again = [short[0], [{"role": "user", "content": "Short 9."}]]
@@ -434,18 +436,22 @@ async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_no
 def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_room():
     from mlx_integrations.engine.batched.arrivals import group_rows, placeholder_prompts
 
+    def fresh(*rests: int) -> list[tuple[int, int]]:  # nothing cached
+        return [(0, n) for n in rests]
+
     assert [group_rows(n) for n in range(1, 14)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
     # Rests 5, 9, 7: a placeholder of 16 (the bucket) sets the length; with it, 4 rows.
     # Its last token is held back, as a prompt's is.
-    assert [len(r) for r in placeholder_prompts([5, 9, 7], room=6, shapes=SHAPES)] == [17]
+    assert [len(r) for r in placeholder_prompts(fresh(5, 9, 7), room=6, shapes=SHAPES)] == [17]
     # On a bucket already: rows only (5 become 6). Four rows: nothing to add.
-    rows = placeholder_prompts([16, 3, 16, 2, 2], room=6, shapes=SHAPES)
+    rows = placeholder_prompts(fresh(16, 3, 16, 2, 2), room=6, shapes=SHAPES)
     assert [len(r) for r in rows] == [2]
-    assert placeholder_prompts([16, 16, 3, 5], room=6, shapes=SHAPES) == []
+    assert placeholder_prompts(fresh(16, 16, 3, 5), room=6, shapes=SHAPES) == []
     # No room, no pieces padded, or a rest over one piece: nothing.
-    assert placeholder_prompts([5, 9], room=0, shapes=SHAPES) == []
-    assert placeholder_prompts([5, 9], room=6, shapes=PrefillShapes()) == []
-    assert placeholder_prompts([5, STEP + 1], room=6, shapes=SHAPES) == []
+    assert placeholder_prompts(fresh(5, 9), room=0, shapes=SHAPES) == []
+    assert placeholder_prompts(fresh(5, 9), room=6, shapes=PrefillShapes()) == []
+    assert placeholder_prompts(fresh(5, STEP + 1), room=6, shapes=SHAPES) == []
+
     # A model whose cache is not a plain KV cache (here: a sliding window) gets none.
     class Windowed:
         def make_cache(self) -> list[Any]:
@@ -453,6 +459,11 @@ def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_ro
 
             return [RotatingKVCache(max_size=32)]
 
-    assert placeholder_prompts([5, 9, 7], room=6, shapes=SHAPES, model=Windowed()) == []
+    assert placeholder_prompts(fresh(5, 9, 7), room=6, shapes=SHAPES, model=Windowed()) == []
+    # A padded row must not reach past the model's positions: 40 cached and 9 to
+    # prefill, padded to 16, would end at 56.
+    near = PrefillShapes(SHAPES.buckets, positions=50)
+    assert placeholder_prompts([(40, 9), (0, 5)], room=6, shapes=near) == []
+    assert placeholder_prompts([(30, 9), (0, 5)], room=6, shapes=near) != []
     # Room for the length placeholder but not for the rows: 5 rows (6 would be padded).
-    assert [len(r) for r in placeholder_prompts([5, 9, 3, 4], room=1, shapes=SHAPES)] == [17]
+    assert [len(r) for r in placeholder_prompts(fresh(5, 9, 3, 4), room=1, shapes=SHAPES)] == [17]

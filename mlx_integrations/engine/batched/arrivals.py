@@ -24,24 +24,26 @@ PLACEHOLDER = 0
 
 
 def placeholder_prompts(
-    rests: list[int], room: int, shapes: PrefillShapes, model: Any = None
+    rests: list[tuple[int, int]], room: int, shapes: PrefillShapes, model: Any = None
 ) -> list[list[int]]:
-    """Placeholder rows for a group whose prompts have ``rests`` tokens to prefill
-    before their last one (all going into one prefill batch), with ``room`` places
-    left in the batch; none where pieces are not padded, a rest is over one piece, or
-    ``model``'s cache is not a plain KV cache (a sliding window or a state-space layer).
+    """Placeholder rows for a group whose requests hold ``rests`` (tokens cached, tokens
+    to prefill before their last one; all going into one prefill batch), with ``room``
+    places left in the batch. None where pieces are not padded, a rest is over one
+    piece, a padded row would pass the model's positions, or ``model``'s cache is not a
+    plain KV cache (a sliding window or a state-space layer).
 
     A placeholder's last token is held back as a real prompt's is, so its prefill
     length is its length less one.
     """
-    if not shapes.buckets or not rests or room < 1 or not 0 < max(rests) <= shapes.buckets[-1]:
+    longest = max((n for _, n in rests), default=0)
+    if not shapes.buckets or room < 1 or not 0 < longest <= shapes.buckets[-1]:
         return []
+    length = next(size for size in shapes.buckets if size >= longest)
+    if shapes.positions is not None and max(held for held, _ in rests) + length > shapes.positions:
+        return []  # padding at a row's end must not reach past the positions the model has
     if model is not None and not _plain_kv(model, shapes):
         return []
-    length = next(size for size in shapes.buckets if size >= max(rests))
-    if shapes.positions is not None and length >= shapes.positions:
-        return []
-    rows = [[PLACEHOLDER] * (length + 1)] if length > max(rests) else []
+    rows = [[PLACEHOLDER] * (length + 1)] if length > longest else []
     total = len(rests) + len(rows)
     if total > room + len(rests):
         return []

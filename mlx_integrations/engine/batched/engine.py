@@ -342,6 +342,7 @@ class BatchedEngine(MLXEngine):
         """Move queued requests into the generator while the batch has room."""
         took = 0
         together: list[Job] = []  # arrived with others: prefilled as one padded group
+        joined = False  # a lone request joined the batch (maybe with prompt left to prefill)
         while len(self._active) + len(together) + (self._solo is not None) < self._max_num_seqs:
             with self._state_lock:
                 if not self._inbox:
@@ -359,6 +360,7 @@ class BatchedEngine(MLXEngine):
                     continue
                 if self._solo is not None:
                     self._join_solo()
+                    joined = True
                 if lone or self._options.kv_bits is not None:
                     self._insert(job, lone)
                 else:
@@ -366,32 +368,37 @@ class BatchedEngine(MLXEngine):
             except Exception as exc:
                 self._fail(job, exc)
         if together:
-            self._insert_together(together)
+            self._insert_together(together, pad=not joined)
 
     def _fail(self, job: Job, exc: Exception) -> None:
         logger.debug("Request %s failed", job.params.request_id, exc_info=True)
         repair_random_state()
         self._finish(job, exc)
 
-    def _insert_together(self, jobs: list[Job]) -> None:
-        """Insert requests that arrived together, their batch prefill padded to a
-        bucket's length and a power of two of rows by placeholders (:mod:`.arrivals`)."""
-        rests: list[int] = []
+    def _insert_together(self, jobs: list[Job], pad: bool = True) -> None:
+        """Insert requests that arrived together; with ``pad``, their batch prefill
+        padded to a bucket's length and a few row counts by placeholders (:mod:`.arrivals`)."""
+        rests: list[tuple[int, int]] = []  # (tokens cached, tokens to prefill but the last)
         for job in jobs:
             try:
                 cache, reused = self._prefix.take(job.tokens)
                 self._insert(job, taken=(cache, reused))
-                rests.append(len(job.tokens) - 1 - reused)
+                rests.append((reused, len(job.tokens) - 1 - reused))
             except Exception as exc:
                 self._fail(job, exc)
-        prefilling = [n for n in rests if n > 0]  # the others hold all but their last token
+        prefilling = [(held, n) for held, n in rests if n > 0]  # others hold all but the last
         busy = len(getattr(self._generator, "_prompt_batch", ())) > 0  # earlier rows prefilling
-        if self._options.kv_bits is not None or busy or len(prefilling) < 2:
+        if not pad or self._options.kv_bits is not None or busy or len(prefilling) < 2:
             return
         room = self._max_num_seqs - len(self._active)
-        rows = placeholder_prompts(prefilling, room, self._shapes, self._model)
+        try:
+            rows = placeholder_prompts(prefilling, room, self._shapes, self._model)
+            if rows:
+                self._placeholders = self._generator.insert(rows, max_tokens=[1] * len(rows))
+        except Exception:  # only the shapes are lost: the group is prefilled as it is
+            logger.warning("Padding a group's prefill failed", exc_info=True)
+            return
         if rows:
-            self._placeholders = self._generator.insert(rows, max_tokens=[1] * len(rows))
             with self._state_lock:
                 self._grouped_requests += len(prefilling)
 

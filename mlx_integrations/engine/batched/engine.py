@@ -5,8 +5,8 @@ decode steps it runs control calls (cache clears), drops aborted requests, and a
 queued ones into the running batch; then it steps the generator and hands each
 sequence's token to that request's :class:`OutputBuilder`. Finished sequences give
 their KV cache to the prefix cache, so the next turn of a conversation prefills only
-what is new. A request alone runs outside the generator (:mod:`.solo`) until another
-arrives.
+what is new. A request alone runs outside the generator (:mod:`.alone`, :mod:`.solo`)
+until another arrives.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlx_integrations.engine.batched.active import Active
+from mlx_integrations.engine.batched.alone import LoneRequests
 from mlx_integrations.engine.batched.arrivals import placeholder_prompts
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
-    GuardedSampler,
     SharedSamplers,
 )
 from mlx_integrations.engine.batched.solo import SoloDecode, prefill_joining
@@ -33,11 +33,9 @@ from mlx_integrations.engine.cache.kv_quantization import (
     check_batched_kv_options,
     check_kv_at_load,
 )
-from mlx_integrations.engine.cache.prefix_cache import cache_offset
-from mlx_integrations.engine.decoding import Step, repair_random_state
+from mlx_integrations.engine.decoding import repair_random_state
 from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
-    OutputBuilder,
     request_processors,
 )
 from mlx_integrations.engine.jobs import Job, aborted_output, run_call
@@ -52,29 +50,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
-class _Active:
-    """A request inside the generator (prefilling or decoding)."""
-
-    job: Job
-    builder: OutputBuilder
-    processors: GuardedProcessors | None
-    sampler: GuardedSampler | None
-
-    def served(self) -> dict[str, int]:
-        """What the prefix cache learns when the request ends: its prompt's length and
-        the prefix it was served (see ``PrefixCache.put``)."""
-        return {"prompt": len(self.job.tokens), "reused": self.builder.cached_tokens}
-
-    def error(self) -> Exception | None:
-        if self.processors is not None and self.processors.error is not None:
-            return self.processors.error
-        if self.sampler is not None and self.sampler.error is not None:
-            return self.sampler.error
-        return None
-
-
-class BatchedEngine(MLXEngine):
+class BatchedEngine(LoneRequests, MLXEngine):
     """Serve many requests at once: new ones join the running batch between steps.
 
     Each decode step advances every running sequence by one token in one forward
@@ -167,9 +143,9 @@ class BatchedEngine(MLXEngine):
         # Owner thread only.
         self._generator: Any = None
         self._eos: Any = None
-        self._active: dict[int, _Active] = {}
+        self._active: dict[int, Active] = {}
         self._samplers = SharedSamplers()
-        self._solo: tuple[_Active, SoloDecode] | None = None
+        self._solo: tuple[Active, SoloDecode] | None = None
         self._draft = DraftModel(self._options.draft_model)
         # Drafts in the batch: prompt lookup, or the draft model.
         self._spec = BatchSpeculation(self._options, self._draft, self._prefill_step_size)
@@ -421,7 +397,7 @@ class BatchedEngine(MLXEngine):
             processors = GuardedProcessors(user) if user else None
             sampler = self._samplers.for_request(p)
             builder = self._output_builder(job, reused)
-            act = _Active(job, builder, processors, sampler)
+            act = Active(job, builder, processors, sampler)
             fed = reused
             if lone and self._options.kv_bits is None:
                 cache, fed = prefill_joining(self._model, job.tokens, reused, cache, self._shapes)
@@ -433,7 +409,7 @@ class BatchedEngine(MLXEngine):
         self._spec.admitted(self._model, p, processors is not None)
 
     def _insert_active(
-        self, act: _Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
+        self, act: Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
     ) -> None:
         """Put a sequence into the generator: ``prompt`` follows the ``cached`` tokens."""
         if self._options.kv_bits is not None:
@@ -448,147 +424,6 @@ class BatchedEngine(MLXEngine):
             stop_sequences=[self._eos],
         )
         self._active[uid] = act
-
-    # ------------------------------------------------------- a request alone
-
-    def _start_solo(self, job: Job) -> bool:
-        """Decode ``job`` outside the batch while it is alone; False when it cannot."""
-        p = job.params
-        if request_processors(p):
-            return False  # the batch runs processors with their token context
-        cache, reused = self._prefix.take(job.tokens)
-        cache = self._own_cache(cache)
-        if not all(hasattr(layer, "merge") for layer in cache):
-            self._prefix.put(job.tokens[:reused], cache)
-            return False  # it could not join a batch later
-        act = _Active(job, self._output_builder(job, reused), None, self._samplers.for_request(p))
-        solo = self._solo_decode(act, job.tokens, reused, cache, fresh=False)
-        self._solo = (act, solo)
-        with self._state_lock:
-            self._solo_requests += 1
-        return True
-
-    def _go_solo(self, uid: int, act: _Active) -> None:
-        """The batch is down to one sequence and nothing waits: it goes on alone.
-
-        Its next token, sampled in the step just run, is sampled again from the same
-        cache; a seeded request stays, so its draws do not depend on the others.
-        """
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        p = act.job.params
-        if act.processors is not None or p.seed is not None or not act.builder.tokens:
-            return
-        with self._state_lock:
-            if self._inbox or self._arrivals:
-                return
-        # Still in _active until it is alone: a failure here ends it through _reset.
-        cache, _ = self._generator.remove([uid], return_prompt_caches=True)[uid]
-        context = act.job.tokens + act.builder.tokens
-        keep = min(cache_offset(cache), len(context) - 1)
-        trim_prompt_cache(cache, cache_offset(cache) - keep)
-        solo = self._solo_decode(act, context, keep, cache)
-        del self._active[uid]
-        self._solo = (act, solo)
-        with self._state_lock:
-            self._solo_requests += 1
-
-    def _own_cache(self, cache: list[Any] | None) -> list[Any]:
-        """A request's KV cache (fresh for None), quantized from its first token with kv_bits."""
-        from mlx_integrations.engine.batched.kv_cache import request_cache
-
-        return request_cache(self._model, cache, self._options.kv_bits, self._options.kv_group_size)
-
-    def _solo_decode(
-        self, act: _Active, context: list[int], reused: int, cache: list[Any], fresh: bool = True
-    ) -> SoloDecode:
-        """The loop of a request going on alone; it drafts where its cache can be trimmed.
-
-        A new request (not ``fresh``) takes the draft cache of the last one alone, cut to
-        what they share, as the target's prefix cache does.
-        """
-        from mlx_lm.models.cache import can_trim_prompt_cache
-        from mlx_lm.sample_utils import make_sampler
-
-        trim, opts = can_trim_prompt_cache(cache), self._options
-        draft, fed = None, 0
-        if trim and self._draft.model is not None and not fresh:
-            draft, fed = self._draft.cache.take_shared(self._draft.model, context[:-1])
-        return SoloDecode(
-            self._model,
-            context,
-            reused,
-            cache,
-            sampler=act.sampler.sampler if act.sampler is not None else make_sampler(0.0),
-            max_tokens=act.job.params.max_tokens - len(act.builder.tokens),
-            prefill_step_size=self._prefill_step_size,
-            prompt_lookup=opts.prompt_lookup if trim else 0,
-            draft_model=self._draft.model if trim else None,
-            num_draft_tokens=opts.num_draft_tokens,
-            draft_cache=draft,
-            draft_fed=fed,
-            pace=None if act.job.params.seeded_sampling else self._solo_pace,
-            shapes=self._shapes,
-        )
-
-    def _solo_step(self) -> None:
-        assert self._solo is not None
-        act, solo = self._solo
-        try:
-            steps = solo.step()
-        except Exception as exc:
-            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
-            repair_random_state()
-            self._solo = None
-            self._finish(act.job, exc)
-            return
-        self._hand_out(steps)
-
-    def _hand_out(self, steps: list[Step]) -> bool:
-        """Give the lone request its tokens; True when it ended."""
-        assert self._solo is not None
-        act = self._solo[0]
-        for token, drafted, accepted in steps:
-            with self._state_lock:
-                self._solo_tokens += 1
-            act.builder.drafted += drafted
-            act.builder.accepted += accepted
-            out = act.builder.add(token)
-            if act.builder.finished:
-                assert out is not None
-                self._end_solo(out)
-                return True
-            if out is not None:
-                act.job.emit(out)
-        return False
-
-    def _end_solo(self, out: MLXGenerationOutput) -> None:
-        assert self._solo is not None
-        act, solo = self._solo
-        self._solo = None
-        draft = solo.close()  # a paused draft round drops its rejected drafts from the cache
-        context = act.job.tokens + act.builder.tokens
-        self._prefix.put(context, solo.cache, **act.served())
-        if draft is not None:
-            self._draft.cache.put(context, draft)
-        self._finish(act.job, out)
-
-    def _join_solo(self) -> None:
-        """Another request arrived: the lone one goes on inside the batch."""
-        assert self._solo is not None
-        act, solo = self._solo
-        try:
-            steps, prompt, cached = solo.handoff()
-            if self._hand_out(steps):
-                return  # it ended there
-            self._solo = None
-            self._insert_active(act, prompt, solo.cache, cached)
-        except Exception as exc:
-            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
-            self._solo = None
-            self._finish(act.job, exc)
-            return
-        self._spec.admitted(self._model, act.job.params, False)
 
     def _batch_generator(self) -> Any:
         if self._generator is None:

@@ -11,6 +11,7 @@ BatchedEngine (a lone request and a shared batch), and the next turn reuses the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,13 +307,10 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
         await engine.stop()
 
 
-async def staggered(
-    engine: Any, chats: list[list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch
-) -> tuple[list[Any], list[tuple[int, ...]]]:
-    """The first chat starts; each next one is sent once the previous has a token, so it
-    joins the running batch on its own. Returns the replies and the input shapes of every
-    forward pass (the batch generator's own included)."""
-    await engine.start()
+@contextlib.contextmanager
+def forward_shapes(engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple]]:
+    """The input shapes of every forward pass of ``engine``'s model while the block runs
+    (the batch generator's own included)."""
     model_class = type(engine._model)
     seen: list[tuple[int, ...]] = []
     forward = model_class.__call__
@@ -323,6 +321,17 @@ async def staggered(
 
     with monkeypatch.context() as patch:
         patch.setattr(model_class, "__call__", recorded)
+        yield seen
+
+
+async def staggered(
+    engine: Any, chats: list[list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Any], list[tuple[int, ...]]]:
+    """The first chat starts; each next one is sent once the previous has a token, so it
+    joins the running batch on its own. Returns the replies and the input shapes of every
+    forward pass (the batch generator's own included)."""
+    await engine.start()
+    with forward_shapes(engine, monkeypatch) as seen:
         tasks = []
         for i, chat in enumerate(chats):
             first = asyncio.Event()
@@ -362,16 +371,7 @@ async def test_requests_joining_a_running_batch_one_by_one_are_prefilled_padded(
 async def together(engine: Any, chats: list[list[dict[str, str]]], monkeypatch: Any) -> tuple:
     """The chats sent at once; the replies and the input shapes of every forward pass."""
     await engine.start()
-    model_class = type(engine._model)
-    seen: list[tuple[int, ...]] = []
-    forward = model_class.__call__
-
-    def recorded(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(tuple(inputs.shape))
-        return forward(self, inputs, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(model_class, "__call__", recorded)
+    with forward_shapes(engine, monkeypatch) as seen:
         outs = await asyncio.gather(*(reply(engine, c) for c in chats))
     return outs, seen
 

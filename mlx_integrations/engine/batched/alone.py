@@ -17,7 +17,7 @@ from mlx_integrations.engine.batched.sampling import SharedSamplers
 from mlx_integrations.engine.batched.solo import SoloDecode
 from mlx_integrations.engine.batched.speculation import BatchSpeculation
 from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
-from mlx_integrations.engine.decoding import PrefillShapes, Step, repair_random_state
+from mlx_integrations.engine.decoding import PrefillShapes, Step
 from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
     OutputBuilder,
@@ -54,6 +54,7 @@ class Engine(Protocol):
 
     def _output_builder(self, job: Job, cached_tokens: int) -> OutputBuilder: ...
     def _finish(self, job: Job, result: MLXGenerationOutput | BaseException) -> None: ...
+    def _fail(self, job: Job, exc: Exception) -> None: ...
     def _insert_active(
         self, act: Active, prompt: list[int], cache: list[Any] | None, cached: list[int]
     ) -> None: ...
@@ -164,10 +165,8 @@ class LoneRequests:
         try:
             steps = solo.step()
         except Exception as exc:
-            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
-            repair_random_state()
             self._solo = None
-            self._finish(act.job, exc)
+            self._fail(act.job, exc)
             return
         self._hand_out(steps)
 

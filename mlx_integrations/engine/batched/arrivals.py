@@ -43,10 +43,8 @@ def placeholder_prompts(
         return []  # padding at a row's end must not reach past the positions the model has
     if model is not None and not _plain_kv(model, shapes):
         return []
-    rows = [[PLACEHOLDER] * (length + 1)] if length > longest else []
+    rows = [[PLACEHOLDER] * (length + 1)] if length > longest else []  # room >= 1 holds it
     total = len(rests) + len(rows)
-    if total > room + len(rests):
-        return []
     rows += [[PLACEHOLDER] * 2] * max(0, min(group_rows(total), room + len(rests)) - total)
     return rows
 

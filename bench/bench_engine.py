@@ -8,7 +8,8 @@
 3. ``--batched``: total tokens/s of ``BatchedEngine(max_num_seqs=c)`` serving ``c``
    requests at once (``generate``) divided by raw ``mlx_lm.batch_generate`` with the
    same batch sizes, c = 8 and 64, on a very small model (hidden 64, 2 layers, 512-token
-   vocabulary), where a step costs little and the host work per request shows.
+   vocabulary), where a step costs little and the host work per request shows. Both
+   sides start from the prompts' text (raw's run tokenizes them) and end with text.
 
 Runs alternate (raw, ours, raw, ours, ...) and the medians are compared, so load from
 other processes hits both sides alike.
@@ -147,13 +148,14 @@ def batched_vs_raw(path: Path, model, tokenizer, c: int, rounds: int, tokens: in
 
     words = "the quick brown fox jumps over a lazy dog while seven wizards quietly box".split()
     prompts = [" ".join(words[(i + j) % len(words)] for j in range(20 + i % 9)) for i in range(c)]
-    ids = [tokenizer.encode(p) for p in prompts]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
     loop = asyncio.new_event_loop()
     loop.run_until_complete(engine.start())
 
     def raw() -> float:
+        # Text in, text out on both sides: the engine tokenizes each request.
         start = time.perf_counter()
+        ids = [tokenizer.encode(p) for p in prompts]
         out = batch_generate(
             model,
             tokenizer,

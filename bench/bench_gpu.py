@@ -318,6 +318,8 @@ def batched_at(
 ) -> dict[str, Any]:
     """``c`` requests at once: BatchedEngine against batch_generate with batch sizes ``c``.
 
+    Both sides start from the prompts' text and end with the replies' text: raw's run
+    tokenizes the prompts (``raw_encode_ms_median``), as the engine does per request.
     Every run's wall time is split into mlx-lm's prefill calls, its decode steps and
     the rest (the Python around them: mlx-lm's loop, and the engine's own work). With
     ``--raw-thread``, batch_generate also runs on a thread of its own (as the engine's
@@ -331,10 +333,10 @@ def batched_at(
     from mlx_integrations.engine import BatchedEngine
 
     prompts = [words(20 + (i % 9), offset=i) for i in range(c)]
-    ids = [tokenizer.encode(p) for p in prompts]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
     loop = asyncio.new_event_loop()
     thread = ThreadPoolExecutor(1, thread_name_prefix="raw-thread")
+    encode_ms: list[float] = []  # raw's tokenizing, inside its timed run
     counts: dict[str, list[int]] = {}
     splits: dict[str, list[dict[str, Any]]] = {}
     started: dict[str, list[float]] = {}  # each run's start, time.time(), to match GPU clocks
@@ -350,6 +352,11 @@ def batched_at(
         return n / seconds
 
     def raw_run() -> int:
+        # Both sides start from the prompts' text and end with the replies' text (the
+        # engine tokenizes each request; batch_generate takes ids, and decodes).
+        began = time.perf_counter()
+        ids = [tokenizer.encode(p) for p in prompts]
+        encode_ms.append(round((time.perf_counter() - began) * 1000, 2))
         response = batch_generate(
             model,
             tokenizer,
@@ -425,6 +432,7 @@ def batched_at(
                     for side, runs in splits.items()
                 },
                 "started": started,
+                "raw_encode_ms_median": statistics.median(encode_ms),
                 "load_s": load_s,
                 "warmup_s": engine.warmup_seconds,
             }

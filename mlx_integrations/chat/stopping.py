@@ -24,6 +24,11 @@ class StopMatcher:
         self.stopped = False
         self.matched: str | None = None
 
+    @property
+    def watching(self) -> bool:
+        """Whether there is any stop sequence to look for."""
+        return bool(self._stops)
+
     def feed(self, text: str) -> str:
         """Add text; return the part that can be emitted now."""
         if self.stopped:

@@ -56,6 +56,9 @@ class OutputBuilder:
         self._detok = tokenizer.detokenizer
         self._eos = set(tokenizer.eos_token_ids)
         self._stop = StopMatcher(stop)
+        # Nothing to emit and no stop string to find before the end: the tokens are
+        # detokenized once, when the request ends (the same calls, the same text).
+        self._deferred = not stream and not self._stop.watching
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = cached_tokens
@@ -80,6 +83,8 @@ class OutputBuilder:
         self.tokens.append(token)
         if token in self._eos:
             return self.finish("stop")
+        if self._deferred:
+            return self.finish("length") if len(self.tokens) >= self.max_tokens else None
         self._detok.add_token(token)
         new_text = self._stop.feed(self._detok.last_segment)
         if self._stop.stopped:
@@ -96,6 +101,11 @@ class OutputBuilder:
         if self.finish_reason is not None:
             return self._chunk("")
         new_text = pending
+        if self._deferred:
+            add = self._detok.add_token
+            for token in self.tokens:
+                if token not in self._eos:
+                    add(token)
         if not self._stop.stopped:
             self._detok.finalize()
             new_text += self._stop.feed(self._detok.last_segment)

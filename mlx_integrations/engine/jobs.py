@@ -44,20 +44,20 @@ class Mailbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = weakref.ref(loop)  # the table below holds mailboxes by weak loop keys
+        self.loop = weakref.ref(loop)  # the table below holds mailboxes by weak loop keys
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
         self._scheduled = False
 
     @property
     def closed(self) -> bool:
-        loop = self._loop()
+        loop = self.loop()
         return loop is None or loop.is_closed()
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` into ``queue`` on the loop; any thread. RuntimeError: loop closed."""
         with self._lock:
-            loop = self._loop()
+            loop = self.loop()
             if loop is None or loop.is_closed():
                 raise RuntimeError("the event loop is closed")
             self._pending.append((queue, item))
@@ -89,9 +89,21 @@ class _Abort(threading.Event):
     def __init__(self, mailbox: Mailbox):
         super().__init__()
         self._mailbox = mailbox
+        self._raised = False  # read by the owner thread for every row at every step
+
+    def set(self) -> None:
+        self._raised = True
+        super().set()
+
+    def clear(self) -> None:
+        self._raised = False
+        super().clear()
 
     def is_set(self) -> bool:
-        return super().is_set() or self._mailbox.closed
+        if self._raised:
+            return True
+        loop = self._mailbox.loop()
+        return loop is None or loop.is_closed()
 
 
 _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (

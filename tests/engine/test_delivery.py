@@ -222,3 +222,61 @@ def test_a_request_whose_loop_closes_mid_reply_is_aborted(tiny_llama: Path, kind
         with contextlib.suppress(RuntimeError):
             task.get_coro().close()
         asyncio.run(engine.stop())
+
+
+def test_a_reply_wanted_whole_is_detokenized_at_its_end_and_reads_as_streamed(tiny_llama: Path):
+    """Without stop strings a reply that is not streamed is detokenized once, when it
+    ends (the same detokenizer calls): its text, end and counts are the streamed reply's,
+    for any end (length, the end-of-sequence token, an abort), multi-byte text included.
+    With stop strings it is read token by token, as a stream is."""
+    from mlx_lm.tokenizer_utils import load
+
+    from mlx_integrations.engine.generation import OutputBuilder
+
+    tokenizer = load(tiny_llama)
+    tokens = tokenizer.encode("Grüße, ça va? 你好 — naïve ✓ done. Again: 你好 naïve", add_special_tokens=False)
+    eos = tokenizer.eos_token_ids
+    eos_id = next(iter(eos))
+
+    def run(stream: bool, reply: list[int], stop: list[str], max_tokens: int, abort_at=None):
+        builder = OutputBuilder(
+            tokenizer,
+            request_id="r",
+            prompt_tokens=3,
+            cached_tokens=0,
+            stop=stop,
+            max_tokens=max_tokens,
+            arrival=time.perf_counter(),
+            stream=stream,
+        )
+        chunks = []
+        for i, token in enumerate(reply):
+            if abort_at == i:
+                chunks.append(builder.finish("abort"))
+                break
+            out = builder.add(token)
+            if out is not None:
+                chunks.append(out)
+            if builder.finished:
+                break
+        last = chunks[-1]
+        fields = (last.text, last.finish_reason, last.completion_tokens, last.stop_sequence)
+        return fields, "".join(c.new_text for c in chunks), len(chunks)
+
+
+    cases = [
+        (tokens, [], 1000, None),  # the reply ends by length only at its last token
+        (tokens, [], 7, None),  # max_tokens mid-character or mid-word
+        ([*tokens[:9], eos_id, *tokens[9:]], [], 1000, None),  # end-of-sequence token
+        (tokens, [], 1000, 11),  # aborted
+        (tokens, ["va?"], 1000, None),  # a stop string: read token by token
+        (tokens, ["你"], 1000, None),
+    ]
+    for reply, stop, max_tokens, abort_at in cases:
+        if abort_at is None and max_tokens == 1000 and eos_id not in reply and not stop:
+            reply = [*reply, eos_id]
+        streamed, streamed_text, _ = run(True, reply, stop, max_tokens, abort_at)
+        whole, _, sent = run(False, reply, stop, max_tokens, abort_at)
+        assert whole == streamed, (stop, max_tokens, abort_at)
+        assert streamed_text == whole[0]  # the stream's pieces add up to the whole
+        assert sent == 1  # one chunk: the last

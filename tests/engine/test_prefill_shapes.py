@@ -271,19 +271,27 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
 ):
     """The warm-up runs small batches (rows of unequal length, one joining with its own
     cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
-    mlx-lm's generator, none larger than ``max_num_seqs``; afterwards nothing of it
-    remains (no generator, no cached prefix) and the engine replies as one without it."""
-    from mlx_lm.generate import BatchGenerator
+    mlx-lm's generator; with padded pieces, ``max_num_seqs`` requests arriving together
+    with the spare placeholder, prefilled at each bucket up to 64 tokens. No batch is
+    larger than the engine's own can be; afterwards nothing of it remains (no generator,
+    no cached prefix) and the engine replies as one without it."""
+    from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
     rows: list[int] = []  # the rows of every decode step the generator runs
-    real_next = BatchGenerator.next
+    prefills: set[tuple[int, int]] = set()  # (rows, tokens) of every batched prefill
+    real_next, real_prompt = BatchGenerator.next, PromptProcessingBatch.prompt
 
     def counted(self: Any) -> Any:
         prompts, generated = real_next(self)
         rows.append(len(generated))
         return prompts, generated
 
+    def prompted(self: Any, tokens: Any) -> Any:
+        prefills.add((len(tokens), max(map(len, tokens), default=0)))
+        return real_prompt(self, tokens)
+
     monkeypatch.setattr(BatchGenerator, "next", counted)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", prompted)
     engine = BatchedEngine(
         tiny_own_head,
         max_num_seqs=seqs,
@@ -294,8 +302,11 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     try:
         await engine.start()
         assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
-        # Every batch size the engine can run has decoded, and no larger one.
-        assert set(rows) - {0} == set(range(1, seqs + 1))
+        # Every batch size the engine can run has decoded, and no larger one: a full
+        # group's first token comes with its placeholder's.
+        assert set(rows) - {0} == set(range(1, seqs + 1 + buckets))
+        groups = {n for r, n in prefills if r == seqs + 1}
+        assert groups == ({b for b in bucket_sizes(STEP) if b <= 64} if buckets else set())
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]
@@ -410,6 +421,35 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     assert [o.tokens for o in b2] == [o.tokens for o in a2]
     assert [o.cached_tokens for o in b2] == [o.cached_tokens for o in a2]
     assert all(o.cached_tokens > 0 for o in b2)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_a_group_that_fills_the_batch_is_padded_to_a_bucket_by_the_spare_place(
+    tiny_own_head, engines, monkeypatch, n
+):
+    """``max_num_seqs`` requests at once: the generator's one place beyond it holds the
+    placeholder that pads their prefill to a bucket's length (none decodes with them)."""
+    engine = BatchedEngine(
+        tiny_own_head,
+        max_num_seqs=n,
+        prefill_step_size=STEP,
+        prefill_buckets=True,
+        warmup_shapes=False,
+    )
+    chats = [
+        [{"role": "user", "content": " ".join(f"v{j}" for j in range(2 + 3 * i)) + " full"}]
+        for i in range(n)
+    ]
+    try:
+        outs, seen = await together(engine, chats, monkeypatch)
+        plain, _ = await together(engines["batched"], chats, monkeypatch)
+        assert [o.tokens for o in outs] == [o.tokens for o in plain]
+        (rows, length), *more = [s for s in seen if s[1] > 1]
+        assert not more and rows == n + 1 and length in bucket_sizes(STEP)
+        assert all(r <= n for r, m in seen if m == 1)  # the placeholder never decodes
+        assert engine.get_stats()["peak_batch_size"] == n
+    finally:
+        await engine.stop()
 
 
 async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_not_padded(

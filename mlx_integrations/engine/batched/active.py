@@ -26,12 +26,20 @@ class Active:
     processors: GuardedProcessors | None
     sampler: GuardedSampler | None
 
+    def __post_init__(self) -> None:
+        # Whether any code of the caller's runs for it (processors, a custom sampler):
+        # only then can it fail during a step.
+        self.guarded = self.processors is not None or self.sampler is not None
+
     def served(self) -> Served:
         """What the prefix cache learns when the request ends: its prompt's length and
         the prefix it was served (see ``PrefixCache.put``)."""
         return {"prompt": len(self.job.tokens), "reused": self.builder.cached_tokens}
 
     def error(self) -> Exception | None:
+        """What failed in the caller's code during a step, if anything."""
+        if not self.guarded:
+            return None
         if self.processors is not None and self.processors.error is not None:
             return self.processors.error
         if self.sampler is not None and self.sampler.error is not None:

@@ -22,6 +22,10 @@ from mlx_integrations.engine.decoding import PrefillShapes
 PLACEHOLDER = 0
 """The token placeholder rows are made of (any token: they are never decoded)."""
 
+SPARE = 1
+"""Places the engine's generator has beyond ``max_num_seqs``: a group that fills the
+batch still gets the placeholder that pads its prefill to a bucket's length."""
+
 
 def placeholder_prompts(
     rests: list[tuple[int, int]], room: int, shapes: PrefillShapes, model: Any = None

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from mlx_integrations.engine.batched.active import Active
 from mlx_integrations.engine.batched.alone import LoneRequests
-from mlx_integrations.engine.batched.arrivals import placeholder_prompts
+from mlx_integrations.engine.batched.arrivals import SPARE, placeholder_prompts
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     SharedSamplers,
@@ -366,7 +366,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
         busy = len(getattr(self._generator, "_prompt_batch", ())) > 0  # earlier rows prefilling
         if not pad or self._options.kv_bits is not None or busy or len(prefilling) < 2:
             return
-        room = self._max_num_seqs - len(self._active)
+        room = self._max_num_seqs + SPARE - len(self._active)
         try:
             rows = placeholder_prompts(prefilling, room, self._shapes, self._model)
             if rows:
@@ -429,10 +429,11 @@ class BatchedEngine(LoneRequests, MLXEngine):
         if self._generator is None:
             from mlx_lm.generate import BatchGenerator
 
+            places = self._max_num_seqs + SPARE  # real rows never pass max_num_seqs
             self._generator = BatchGenerator(
                 self._model,
-                completion_batch_size=self._max_num_seqs,
-                prefill_batch_size=self._max_num_seqs,
+                completion_batch_size=places,
+                prefill_batch_size=places,
                 prefill_step_size=self._prefill_step_size,
             )
         return self._generator
@@ -444,7 +445,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
         if self._placeholders:  # prefilled with their group: out before they decode
             self._generator.remove(self._placeholders)
             self._placeholders = []
-        if rows := len({r.uid for r in responses}):
+        if rows := len({r.uid for r in responses} if self._spec.max_draft else responses):
             with self._state_lock:
                 self._steps += 1
                 self._decoded += rows
@@ -462,8 +463,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
                 if r.finish_reason is not None and not isinstance(ended, BaseException):
                     done[r.uid] = (ended, r.prompt_cache, r.all_tokens)  # the generator let go
                 continue
-            error = act.error()
-            if error is not None:
+            if act.guarded and (error := act.error()) is not None:
                 retire[r.uid] = error
                 continue
             out = add_token(act.builder, r)
@@ -479,7 +479,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
                 act.job.emit(out)
         # A newcomer's processors run during this step before it returned any token.
         for uid, act in self._active.items():
-            if uid not in retire and uid not in done:
+            if act.guarded and uid not in retire and uid not in done:
                 error = act.error()
                 if error is not None:
                     retire[uid] = error

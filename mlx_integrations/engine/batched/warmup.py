@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 STEPS = 64
 """Generator steps after which the warm-up gives up (it needs about ten)."""
 
+GROUP_TOKENS = 64
+"""A full batch of requests arriving together is met at the buckets up to this length:
+short prompts, whose prefill costs less than its set-up on CUDA."""
+
 
 def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> float:
     """Run small batches through mlx-lm's ``BatchGenerator``, as the engine runs them.
@@ -32,8 +36,9 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
     with a KV cache prefilled alone and padded as the engine pads a lone newcomer (the
     merge into a running batch); the rows end at different steps (the batch shrinking).
     Then a batch grows by one joining row a step up to ``rows`` (the engine's
-    ``max_num_seqs``), so every batch size the engine can run has decoded once. No
-    batch is larger than ``rows``.
+    ``max_num_seqs``), so every batch size the engine can run has decoded once. Where
+    pieces are padded, ``rows`` requests arriving together are prefilled at the buckets
+    up to :data:`GROUP_TOKENS` with the engine's spare placeholder row (:func:`warm_groups`).
 
     A failure (a cache type that cannot join a batch, say) is logged and the load goes
     on: the warm-up only moves work earlier.
@@ -63,6 +68,8 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
         joining = [(i, [0] * (8 + i % 8), rows - i + extra) for i in range(1, rows)]
         generator.insert([[0] * 8], max_tokens=[rows + extra])
         _run(generator, 1, joining, model, shapes)
+        generator.close()
+        warm_groups(model, prefill_step_size, shapes, rows)
     except Exception:  # the first batch served then meets its kernels itself
         logger.warning("The batch warm-up failed; the model loads without it", exc_info=True)
     finally:
@@ -100,3 +107,31 @@ def _run(
             rows += 1
         if not joining and rows == 0:
             return
+
+
+def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> None:
+    """Prefill ``rows`` requests arriving together as the engine does, at each bucket up
+    to :data:`GROUP_TOKENS`: as many rows, and the spare place's placeholder (taken out
+    after its first token, so the batch then decodes ``rows`` rows)."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_integrations.engine.batched.arrivals import PLACEHOLDER, SPARE
+
+    if not shapes.pads(make_prompt_cache(model)):  # the engine pads no group either
+        return
+    places = rows + SPARE
+    limit = min(GROUP_TOKENS, shapes.positions - 1 if shapes.positions else GROUP_TOKENS)
+    for size in (b for b in shapes.buckets if b <= limit):
+        generator = BatchGenerator(
+            model,
+            completion_batch_size=places,
+            prefill_batch_size=places,
+            prefill_step_size=prefill_step_size,
+        )
+        try:
+            # The prompt's last token is held back for the first step: ``size`` prefilled.
+            generator.insert([[PLACEHOLDER] * (size + 1)] * places, max_tokens=[2] * rows + [1])
+            _run(generator, places, [], model, shapes)
+        finally:
+            generator.close()

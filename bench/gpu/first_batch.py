@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Two probes, each printing JSON lines (also written to ``--out``):
+Three probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -8,6 +8,9 @@ makes for left-padded rows; the same mask over the key length rounded up to the
 cache's 256-position step), a run of key lengths the thread has not met: the first
 call at each length and a second one, in ms. And a length met on this thread, called
 again from a new thread.
+
+``prefix``: a 16-token piece after a cached prefix, the whole forward pass, at held
+lengths new to the thread (1 row and 8): the first call at each and a second one, in ms.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
@@ -20,7 +23,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -115,6 +118,53 @@ def sdpa_probe(shape: str, out: Path | None) -> None:
                 },
                 out,
             )
+
+
+# ------------------------------------------------------------------ prefix
+
+
+def prefix_probe(shape: str, out: Path | None) -> None:
+    """A 16-token piece after a cached prefix: the whole model's forward pass, at held
+    lengths the thread has not met (1 row; and 8 rows, as a group of later turns is
+    prefilled), the first call at each and a second one, in ms. Whether the attention's
+    key length, which a bucketed piece leaves free, costs a set-up of its own."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    path = bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
+    model, _ = load(str(path))
+    h, kvh = HEADS[shape]
+    d = bench_gpu.SHAPES[shape]["hidden_size"] // h
+
+    def call(rows: int, held: int) -> float:
+        cache = make_prompt_cache(model)
+        for layer in cache:
+            zeros = mx.zeros((rows, kvh, held, d), mx.bfloat16)
+            layer.state = (zeros, zeros, held)
+        mx.eval([layer.keys for layer in cache])
+        began = time.perf_counter()
+        mx.eval(model(mx.zeros((rows, 16), mx.uint32), cache=cache))
+        return (time.perf_counter() - began) * 1000
+
+    call(1, 512)  # the thread's first pass
+    for rows in (1, 8):
+        helds = [1000 + 37 * i + rows for i in range(8)]
+        first = [call(rows, n) for n in helds]
+        again = [call(rows, n) for n in helds]
+        emit(
+            {
+                "probe": "prefix",
+                "shape": shape,
+                "rows": rows,
+                "held": helds,
+                "first_ms": [round(x, 2) for x in first],
+                "again_ms": [round(x, 2) for x in again],
+            },
+            out,
+        )
 
 
 # ------------------------------------------------------------------ trace
@@ -243,6 +293,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         if "sdpa" in probes:
             sdpa_probe(shape, args.out)
+        if "prefix" in probes:
+            prefix_probe(shape, args.out)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Three probes, each printing JSON lines (also written to ``--out``):
+Four probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -11,6 +11,10 @@ again from a new thread.
 
 ``prefix``: a 16-token piece after a cached prefix, the whole forward pass, at held
 lengths new to the thread (1 row and 8): the first call at each and a second one, in ms.
+
+``host``: where the host time between mlx-lm's steps goes at c = 8 and 64:
+``batch_generate`` on the main thread and on its own thread, and BatchedEngine with
+its owner loop's parts timed.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
@@ -23,7 +27,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,host,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -167,6 +171,119 @@ def prefix_probe(shape: str, out: Path | None) -> None:
         )
 
 
+# ------------------------------------------------------------------ host
+
+
+def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
+    """Where the host time between mlx-lm's steps goes, c = 8 and 64 requests at once:
+    ``batch_generate`` on the main thread and on a thread of its own, and BatchedEngine
+    with its owner loop's parts timed (the engine's work after each generator step,
+    aborts, admission). Per run: the time before the first prefill (head), after the
+    last step (tail), and between steps (gaps: total and median), in ms."""
+    import importlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_lm import batch_generate, load
+
+    from mlx_integrations.engine import BatchedEngine
+    from mlx_integrations.engine.batched import engine as batched
+
+    g = importlib.import_module("mlx_lm.generate")
+    events: list[tuple[float, float, str]] = []  # mlx-lm's calls that had rows
+    parts: dict[str, float] = {}
+
+    def timed(owner: Any, name: str, key: str | None = None) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ended = time.perf_counter()
+                if key is not None:
+                    parts[key] = parts.get(key, 0.0) + ended - began
+                elif a[0].uids:
+                    events.append((began, ended, name))
+
+        setattr(owner, name, wrapper)
+
+    timed(g.PromptProcessingBatch, "prompt")
+    timed(g.GenerationBatch, "_step")
+    timed(g.BatchGenerator, "next", "generator")
+    timed(batched.BatchedEngine, "_step", "engine_step")
+    timed(batched.BatchedEngine, "_drop_aborted", "drop_aborted")
+    timed(batched.BatchedEngine, "_admit", "admit")
+    path = bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
+    model, tokenizer = load(str(path))
+    thread = ThreadPoolExecutor(1)
+    loop = asyncio.new_event_loop()
+    for c in (8, 64):
+        prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(c)]
+        engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+        loop.run_until_complete(engine.start())
+
+        def raw() -> None:
+            ids = [tokenizer.encode(p) for p in prompts]
+            batch_generate(
+                model,
+                tokenizer,
+                ids,
+                max_tokens=tokens,
+                completion_batch_size=c,
+                prefill_batch_size=c,
+            )
+
+        async def serve() -> None:
+            await asyncio.gather(
+                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
+            )
+
+        sides = {
+            "raw": raw,
+            "raw-thread": lambda: thread.submit(raw).result(),
+            "ours": lambda: loop.run_until_complete(serve()),
+        }
+        for side in sides.values():  # one run each: shapes met
+            side()
+        for rep in range(3):
+            for name, side in sides.items():
+                events.clear()
+                parts.clear()
+                began = time.perf_counter()
+                side()
+                ended = time.perf_counter()
+                ev = sorted(events)
+                gaps = [(b[0] - a[1]) * 1000 for a, b in zip(ev, ev[1:])]
+                steps = sum(1 for e in ev if e[2] == "_step") or 1
+                emit(
+                    {
+                        "probe": "host",
+                        "shape": shape,
+                        "card": bench_gpu.card(),
+                        "c": c,
+                        "side": name,
+                        "rep": rep,
+                        "ms": round((ended - began) * 1000, 1),
+                        "head_ms": round((ev[0][0] - began) * 1000, 2),
+                        "tail_ms": round((ended - ev[-1][1]) * 1000, 2),
+                        "gaps_ms": round(sum(gaps), 1),
+                        "gap_ms_median": round(statistics.median(gaps), 3),
+                        "calls": len(ev),
+                        "steps": steps,
+                        "parts_ms_per_step": {
+                            k: round(v * 1000 / steps, 3) for k, v in parts.items()
+                        },
+                    },
+                    out,
+                )
+        loop.run_until_complete(engine.stop())
+    thread.shutdown()
+    loop.close()
+
+
 # ------------------------------------------------------------------ trace
 
 
@@ -295,6 +412,8 @@ def main() -> None:
             sdpa_probe(shape, args.out)
         if "prefix" in probes:
             prefix_probe(shape, args.out)
+        if "host" in probes:
+            host_probe(shape, args.out, args.tokens)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

@@ -143,14 +143,14 @@ def prefix_probe(shape: str, out: Path | None) -> None:
     h, kvh = HEADS[shape]
     d = bench_gpu.SHAPES[shape]["hidden_size"] // h
 
-    def call(rows: int, held: int) -> float:
+    def call(rows: int, held: int, piece: int = 16) -> float:
         cache = make_prompt_cache(model)
         for layer in cache:
             zeros = mx.zeros((rows, kvh, held, d), mx.bfloat16)
             layer.state = (zeros, zeros, held)
         mx.eval([layer.keys for layer in cache])
         began = time.perf_counter()
-        mx.eval(model(mx.zeros((rows, 16), mx.uint32), cache=cache))
+        mx.eval(model(mx.zeros((rows, piece), mx.uint32), cache=cache))
         return (time.perf_counter() - began) * 1000
 
     call(1, 512)  # the thread's first pass
@@ -158,6 +158,11 @@ def prefix_probe(shape: str, out: Path | None) -> None:
         helds = [1000 + 37 * i + rows for i in range(8)]
         first = [call(rows, n) for n in helds]
         again = [call(rows, n) for n in helds]
+        # The key lengths met above, reached by a 32-token piece after 16 fewer held (a
+        # new piece length at each key length): which of the two the set-up is kept by.
+        same_keys = [call(rows, n - 16, 32) for n in helds]
+        # A 32-token piece at key lengths new again.
+        new_keys = [call(rows, n + 5, 32) for n in helds]
         emit(
             {
                 "probe": "prefix",
@@ -166,6 +171,8 @@ def prefix_probe(shape: str, out: Path | None) -> None:
                 "held": helds,
                 "first_ms": [round(x, 2) for x in first],
                 "again_ms": [round(x, 2) for x in again],
+                "piece32_same_keys_ms": [round(x, 2) for x in same_keys],
+                "piece32_new_keys_ms": [round(x, 2) for x in new_keys],
             },
             out,
         )

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.batched.warmup import GROUP_TOKENS
 from mlx_integrations.engine.decoding import (
     PrefillShapes,
     bucket_sizes,
@@ -272,7 +273,7 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     """The warm-up runs small batches (rows of unequal length, one joining with its own
     cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
     mlx-lm's generator; with padded pieces, ``max_num_seqs`` requests arriving together
-    with the spare placeholder, prefilled at each bucket up to 64 tokens. No batch is
+    with the spare placeholder, prefilled at each bucket up to 256 tokens. No batch is
     larger than the engine's own can be; afterwards nothing of it remains (no generator,
     no cached prefix) and the engine replies as one without it."""
     from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
@@ -306,7 +307,9 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
         # group's first token comes with its placeholder's.
         assert set(rows) - {0} == set(range(1, seqs + 1 + buckets))
         groups = {n for r, n in prefills if r == seqs + 1}
-        assert groups == ({b for b in bucket_sizes(STEP) if b <= 64} if buckets else set())
+        assert groups == (
+            {b for b in bucket_sizes(STEP) if b <= GROUP_TOKENS} if buckets else set()
+        )
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 STEPS = 64
 """Generator steps after which the warm-up gives up (it needs about ten)."""
 
-GROUP_TOKENS = 64
+GROUP_TOKENS = 256
 """A full batch of requests arriving together is met at the buckets up to this length:
 short prompts, whose prefill costs less than its set-up on CUDA."""
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -232,7 +233,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
         engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
         loop.run_until_complete(engine.start())
 
-        def raw() -> None:
+        def raw(prompts: list[str] = prompts, c: int = c) -> None:
             ids = [tokenizer.encode(p) for p in prompts]
             batch_generate(
                 model,
@@ -243,7 +244,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
                 prefill_batch_size=c,
             )
 
-        async def serve() -> None:
+        async def serve(engine: Any = engine, prompts: list[str] = prompts) -> None:
             await asyncio.gather(
                 *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
             )
@@ -263,7 +264,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
                 side()
                 ended = time.perf_counter()
                 ev = sorted(events)
-                gaps = [(b[0] - a[1]) * 1000 for a, b in zip(ev, ev[1:])]
+                gaps = [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(ev)]
                 steps = sum(1 for e in ev if e[2] == "_step") or 1
                 emit(
                     {

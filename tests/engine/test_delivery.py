@@ -234,7 +234,9 @@ def test_a_reply_wanted_whole_is_detokenized_at_its_end_and_reads_as_streamed(ti
     from mlx_integrations.engine.generation import OutputBuilder
 
     tokenizer = load(tiny_llama)
-    tokens = tokenizer.encode("Grüße, ça va? 你好 — naïve ✓ done. Again: 你好 naïve", add_special_tokens=False)
+    tokens = tokenizer.encode(
+        "Grüße, ça va? 你好 — naïve ✓ done. Again: 你好 naïve", add_special_tokens=False
+    )
     eos = tokenizer.eos_token_ids
     eos_id = next(iter(eos))
 
@@ -262,7 +264,6 @@ def test_a_reply_wanted_whole_is_detokenized_at_its_end_and_reads_as_streamed(ti
         last = chunks[-1]
         fields = (last.text, last.finish_reason, last.completion_tokens, last.stop_sequence)
         return fields, "".join(c.new_text for c in chunks), len(chunks)
-
 
     cases = [
         (tokens, [], 1000, None),  # the reply ends by length only at its last token

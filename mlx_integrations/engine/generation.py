@@ -57,8 +57,10 @@ class OutputBuilder:
         self._eos = set(tokenizer.eos_token_ids)
         self._stop = StopMatcher(stop)
         # Nothing to emit and no stop string to find before the end: the tokens are
-        # detokenized once, when the request ends (the same calls, the same text).
-        self._deferred = not stream and not self._stop.watching
+        # detokenized once, when the request ends (the same calls, the same text), by the
+        # detokenizers whose reads change nothing but their offset (mlx-lm's naive one
+        # starts over at each line it is read at: it is read token by token).
+        self._deferred = not stream and not self._stop.watching and _reads_freely(self._detok)
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = cached_tokens
@@ -138,6 +140,14 @@ class OutputBuilder:
             generation_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
             stop_sequence=self._stop.matched,
         )
+
+
+def _reads_freely(detokenizer: Any) -> bool:
+    """Whether reading ``detokenizer``'s text once at the end gives what reading it after
+    every token gives (mlx-lm's SentencePiece and byte-level BPE detokenizers)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    return type(detokenizer) in (BPEStreamingDetokenizer, SPMStreamingDetokenizer)
 
 
 def request_processors(p: SamplingParams) -> list[Callable[..., Any]]:

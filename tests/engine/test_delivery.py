@@ -281,3 +281,36 @@ def test_a_reply_wanted_whole_is_detokenized_at_its_end_and_reads_as_streamed(ti
         assert whole == streamed, (stop, max_tokens, abort_at)
         assert streamed_text == whole[0]  # the stream's pieces add up to the whole
         assert sent == 1  # one chunk: the last
+
+
+def test_a_detokenizer_that_reads_line_by_line_is_read_token_by_token_for_a_whole_reply():
+    """mlx-lm's naive detokenizer (tokenizers with a Metaspace decoder, say) starts over at
+    each line it is read at: a reply wanted whole reads it after every token too, so its
+    text is the streamed one."""
+    from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from mlx_integrations.engine.generation import OutputBuilder
+
+    vocab = {"<unk>": 0, "</s>": 1, "\u2581Hello": 2, "\n": 3, "\u2581world": 4}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+    tokenizer = TokenizerWrapper(hf, NaiveStreamingDetokenizer)
+    texts = []
+    for stream in (True, False):
+        builder = OutputBuilder(
+            tokenizer,
+            request_id="r",
+            prompt_tokens=1,
+            cached_tokens=0,
+            stop=[],
+            max_tokens=100,
+            arrival=time.perf_counter(),
+            stream=stream,
+        )
+        outs = [builder.add(token) for token in (2, 3, 4, 1)]
+        texts.append(outs[-1].text)
+    assert texts[1] == texts[0] == "Hello\nworld"

@@ -303,9 +303,9 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     try:
         await engine.start()
         assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
-        # Every batch size the engine can run has decoded, and no larger one: a full
-        # group's first token comes with its placeholder's.
-        assert set(rows) - {0} == set(range(1, seqs + 1 + buckets))
+        # Every batch size the engine can run has decoded, and no larger one (a full
+        # group's placeholder leaves after the prefill, as in the engine).
+        assert set(rows) - {0} == set(range(1, seqs + 1))
         groups = {n for r, n in prefills if r == seqs + 1}
         assert groups == (
             {b for b in bucket_sizes(STEP) if b <= GROUP_TOKENS} if buckets else set()

@@ -111,8 +111,9 @@ def _run(
 
 def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> None:
     """Prefill ``rows`` requests arriving together as the engine does, at each bucket up
-    to :data:`GROUP_TOKENS`: as many rows, and the spare place's placeholder (taken out
-    after its first token, so the batch then decodes ``rows`` rows)."""
+    to :data:`GROUP_TOKENS`: the rows a token shorter than the bucket (padded at their end
+    by mlx-lm, as real prompts are) and the spare place's placeholder a bucket long, taken
+    out after the prefill; then the rows decode two tokens."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -121,7 +122,8 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
     if not shapes.pads(make_prompt_cache(model)):  # the engine pads no group either
         return
     places = rows + SPARE
-    limit = min(GROUP_TOKENS, shapes.positions - 1 if shapes.positions else GROUP_TOKENS)
+    # A row reaches its length and two tokens more (mlx-lm computes a step ahead).
+    limit = GROUP_TOKENS if shapes.positions is None else min(GROUP_TOKENS, shapes.positions - 3)
     for size in (b for b in shapes.buckets if b <= limit):
         generator = BatchGenerator(
             model,
@@ -130,8 +132,12 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
             prefill_step_size=prefill_step_size,
         )
         try:
-            # The prompt's last token is held back for the first step: ``size`` prefilled.
-            generator.insert([[PLACEHOLDER] * (size + 1)] * places, max_tokens=[2] * rows + [1])
-            _run(generator, places, [], model, shapes)
+            # A prompt's last token is held back for its first step: the placeholder's
+            # ``size`` tokens set the prefill's length.
+            prompts = [[PLACEHOLDER] * size] * rows + [[PLACEHOLDER] * (size + 1)]
+            uids = generator.insert(prompts, max_tokens=[2] * places)
+            generator.next()  # the group's prefill
+            generator.remove(uids[rows:])  # as the engine takes its placeholders out
+            _run(generator, rows, [], model, shapes)
         finally:
             generator.close()

@@ -8,7 +8,8 @@ one with almost every group. Where the engine pads prefill pieces (``prefill_buc
 :func:`placeholder_prompts` gives the group placeholder rows for the generator to
 prefill with it: one as long as the next bucket, so that every real prompt is padded to
 that length, and more up to one of a few row counts (powers of two and one and a half
-times them) while the batch has room. They are
+times them) while the batch has room (the generator has :data:`SPARE` places beyond
+``max_num_seqs``, so a group that fills the batch still gets the first). They are
 taken out of the generator before they decode (the engine removes them after the step
 that prefilled them), so the real rows are computed exactly as in any mlx-lm batch.
 """

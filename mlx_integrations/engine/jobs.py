@@ -44,20 +44,20 @@ class Mailbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = weakref.ref(loop)  # the table below holds mailboxes by weak loop keys
+        self._loop = weakref.ref(loop)  # the table below holds mailboxes by weak loop keys
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
         self._scheduled = False
 
     @property
     def closed(self) -> bool:
-        loop = self.loop()
+        loop = self._loop()
         return loop is None or loop.is_closed()
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         """Put ``item`` into ``queue`` on the loop; any thread. RuntimeError: loop closed."""
         with self._lock:
-            loop = self.loop()
+            loop = self._loop()
             if loop is None or loop.is_closed():
                 raise RuntimeError("the event loop is closed")
             self._pending.append((queue, item))
@@ -100,10 +100,7 @@ class _Abort(threading.Event):
         super().clear()
 
     def is_set(self) -> bool:
-        if self._raised:
-            return True
-        loop = self._mailbox.loop()
-        return loop is None or loop.is_closed()
+        return self._raised or self._mailbox.closed
 
 
 _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (

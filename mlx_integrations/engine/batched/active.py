@@ -38,8 +38,6 @@ class Active:
 
     def error(self) -> Exception | None:
         """What failed in the caller's code during a step, if anything."""
-        if not self.guarded:
-            return None
         if self.processors is not None and self.processors.error is not None:
             return self.processors.error
         if self.sampler is not None and self.sampler.error is not None:

@@ -7,7 +7,6 @@ lost or repeated; the last request of a batch goes on alone too. Owner thread on
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from typing import Any, Protocol
@@ -27,8 +26,6 @@ from mlx_integrations.engine.jobs import Job
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.speculative.draft_model import DraftModel
 from mlx_integrations.engine.speculative.pace import LookupPace
-
-logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -210,8 +207,7 @@ class LoneRequests:
             self._solo = None
             self._insert_active(act, prompt, solo.cache, cached)
         except Exception as exc:
-            logger.debug("Request %s failed", act.job.params.request_id, exc_info=True)
             self._solo = None
-            self._finish(act.job, exc)
+            self._fail(act.job, exc)
             return
         self._spec.admitted(self._model, act.job.params, False)

@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Four probes, each printing JSON lines (also written to ``--out``):
+Five probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -11,6 +11,10 @@ again from a new thread.
 
 ``prefix``: a 16-token piece after a cached prefix, the whole forward pass, at held
 lengths new to the thread (1 row and 8): the first call at each and a second one, in ms.
+
+``turns``: the time to the first token of second turns after first turns of new
+lengths: SimpleEngine (cached prefixes in whole key steps), SimpleEngine with
+``prefix_key_step=1``, and mlx-lm's ``stream_generate`` reusing the first turn's cache.
 
 ``host``: where the host time between mlx-lm's steps goes at c = 8 and 64:
 ``batch_generate`` on the main thread and on its own thread, and BatchedEngine with
@@ -27,7 +31,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,host,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,turns,host,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -177,6 +181,93 @@ def prefix_probe(shape: str, out: Path | None) -> None:
             },
             out,
         )
+
+
+# ------------------------------------------------------------------ turns
+
+
+def turns_probe(shape: str, out: Path | None, conversations: int = 24) -> None:
+    """Second turns of conversations whose first turns have new lengths (about 500 to
+    1,000 tokens): the time to the first token of each turn, one conversation at a time,
+    the sides taking turns. SimpleEngine as it comes (its cached prefix served in whole
+    key steps of 256 on CUDA), SimpleEngine with ``prefix_key_step=1`` (all that is
+    cached), and raw mlx-lm (``stream_generate`` reusing the first turn's cache, trimmed
+    to what the second shares, as mlx-lm's server does). Medians over the first third of
+    the conversations and the last two thirds, in ms."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from mlx_integrations.engine import SimpleEngine
+    from mlx_integrations.engine.cache.kv_files import common_prefix_len
+
+    path = bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
+    model, tokenizer = load(str(path))
+    loop = asyncio.new_event_loop()
+    engines = {
+        "engine": SimpleEngine(path),
+        "engine-key-1": SimpleEngine(path, prefix_key_step=1),
+    }
+    for engine in engines.values():
+        loop.run_until_complete(engine.start())
+
+    def ours(engine: Any, first: str, second: str) -> tuple[float, float, int]:
+        a = loop.run_until_complete(engine.generate(first, max_tokens=8, temperature=0.0))
+        b = loop.run_until_complete(engine.generate(second, max_tokens=8, temperature=0.0))
+        return a.ttft_s * 1000, b.ttft_s * 1000, b.cached_tokens
+
+    def raw(first: str, second: str) -> tuple[float, float, int]:
+        cache = make_prompt_cache(model)
+        ttfts, held = [], []
+        for text in (first, second):
+            ids = tokenizer.encode(text)
+            keep = min(common_prefix_len(held, ids), len(ids) - 1)
+            trim_prompt_cache(cache, len(held) - keep)
+            began = time.perf_counter()
+            replies = stream_generate(model, tokenizer, ids[keep:], 8, prompt_cache=cache)
+            first_token, made = None, []
+            for reply in replies:
+                if first_token is None:
+                    first_token = (time.perf_counter() - began) * 1000
+                made.append(reply.token)
+            ttfts.append(first_token or 0.0)
+            held = (ids + made)[: cache[0].offset]  # what the cache holds
+        return ttfts[0], ttfts[1], keep
+
+    sides = {
+        "raw": raw,
+        **{name: lambda f, s, e=engine: ours(e, f, s) for name, engine in engines.items()},
+    }
+    times: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sides}
+    for i in range(conversations):
+        first = bench_gpu.words(330 + 14 * (i * 7 % conversations), offset=i)
+        second = f"{first} {bench_gpu.words(12 + i % 7, offset=i + 3)}"
+        names = list(sides)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            times[name].append(sides[name](first, second))
+    third = conversations // 3
+    for name, rows in times.items():
+        emit(
+            {
+                "probe": "turns",
+                "shape": shape,
+                "card": bench_gpu.card(),
+                "side": name,
+                "first_turn_ms": [round(r[0], 1) for r in rows],
+                "second_turn_ms": [round(r[1], 1) for r in rows],
+                "cached": [r[2] for r in rows],
+                "second_median_first_third": round(
+                    statistics.median(r[1] for r in rows[:third]), 1
+                ),
+                "second_median_rest": round(statistics.median(r[1] for r in rows[third:]), 1),
+                "first_median": round(statistics.median(r[0] for r in rows), 1),
+            },
+            out,
+        )
+    for engine in engines.values():
+        loop.run_until_complete(engine.stop())
+    loop.close()
 
 
 # ------------------------------------------------------------------ host
@@ -420,6 +511,8 @@ def main() -> None:
             sdpa_probe(shape, args.out)
         if "prefix" in probes:
             prefix_probe(shape, args.out)
+        if "turns" in probes:
+            turns_probe(shape, args.out)
         if "host" in probes:
             host_probe(shape, args.out, args.tokens)
         if "trace" in probes:

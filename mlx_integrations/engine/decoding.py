@@ -13,6 +13,12 @@ sizes (``buckets``) and the padding trimmed from the KV cache right after: a cau
 mask keeps every real token from seeing the padding, so the cache holds exactly what
 the unpadded prefill leaves, and the owner thread meets few distinct shapes, which
 :func:`warm_shapes` can set up when the model loads.
+
+The attention's set-up is kept per query length, key length and KV buffer layout, and a
+piece prefilled after a cached prefix has a key length of the prefix plus the piece:
+where pieces are padded, a cached prefix is served in whole multiples of
+:data:`KEY_STEP` tokens (``PrefixCache.take``), in buffers exactly that long, so that
+later turns and shared prefixes meet few key lengths too.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from mlx_integrations.engine.cache.prefix_cache import plain_kv
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +52,13 @@ def return_buffers(produced: int) -> None:
 
 SMALLEST_BUCKET = 16
 """The shortest size a prompt's last prefill piece is padded to."""
+
+KEY_STEP = 256
+"""Where pieces are padded, a cached prefix is served in multiples of this many tokens:
+the step by which mlx-lm's KV cache grows its buffers, which MLX's CUDA attention takes
+as the sign of a cache it may read whole. The key lengths a piece after a prefix meets
+are then whole steps plus a bucket; the up to 255 tokens left out are prefilled again
+with the piece (on a GPU a few more tokens in a pass that reads every weight anyway)."""
 
 
 def bucket_sizes(step_size: int) -> tuple[int, ...]:
@@ -68,19 +83,29 @@ class PrefillShapes:
         buckets: Sizes a piece is padded to (ascending); empty pads nothing.
         positions: Positions padding may reach (the model's context window): pads past
             it could index beyond a model's table of learned positions. None: no limit.
+        key_step: A cached prefix is served in multiples of this many tokens
+            (:data:`KEY_STEP` where pieces are padded; 1: as much as is cached).
     """
 
     buckets: tuple[int, ...] = ()
     positions: int | None = None
+    key_step: int = 1
 
     @classmethod
     def for_engine(
-        cls, enabled: bool | None, step_size: int, positions: int | None
+        cls,
+        enabled: bool | None,
+        step_size: int,
+        positions: int | None,
+        key_step: int | None = None,
     ) -> PrefillShapes:
-        """The shapes an engine prefills with: ``enabled`` None pads on CUDA only."""
+        """The shapes an engine prefills with: ``enabled`` None pads on CUDA only;
+        ``key_step`` None is :data:`KEY_STEP` where pieces are padded, 1 elsewhere."""
         if enabled is None:
             enabled = cuda_default_device()
-        return cls(bucket_sizes(step_size) if enabled else (), positions)
+        if key_step is None:
+            key_step = KEY_STEP if enabled else 1
+        return cls(bucket_sizes(step_size) if enabled else (), positions, key_step)
 
     def warm(self, option: bool | None) -> bool:
         """Whether the engine meets these shapes at load: ``option`` (``warmup_shapes``),
@@ -91,9 +116,7 @@ class PrefillShapes:
         """Whether pieces fed into ``cache`` are padded: buckets, and plain KV layers (a
         sliding window could drop real tokens for pads, a state-space layer cannot be
         trimmed, a quantized cache is not padded)."""
-        from mlx_lm.models.cache import KVCache
-
-        return bool(self.buckets and cache) and all(type(layer) is KVCache for layer in cache)
+        return bool(self.buckets) and plain_kv(cache)
 
     def padding(self, cache: list[Any], n: int) -> int:
         """Tokens to append to a piece of ``n`` tokens fed into ``cache``."""

@@ -142,7 +142,10 @@ class MLXEngine(ModelLifecycle):
         self._admission: Admission = opts.admission
         self._prefill_step_size = opts.prefill_step_size or default_prefill_step_size()
         self._shapes = PrefillShapes.for_engine(
-            opts.prefill_buckets, self._prefill_step_size, self._context_length
+            opts.prefill_buckets,
+            self._prefill_step_size,
+            self._context_length,
+            opts.prefix_key_step,
         )
         self.warmup_seconds: float | None = None
         """Seconds the last load spent meeting the prefill shapes (``warmup_shapes``)."""

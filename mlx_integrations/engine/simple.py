@@ -162,7 +162,7 @@ class SimpleEngine(SerialEngine):
             self._check_window(job)
             cache, reused = None, 0
         else:
-            cache, reused = self._prefix.take(job.tokens)
+            cache, reused = self._prefix.take(job.tokens, self._shapes.key_step)
             if cache is None:
                 cache = make_prompt_cache(self._model)
             quantize = self._quantize()

@@ -22,6 +22,7 @@ import pytest
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.batched.warmup import GROUP_TOKENS
 from mlx_integrations.engine.decoding import (
+    KEY_STEP,
     PrefillShapes,
     bucket_sizes,
     plain_steps,
@@ -32,6 +33,9 @@ from mlx_integrations.engine.options import EngineOptions
 
 STEP = 64
 SHAPES = PrefillShapes(bucket_sizes(STEP))
+KEY = 8
+"""The padded engines' ``prefix_key_step``: scaled down with their pieces (``STEP``),
+as the default ``KEY_STEP`` is to pieces of 2048 tokens."""
 ROWS = {1, 2, 3, 4, 6, 8, 12, 16}
 """The row counts a group's prefill is padded to (up to 16)."""
 LENGTHS = [1, 2, 5, 16, 17, 23, 40, 63, 64, 65, 100, 130, 150]
@@ -167,6 +171,17 @@ def test_the_warm_up_meets_every_bucket_from_an_empty_cache_and_after_a_piece(lo
         assert sum(1 for s in counted.seen if s[1] == b) == expected
 
 
+def test_a_prefix_is_cut_to_256_tokens_where_pieces_are_padded_unless_told(tiny_own_head):
+    assert PrefillShapes.for_engine(True, 2048, None).key_step == KEY_STEP == 256
+    assert PrefillShapes.for_engine(False, 2048, None).key_step == 1
+    assert PrefillShapes.for_engine(True, 2048, None, 1).key_step == 1
+    assert SimpleEngine(tiny_own_head, prefill_buckets=True)._shapes.key_step == 256
+    assert SimpleEngine(tiny_own_head, prefix_key_step=64)._shapes.key_step == 64
+    for bad in (0, -3, 2.5, True, "256"):
+        with pytest.raises(ValueError, match=f"prefix_key_step must be .*got {bad!r}"):
+            EngineOptions(prefix_key_step=bad)
+
+
 def test_the_options_take_booleans_or_none():
     assert EngineOptions().prefill_buckets is None
     assert EngineOptions(prefill_buckets=True, warmup_shapes=False).warmup_shapes is False
@@ -193,9 +208,13 @@ def engines(tiny_own_head: Path) -> Iterator[dict[str, Any]]:
     common = {"prefill_step_size": STEP, "warmup_shapes": False}
     made = {
         "simple": SimpleEngine(tiny_own_head, prefill_buckets=False, **common),
-        "simple_padded": SimpleEngine(tiny_own_head, prefill_buckets=True, **common),
+        "simple_padded": SimpleEngine(
+            tiny_own_head, prefill_buckets=True, prefix_key_step=KEY, **common
+        ),
         "batched": BatchedEngine(tiny_own_head, prefill_buckets=False, **common),
-        "batched_padded": BatchedEngine(tiny_own_head, prefill_buckets=True, **common),
+        "batched_padded": BatchedEngine(
+            tiny_own_head, prefill_buckets=True, prefix_key_step=KEY, **common
+        ),
     }
     yield made
     for engine in made.values():
@@ -209,6 +228,7 @@ async def reply(engine: Any, messages: list[dict[str, str]]) -> Any:
 @pytest.mark.parametrize("kind", ["simple", "batched"])
 async def test_engines_reply_alike_padded_or_not_and_reuse_the_cache(engines, kind):
     plain, padded = engines[kind], engines[f"{kind}_padded"]
+    served: list[int] = []
     for prompt in PROMPTS:
         first = [{"role": "user", "content": prompt}]
         a, b = await reply(plain, first), await reply(padded, first)
@@ -222,7 +242,11 @@ async def test_engines_reply_alike_padded_or_not_and_reuse_the_cache(engines, ki
         ]
         a2, b2 = await reply(plain, turn), await reply(padded, turn)
         assert b2.tokens == a2.tokens
-        assert b2.cached_tokens == a2.cached_tokens > 0
+        # Padded, the cached prefix is served in whole key steps (none under one step).
+        assert a2.cached_tokens > 0
+        assert b2.cached_tokens == a2.cached_tokens // KEY * KEY
+        served.append(b2.cached_tokens)
+    assert max(served) > 0
 
 
 async def test_a_shared_batch_replies_alike_with_padded_lone_requests(engines):
@@ -369,7 +393,13 @@ async def staggered(
 async def test_requests_joining_a_running_batch_one_by_one_are_prefilled_padded(
     engines, monkeypatch
 ):
-    chats = [[{"role": "user", "content": p + " Now."}] for p in PROMPTS]
+    # Prompts of one piece or less, none cached: a newcomer over one piece is left to the
+    # generator, which prefills it at its own length.
+    texts = [*PROMPTS[:2], "Say more", " ".join(f"word{i}" for i in range(5))]
+    chats = [[{"role": "user", "content": p + " Now."}] for p in texts]
+    for name in ("batched", "batched_padded"):
+        await engines[name].start()
+        engines[name]._prefix.clear()
     plain, plain_seen = await staggered(engines["batched"], chats, monkeypatch)
     padded, seen = await staggered(engines["batched_padded"], chats, monkeypatch)
     assert [o.tokens for o in padded] == [o.tokens for o in plain]
@@ -422,7 +452,7 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     (rows, length), *more = [s for s in seen if s[1] > 1]
     assert not more and length in bucket_sizes(STEP) and rows in ROWS
     assert [o.tokens for o in b2] == [o.tokens for o in a2]
-    assert [o.cached_tokens for o in b2] == [o.cached_tokens for o in a2]
+    assert [o.cached_tokens for o in b2] == [o.cached_tokens // KEY * KEY for o in a2]
     assert all(o.cached_tokens > 0 for o in b2)
 
 
@@ -469,10 +499,17 @@ async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_no
     assert padded.get_stats()["grouped_prefill_requests"] == before
     assert all(o.completion_tokens == 16 for o in outs)
     assert (3, STEP) in seen and not any(rows > 3 for rows, n in seen if n > 1)
-    # Sent again, a prompt is in the prefix cache but its last token: with one other
-    # request, a group of one is left to prefill.
-    again = [short[0], [{"role": "user", "content": "Short 9."}]]
-    await together(padded, again, monkeypatch)
+    # Sent again, a prompt is in the prefix cache but its last token (a prompt of whole
+    # key steps and one token): with one other request, a group of one is left to prefill.
+    candidates = [[{"role": "user", "content": f"Short {i}."}] for i in range(2, 30)]
+    for chat in candidates:
+        if ((await reply(padded, chat)).prompt_tokens - 1) % KEY == 0:
+            break
+    else:
+        pytest.fail(f"no prompt of whole key steps and one token among {candidates}")
+    again = [chat, [{"role": "user", "content": "Short 99."}]]
+    outs, _ = await together(padded, again, monkeypatch)
+    assert outs[0].cached_tokens == outs[0].prompt_tokens - 1
     assert padded.get_stats()["grouped_prefill_requests"] == before
 
 
@@ -510,3 +547,121 @@ def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_ro
     assert placeholder_prompts([(30, 9), (0, 5)], room=6, shapes=near) != []
     # Room for the length placeholder but not for the rows: 5 rows (6 would be padded).
     assert [len(r) for r in placeholder_prompts(fresh(5, 9, 3, 4), room=1, shapes=SHAPES)] == [17]
+
+
+# ------------------------------------------------------- prefixes in whole key steps
+
+
+def kv_cache(n: int, value: float = 1.0) -> list[Any]:
+    """A one-layer plain KV cache holding ``n`` positions, each of value ``value``."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    layer = KVCache()
+    layer.update_and_fetch(mx.full((1, 2, n, 32), value), mx.full((1, 2, n, 32), value))
+    return [layer]
+
+
+def test_a_prefix_is_served_in_whole_key_steps_in_buffers_that_long():
+    import mlx.core as mx
+
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
+
+    pc = PrefixCache()
+    conversation = list(range(1, 601))
+    pc.put(conversation, kv_cache(600))
+    # Another prompt sharing 300 tokens gets a copy of 256, laid out 256 long.
+    copy, reused = pc.take(conversation[:300] + [9999] * 50, key_step=256)
+    assert reused == 256 and cache_offset(copy) == 256
+    assert copy[0].keys.shape[2] == 256  # the next piece grows it as mlx-lm's own cache
+    copy[0].update_and_fetch(mx.zeros((1, 2, 20, 32)), mx.zeros((1, 2, 20, 32)))
+    assert copy[0].keys.shape[2] == 256 + 256 and copy[0].offset == 276
+    assert pc.stats()["entry_count"] == 1
+    # A prompt sharing less than one step is a miss, where it was a hit of 200 before.
+    assert pc.take(conversation[:200] + [9999], key_step=256) == (None, 0)
+    assert pc.take(conversation[:200] + [9999])[1] == 200
+    # The conversation's next turn takes its entry (it leaves the table), cut to 512.
+    misses = pc.stats()["misses"]
+    own, reused = pc.take([*conversation, 7, 8, 9], key_step=256)
+    assert reused == 512 and cache_offset(own) == 512 and own[0].keys.shape[2] == 512
+    assert pc.stats()["entry_count"] == 0 and pc.stats()["misses"] == misses
+    keys, _ = own[0].keys_and_values()
+    assert mx.all(keys == 1).item()  # what the copy above wrote never reached it
+
+
+def test_caches_that_cannot_be_cut_are_served_as_before():
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
+
+    pc = PrefixCache()
+    quantized = kv_cache(300)
+    layer = quantized[0].to_quantized(group_size=32, bits=8)
+    assert isinstance(layer, QuantizedKVCache)
+    tokens = list(range(1, 301))
+    pc.put(tokens, [layer])
+    cache, reused = pc.take([*tokens, 5], key_step=256)
+    assert reused == 300 and cache_offset(cache) == 300
+
+
+class KeyLengths:
+    """The real model, recording for every prefill piece (more than one token a row):
+    (rows, piece length, positions cached before it, its cache's buffer length)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.seen: list[tuple[int, int, int, int]] = []
+
+    def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        if inputs.shape[1] > 1 and cache is not None and hasattr(cache[0], "keys"):
+            layer = cache[0]
+            buffer = layer.keys.shape[2] if layer.keys is not None else 0
+            self.seen.append((inputs.shape[0], inputs.shape[1], int(layer.offset), buffer))
+        return self.model(inputs, *args, cache=cache, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+@pytest.mark.parametrize("kind", ["simple", "batched"])
+async def test_later_turns_meet_few_key_lengths_where_pieces_are_padded(
+    tiny_own_head, engines, kind
+):
+    """Later turns of conversations of unequal lengths (about 300 to 400 tokens):
+    unpadded, each turn's first piece follows a cached prefix of its own length; padded
+    (with the default key step, 256), every one follows the same 256 tokens, laid out
+    exactly that long, and the replies are token for token the unpadded engine's."""
+    firsts = [" ".join(f"token {i} and" for i in range(n)) for n in (36, 41, 46)]
+    made = SimpleEngine if kind == "simple" else BatchedEngine
+    padded = made(tiny_own_head, prefill_step_size=STEP, prefill_buckets=True, warmup_shapes=False)
+    met: dict[str, list[list[tuple[int, int, int, int]]]] = {}
+    replies: dict[str, list[list[int]]] = {}
+    try:
+        for name, engine in ((kind, engines[kind]), ("padded", padded)):
+            await engine.start()
+            engine._prefix.clear()
+            met[name], outs = [], []
+            for prompt in firsts:
+                chat = [{"role": "user", "content": prompt}]
+                first = await reply(engine, chat)
+                turn = [*chat, {"role": "assistant", "content": first.text}]
+                recorder = KeyLengths(engine._model)
+                engine._model = recorder
+                try:
+                    outs.append(await reply(engine, [*turn, {"role": "user", "content": "And?"}]))
+                finally:
+                    engine._model = recorder.model
+                met[name].append(recorder.seen)
+            replies[name] = [o.tokens for o in outs]
+            assert all(o.cached_tokens >= KEY_STEP for o in outs), name
+    finally:
+        await padded.stop()
+    assert replies["padded"] == replies[kind]
+    starts = [turn[0][2] for turn in met[kind]]
+    assert len(set(starts)) == len(firsts) and min(starts) > KEY_STEP
+    for turn in met["padded"]:
+        (rows, n, offset, buffer), *more = turn
+        assert (rows, offset, buffer) == (1, KEY_STEP, KEY_STEP)
+        # The rest in pieces of STEP, the last a bucket long.
+        assert [piece[1] for piece in more[:-1]] == [STEP] * (len(more) - 1)
+        assert all(piece[1] in bucket_sizes(STEP) for piece in turn)

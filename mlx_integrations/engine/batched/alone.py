@@ -76,7 +76,7 @@ class LoneRequests:
         p = job.params
         if request_processors(p):
             return False  # the batch runs processors with their token context
-        cache, reused = self._prefix.take(job.tokens)
+        cache, reused = self._prefix.take(job.tokens, self._shapes.key_step)
         cache = self._own_cache(cache)
         if not all(hasattr(layer, "merge") for layer in cache):
             self._prefix.put(job.tokens[:reused], cache)

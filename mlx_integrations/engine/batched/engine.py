@@ -357,7 +357,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
         rests: list[tuple[int, int]] = []  # (tokens cached, tokens to prefill but the last)
         for job in jobs:
             try:
-                cache, reused = self._prefix.take(job.tokens)
+                cache, reused = self._prefix.take(job.tokens, self._shapes.key_step)
                 self._insert(job, taken=(cache, reused))
                 rests.append((reused, len(job.tokens) - 1 - reused))
             except Exception as exc:
@@ -387,7 +387,9 @@ class BatchedEngine(LoneRequests, MLXEngine):
         """Put a request into the generator; ``taken``: what the prefix cache gave it
         (taken here if None)."""
         p = job.params
-        cache, reused = taken if taken is not None else self._prefix.take(job.tokens)
+        cache, reused = (
+            taken if taken is not None else self._prefix.take(job.tokens, self._shapes.key_step)
+        )
         if cache is not None and not all(hasattr(layer, "merge") for layer in cache):
             # This cache type cannot join a batch; prefill the whole prompt instead.
             self._prefix.put(job.tokens[:reused], cache)

@@ -55,6 +55,29 @@ def cache_offset(cache: list[Any]) -> int:
     return int(getattr(cache[0], "offset", 0)) if cache else 0
 
 
+def plain_kv(cache: list[Any]) -> bool:
+    """Whether ``cache`` is a non-empty list of plain KV layers: no sliding window, no
+    quantization, no state-space layers (what padding and cutting may touch)."""
+    from mlx_lm.models.cache import KVCache
+
+    return bool(cache) and all(type(layer) is KVCache for layer in cache)
+
+
+def cut_length(cache: list[Any], n: int, step: int) -> int:
+    """The prefix of ``n`` tokens served from ``cache``: cut to a multiple of ``step``
+    for a plain KV cache, whole otherwise (a cache that cannot be cut)."""
+    return n - n % step if step > 1 and plain_kv(cache) else n
+
+
+def lay_out(cache: list[Any], n: int) -> None:
+    """Hold the first ``n`` tokens of a plain KV cache in buffers exactly that long: the
+    next piece written grows them to ``n`` plus whole steps of mlx-lm's cache, as it
+    does a cache it filled itself, instead of writing into what a longer past left."""
+    for layer in cache:
+        layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+        layer.offset = n
+
+
 def copy_cache(cache: list[Any], keep: int | None = None) -> list[Any]:
     """An independent copy of a cache, trimmed to its first ``keep`` tokens if given.
 
@@ -118,8 +141,14 @@ class PrefixCache:
         self.evictions = 0
         self._outside = 0  # bytes of the one entry kept outside the table (a vision turn)
 
-    def take(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
+    def take(self, tokens: list[int], key_step: int = 1) -> tuple[list[Any] | None, int]:
         """Find the best cache for ``tokens``.
+
+        Args:
+            tokens: The prompt.
+            key_step: Serve a plain KV cache's prefix in multiples of this many tokens,
+                in buffers exactly that long (where the engine pads prefill pieces:
+                ``decoding.KEY_STEP``); a prefix shorter than one step is a miss.
 
         Returns:
             (cache, reused) where ``cache`` holds exactly the first ``reused`` tokens
@@ -128,26 +157,35 @@ class PrefixCache:
         """
         best: _Entry | None = None
         best_len = 0
+        whole = False  # the prompt extends all of the best entry (its conversation's turn)
         for entry in self._entries:
             n = common_prefix_len(entry.tokens, tokens)
             n = min(n, len(tokens) - 1)
             if n < len(entry.tokens) and not all(c.is_trimmable() for c in entry.cache):
                 continue  # a cache that cannot be trimmed is usable only as a whole
-            if n > best_len:
-                best, best_len = entry, n
+            served = cut_length(entry.cache, n, key_step)
+            if served > best_len:
+                best, best_len, whole = entry, served, n == len(entry.tokens)
         loaded = self.disk.take(tokens, best_len) if self.disk is not None else None
         if loaded is not None:  # the disk holds a longer prefix than memory
-            self.hits += 1
-            self.tokens_saved += loaded[1]
-            return loaded
+            cache, n = loaded
+            cut = cut_length(cache, n, key_step)
+            if cut > 0:
+                if cut < n:
+                    lay_out(cache, cut)
+                self.hits += 1
+                self.tokens_saved += cut
+                return cache, cut
         if best is None or best_len == 0:
             self.misses += 1
             return None, 0
-        if best.pinned or best_len < len(best.tokens):
+        if best.pinned or not whole:
             cache = copy_cache(best.cache, best_len)
         else:
             self._entries.remove(best)
             cache = best.cache
+        if key_step > 1 and plain_kv(cache):
+            lay_out(cache, best_len)  # also cuts a whole entry to whole key steps
         best.last_used = time.monotonic()
         self.hits += 1
         self.tokens_saved += best_len

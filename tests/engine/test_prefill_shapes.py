@@ -578,8 +578,8 @@ def test_a_prefix_is_served_in_whole_key_steps_in_buffers_that_long():
     assert copy[0].keys.shape[2] == 256 + 256 and copy[0].offset == 276
     assert pc.stats()["entry_count"] == 1
     # A prompt sharing less than one step is a miss, where it was a hit of 200 before.
-    assert pc.take(conversation[:200] + [9999], key_step=256) == (None, 0)
-    assert pc.take(conversation[:200] + [9999])[1] == 200
+    assert pc.take([*conversation[:200], 9999], key_step=256) == (None, 0)
+    assert pc.take([*conversation[:200], 9999])[1] == 200
     # The conversation's next turn takes its entry (it leaves the table), cut to 512.
     misses = pc.stats()["misses"]
     own, reused = pc.take([*conversation, 7, 8, 9], key_step=256)
@@ -660,7 +660,7 @@ async def test_later_turns_meet_few_key_lengths_where_pieces_are_padded(
     starts = [turn[0][2] for turn in met[kind]]
     assert len(set(starts)) == len(firsts) and min(starts) > KEY_STEP
     for turn in met["padded"]:
-        (rows, n, offset, buffer), *more = turn
+        (rows, _, offset, buffer), *more = turn
         assert (rows, offset, buffer) == (1, KEY_STEP, KEY_STEP)
         # The rest in pieces of STEP, the last a bucket long.
         assert [piece[1] for piece in more[:-1]] == [STEP] * (len(more) - 1)

@@ -17,8 +17,9 @@ lengths: SimpleEngine (cached prefixes in whole key steps), SimpleEngine with
 ``prefix_key_step=1``, and mlx-lm's ``stream_generate`` reusing the first turn's cache.
 
 ``host``: where the host time between mlx-lm's steps goes at c = 8 and 64:
-``batch_generate`` on the main thread and on its own thread, and BatchedEngine with
-its owner loop's parts timed.
+``batch_generate`` on the main thread and on its own thread, BatchedEngine with its
+owner loop's parts timed (with and without padded pieces), and mlx-lm's generator set
+up and fed as the engine does, in a plain loop (``raw-as-ours``).
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
@@ -186,7 +187,7 @@ def prefix_probe(shape: str, out: Path | None) -> None:
 # ------------------------------------------------------------------ turns
 
 
-def turns_probe(shape: str, out: Path | None, conversations: int = 24) -> None:
+def turns_probe(shape: str, out: Path | None, conversations: int = 36) -> None:
     """Second turns of conversations whose first turns have new lengths (about 500 to
     1,000 tokens): the time to the first token of each turn, one conversation at a time,
     the sides taking turns. SimpleEngine as it comes (its cached prefix served in whole
@@ -319,10 +320,36 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
     model, tokenizer = load(str(path))
     thread = ThreadPoolExecutor(1)
     loop = asyncio.new_event_loop()
+    eos = list(tokenizer.eos_token_ids)
     for c in (8, 64):
         prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(c)]
         engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
         loop.run_until_complete(engine.start())
+        # The engine without padded pieces (no placeholder rows, no group warm-up).
+        nopad = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, prefill_buckets=False)
+        loop.run_until_complete(nopad.start())
+
+        def as_ours(prompts: list[str] = prompts, c: int = c) -> None:
+            """mlx-lm's generator set up and fed as the engine does (one place more than
+            the batch, a row inserted at a time with its own stop sequences), driven in
+            a plain loop: what the engine's loop adds, apart from the generator's use."""
+            gen = g.BatchGenerator(model, completion_batch_size=c + 1, prefill_batch_size=c + 1)
+            stop = g.StopSequences([[t] for t in eos])
+            for ids in (tokenizer.encode(p) for p in prompts):
+                gen.insert(
+                    [ids],
+                    max_tokens=[tokens],
+                    caches=[None],
+                    all_tokens=[[]],
+                    samplers=[None],
+                    logits_processors=[[]],
+                    stop_sequences=[stop],
+                )
+            finished = 0
+            while finished < c:
+                _, responses = gen.next()
+                finished += sum(r.finish_reason is not None for r in responses)
+            gen.close()
 
         def raw(prompts: list[str] = prompts, c: int = c) -> None:
             ids = [tokenizer.encode(p) for p in prompts]
@@ -344,6 +371,8 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
             "raw": raw,
             "raw-thread": lambda: thread.submit(raw).result(),
             "ours": lambda: loop.run_until_complete(serve()),
+            "ours-nopad": lambda: loop.run_until_complete(serve(nopad)),
+            "raw-as-ours": lambda: thread.submit(as_ours).result(),
         }
         for side in sides.values():  # one run each: shapes met
             side()
@@ -371,6 +400,10 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
                         "gaps_ms": round(sum(gaps), 1),
                         "gap_ms_median": round(statistics.median(gaps), 3),
                         "calls": len(ev),
+                        "step_ms_median": round(
+                            statistics.median([(e[1] - e[0]) * 1000 for e in ev if e[2] == "_step"]),
+                            3,
+                        ),
                         "steps": steps,
                         "parts_ms_per_step": {
                             k: round(v * 1000 / steps, 3) for k, v in parts.items()
@@ -379,6 +412,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
                     out,
                 )
         loop.run_until_complete(engine.stop())
+        loop.run_until_complete(nopad.stop())
     thread.shutdown()
     loop.close()
 

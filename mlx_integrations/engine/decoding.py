@@ -17,8 +17,9 @@ the unpadded prefill leaves, and the owner thread meets few distinct shapes, whi
 The attention's set-up is kept per query length, key length and KV buffer layout, and a
 piece prefilled after a cached prefix has a key length of the prefix plus the piece:
 where pieces are padded, a cached prefix is served in whole multiples of
-:data:`KEY_STEP` tokens (``PrefixCache.take``), in buffers exactly that long, so that
-later turns and shared prefixes meet few key lengths too.
+:data:`KEY_STEP` tokens (``PrefixCache.take``), in buffers exactly that long, and a piece
+after cached tokens is padded to whole key steps too: the (piece, key length) pairs a
+later turn, a shared prefix or a long prompt's last piece meets are then few.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_integrations.engine.cache.prefix_cache import plain_kv
+from mlx_integrations.engine.cache.cut import plain_kv
 
 logger = logging.getLogger(__name__)
 
@@ -118,12 +119,23 @@ class PrefillShapes:
         trimmed, a quantized cache is not padded)."""
         return bool(self.buckets) and plain_kv(cache)
 
+    def size(self, held: int, n: int) -> int:
+        """The length a piece of ``n`` tokens is padded to after ``held`` cached ones: a
+        bucket's from an empty cache; whole key steps after cached tokens (where the key
+        step is more than one token), so that the key lengths, whole steps too, repeat."""
+        if held and self.key_step > 1 and self.buckets:
+            whole = -(-n // self.key_step) * self.key_step
+            if whole <= self.buckets[-1]:
+                return whole
+        return next((b for b in self.buckets if b >= n), n)
+
     def padding(self, cache: list[Any], n: int) -> int:
         """Tokens to append to a piece of ``n`` tokens fed into ``cache``."""
-        size = next((b for b in self.buckets if b >= n), n)
-        if size == n or not self.pads(cache):
+        if not self.pads(cache):
             return 0
-        if self.positions is not None and cache[0].offset + size > self.positions:
+        held = cache[0].offset
+        size = self.size(held, n)
+        if self.positions is not None and held + size > self.positions:
             return 0
         return size - n
 
@@ -175,8 +187,9 @@ def warm_shapes(model: Any, shapes: PrefillShapes, step_size: int) -> float:
     """Meet every padded prefill shape once, so the first prompts find them set up.
 
     Runs on the owner thread (MLX's CUDA backend keeps its set-up work per thread):
-    each bucket from an empty cache and after one whole piece (a prompt longer than
-    ``step_size``), each followed by a one-token step as the reply's first. The caches
+    each bucket from an empty cache, and each size a piece after one whole piece is
+    padded to (a prompt longer than ``step_size``), each followed by a one-token step as
+    the reply's first. The caches
     are laid out as a prompt's would be (the attention kernels are set up per layout).
 
     Returns:
@@ -189,8 +202,9 @@ def warm_shapes(model: Any, shapes: PrefillShapes, step_size: int) -> float:
     began = time.perf_counter()
     whole = make_prompt_cache(model)  # one whole piece, copied for each bucket after it
     limit = shapes.positions if shapes.positions is not None else 2 * step_size + 1
+    after = sorted({shapes.size(step_size, size) for size in shapes.buckets})
     sizes = [(0, size) for size in shapes.buckets if size < limit]
-    sizes += [(step_size, size) for size in shapes.buckets if step_size + size < limit]
+    sizes += [(step_size, size) for size in after if step_size + size < limit]
     if not shapes.pads(whole):  # a cache that is never padded: no bucket to meet
         sizes = []
     with mx.stream(generation_stream):

@@ -151,7 +151,7 @@ async def test_prompt_lookup_stops_where_plain_decoding_does(lookup, plain):
 
 
 async def test_cancelled_mid_draft_then_the_next_requests_are_exact(target, plain):
-    eng = BatchedEngine(target, prompt_lookup=4)  # with its prefix cache
+    eng = BatchedEngine(target, prompt_lookup=4, prefix_key_step=1)  # with its prefix cache
     try:
         messages = PROMPTS[1]
         stream = eng.stream_chat(messages, max_tokens=200, temperature=0)
@@ -244,7 +244,7 @@ def test_a_draft_model_solo_handoff_at_any_turn_is_token_for_token(target):
 
 
 async def test_a_draft_model_cancelled_mid_draft_then_exact(target, plain):
-    eng = BatchedEngine(target, draft_model=str(target))  # with its prefix cache
+    eng = BatchedEngine(target, draft_model=str(target), prefix_key_step=1)  # prefix cache
     try:
         stream = eng.stream_chat(PROMPTS[1], max_tokens=200, temperature=0)
         async for out in stream:

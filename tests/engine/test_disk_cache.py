@@ -101,6 +101,19 @@ async def test_a_fresh_engine_replies_from_disk_as_a_cold_prefill(model, cold, t
     assert disk["hits"] == 1
 
 
+async def test_a_prefix_from_disk_is_served_in_whole_key_steps(model, cold, tmp_path):
+    first, _ = await reply(SimpleEngine, model, ASK, cache_dir=tmp_path)
+    # Steps of 48 (not a multiple of the file's 32-token alignment): the file is cut.
+    again, disk = await reply(SimpleEngine, model, ASK, cache_dir=tmp_path, prefix_key_step=48)
+    assert again.tokens == cold["ask"]
+    assert again.cached_tokens == aligned(first.prompt_tokens) // 48 * 48 > 0
+    assert disk["hits"] == 1 and disk["tokens_loaded"] == again.cached_tokens
+    # A step longer than the file reaches: the file is not read, and it is a miss.
+    whole, disk = await reply(SimpleEngine, model, ASK, cache_dir=tmp_path, prefix_key_step=4096)
+    assert whole.tokens == cold["ask"] and whole.cached_tokens == 0
+    assert disk["hits"] == 0 and disk["misses"] == 1 and disk["tokens_loaded"] == 0
+
+
 async def test_the_prefix_requests_share_is_kept_for_the_next_process(model, tmp_path):
     # Pieces of 128: the prompts' piece-aligned prefixes stop before their shared part does.
     eng = SimpleEngine(model, prefill_step_size=128, cache_dir=tmp_path)

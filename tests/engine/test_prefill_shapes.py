@@ -33,7 +33,9 @@ from mlx_integrations.engine.options import EngineOptions
 
 STEP = 64
 SHAPES = PrefillShapes(bucket_sizes(STEP))
-KEY = 8
+KEYED = PrefillShapes(bucket_sizes(STEP), key_step=32)
+"""Pieces after cached tokens padded to whole steps of 32 (as of 256 with pieces of 2048)."""
+KEY = 16
 """The padded engines' ``prefix_key_step``: scaled down with their pieces (``STEP``),
 as the default ``KEY_STEP`` is to pieces of 2048 tokens."""
 ROWS = {1, 2, 3, 4, 6, 8, 12, 16}
@@ -98,8 +100,9 @@ def test_bucket_sizes_grow_by_half_and_end_at_the_step_size():
         assert all(b / a <= 1.5 for a, b in itertools.pairwise(sizes))
 
 
+@pytest.mark.parametrize("shapes", [SHAPES, KEYED], ids=["buckets", "keyed"])
 @pytest.mark.parametrize("n", LENGTHS)
-def test_a_padded_prefill_leaves_the_cache_of_the_real_tokens(loaded, n):
+def test_a_padded_prefill_leaves_the_cache_of_the_real_tokens(loaded, n, shapes):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -107,9 +110,11 @@ def test_a_padded_prefill_leaves_the_cache_of_the_real_tokens(loaded, n):
     counted = Shapes(model)
     plain, padded = make_prompt_cache(model), make_prompt_cache(model)
     prefill(model, plain, tokens(n), STEP)
-    prefill(counted, padded, tokens(n), STEP, shapes=SHAPES)
-    # Every piece the model saw has a bucket's length; the cache holds n tokens.
-    assert all(shape[1] in SHAPES.buckets for shape in counted.seen)
+    prefill(counted, padded, tokens(n), STEP, shapes=shapes)
+    # Every piece the model saw has a bucket's length (whole key steps after the first
+    # piece, with KEYED); the cache holds n tokens.
+    assert all(shape[1] in shapes.buckets for shape in counted.seen)
+    assert all(shape[1] % shapes.key_step == 0 for shape in counted.seen[1:])
     assert sum(shape[1] for shape in counted.seen) >= n
     assert [layer.offset for layer in padded] == [n] * len(padded)
     for a, b in zip(plain, padded, strict=True):
@@ -169,6 +174,24 @@ def test_the_warm_up_meets_every_bucket_from_an_empty_cache_and_after_a_piece(lo
     for b in SHAPES.buckets:
         expected = 3 if b == STEP else 2
         assert sum(1 for s in counted.seen if s[1] == b) == expected
+
+
+def test_a_piece_after_cached_tokens_is_padded_to_whole_key_steps():
+    shapes = PrefillShapes(bucket_sizes(2048), key_step=256)
+    assert [shapes.size(0, n) for n in (5, 20, 300, 2000)] == [16, 24, 384, 2048]
+    assert [shapes.size(512, n) for n in (5, 20, 256, 257, 2000)] == [256, 256, 256, 512, 2048]
+    assert PrefillShapes(bucket_sizes(2048)).size(512, 20) == 24  # key step 1: buckets
+    # Whole steps longer than the longest piece: the bucket instead.
+    assert PrefillShapes(bucket_sizes(100), key_step=256).size(10, 20) == 24
+
+
+def test_the_warm_up_meets_whole_key_steps_after_a_piece(loaded):
+    model, _ = loaded
+    counted = Shapes(model)
+    warm_shapes(counted, KEYED, STEP)
+    pieces = [s[1] for s in counted.seen if s[1] > 1]
+    # Each bucket from an empty cache; after the whole piece, 32 and 64 once each.
+    assert sorted(pieces) == sorted([*KEYED.buckets, STEP, 32, STEP])
 
 
 def test_a_prefix_is_cut_to_256_tokens_where_pieces_are_padded_unless_told(tiny_own_head):
@@ -428,7 +451,7 @@ async def test_requests_arriving_together_are_prefilled_as_one_padded_group(
     and one of a few row counts (placeholder rows, taken out before they decode), so the
     replies are token for token the unpadded ones; the next turns reuse their caches."""
     chats = [
-        [{"role": "user", "content": " ".join(f"w{j}" for j in range(1 + 2 * i)) + f" {n}"}]
+        [{"role": "user", "content": f"{n}: " + " ".join(f"w{j}" for j in range(6 + 2 * i))}]
         for i in range(n)
     ]
     plain, padded = engines["batched"], engines["batched_padded"]
@@ -552,41 +575,90 @@ def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_ro
 # ------------------------------------------------------- prefixes in whole key steps
 
 
-def kv_cache(n: int, value: float = 1.0) -> list[Any]:
-    """A one-layer plain KV cache holding ``n`` positions, each of value ``value``."""
+def kv_cache(n: int) -> list[Any]:
+    """A one-layer plain KV cache of ``n`` positions, position p holding the value p."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     layer = KVCache()
-    layer.update_and_fetch(mx.full((1, 2, n, 32), value), mx.full((1, 2, n, 32), value))
+    at = mx.broadcast_to(mx.arange(n, dtype=mx.float32)[None, None, :, None], (1, 2, n, 32))
+    layer.update_and_fetch(at, at)
     return [layer]
+
+
+def holds_positions(cache: list[Any], n: int) -> bool:
+    """Whether the cache holds positions 0..n-1 of :func:`kv_cache`, in buffers n long."""
+    import mlx.core as mx
+
+    keys, values = cache[0].keys_and_values()
+    want = mx.arange(n, dtype=mx.float32)[None, None, :, None]
+    return (
+        cache[0].offset == cache[0].keys.shape[2] == n
+        and mx.all(keys == want).item()
+        and mx.all(values == want).item()
+    )
 
 
 def test_a_prefix_is_served_in_whole_key_steps_in_buffers_that_long():
     import mlx.core as mx
 
-    from mlx_integrations.engine.cache.prefix_cache import PrefixCache, cache_offset
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache
 
     pc = PrefixCache()
     conversation = list(range(1, 601))
     pc.put(conversation, kv_cache(600))
-    # Another prompt sharing 300 tokens gets a copy of 256, laid out 256 long.
-    copy, reused = pc.take(conversation[:300] + [9999] * 50, key_step=256)
-    assert reused == 256 and cache_offset(copy) == 256
-    assert copy[0].keys.shape[2] == 256  # the next piece grows it as mlx-lm's own cache
+    # Another prompt sharing 300 tokens gets a copy of the first 256, 256 long.
+    copy, reused = pc.take([*conversation[:300], *[9999] * 50], key_step=256)
+    assert reused == 256 and holds_positions(copy, 256)
     copy[0].update_and_fetch(mx.zeros((1, 2, 20, 32)), mx.zeros((1, 2, 20, 32)))
+    # The next piece grows it as mlx-lm grows a cache it filled itself.
     assert copy[0].keys.shape[2] == 256 + 256 and copy[0].offset == 276
     assert pc.stats()["entry_count"] == 1
     # A prompt sharing less than one step is a miss, where it was a hit of 200 before.
     assert pc.take([*conversation[:200], 9999], key_step=256) == (None, 0)
     assert pc.take([*conversation[:200], 9999])[1] == 200
-    # The conversation's next turn takes its entry (it leaves the table), cut to 512.
+    # The conversation's next turn takes its entry (it leaves the table), cut to 512;
+    # what the copy above wrote never reached it.
     misses = pc.stats()["misses"]
     own, reused = pc.take([*conversation, 7, 8, 9], key_step=256)
-    assert reused == 512 and cache_offset(own) == 512 and own[0].keys.shape[2] == 512
+    assert reused == 512 and holds_positions(own, 512)
     assert pc.stats()["entry_count"] == 0 and pc.stats()["misses"] == misses
-    keys, _ = own[0].keys_and_values()
-    assert mx.all(keys == 1).item()  # what the copy above wrote never reached it
+    assert pc.stats()["tokens_saved"] == 256 + 200 + 512
+
+
+def test_a_pinned_prefix_is_copied_in_whole_key_steps_and_stays_whole():
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache
+
+    pc = PrefixCache()
+    system = list(range(1, 301))
+    pc.put(system, kv_cache(300), pinned=True)
+    for _ in range(2):
+        copy, reused = pc.take([*system, 5, 6], key_step=256)
+        assert reused == 256 and holds_positions(copy, 256)
+    entry = pc.take([*system, 5])[0]
+    assert entry is not None and holds_positions(entry, 300)
+
+
+def test_the_conversation_s_own_entry_wins_a_tie_and_a_grown_one_replaces_it():
+    from mlx_integrations.engine.cache.prefix_cache import PrefixCache
+
+    pc = PrefixCache()
+    mine = list(range(1, 701))
+    other = [*mine[:530], *range(5000, 5100)]
+    pc.put(other, kv_cache(len(other)))
+    pc.put(mine, kv_cache(700))
+    # Both cut to 512: the entry the prompt extends whole is handed over, not copied.
+    _, reused = pc.take([*mine, 1, 2], key_step=256)
+    assert reused == 512 and pc.stats()["entry_count"] == 1
+    # A short conversation's turns: each new entry replaces the one it grows from,
+    # though none of them was served (shorter than one step).
+    pc.clear()
+    turn = list(range(1, 151))
+    for grown in (230, 250):
+        assert pc.take([*turn, 9], key_step=256) == (None, 0)
+        pc.put(list(range(1, grown + 1)), kv_cache(grown))
+        turn = list(range(1, grown + 1))
+    assert pc.stats()["entry_count"] == 1
 
 
 def test_caches_that_cannot_be_cut_are_served_as_before():

@@ -52,7 +52,7 @@ async def test_greedy_matches_mlx_lm(engine, tiny_llama):
 
 
 async def test_kv_reuse_gives_same_tokens_as_fresh_prefill(tiny_llama):
-    reusing = SimpleEngine(tiny_llama)
+    reusing = SimpleEngine(tiny_llama, prefix_key_step=1)  # all that is cached, on CUDA too
     fresh = SimpleEngine(tiny_llama, cache_memory_mb=0)
     try:
         first = await reusing.chat(MESSAGES, max_tokens=16, temperature=0)

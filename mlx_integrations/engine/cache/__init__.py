@@ -7,5 +7,7 @@
 - :mod:`.kv_quantization`: a quantized KV cache (``kv_bits``): options, checks and the
   in-place conversion;
 - :mod:`.kv_estimate`: what a request's KV cache will take, from the model's config,
-  for admission before it runs.
+  for admission before it runs;
+- :mod:`.cut`: a cached prefix served in whole key steps (where prefill pieces are
+  padded, CUDA by default).
 """

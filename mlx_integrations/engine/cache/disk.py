@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlx_integrations.engine.cache import kv_files
+from mlx_integrations.engine.cache.cut import cut_length, lay_out, plain_kv
 from mlx_integrations.engine.cache.kv_files import (
     FORMAT,
     SUFFIX,
@@ -185,8 +186,14 @@ class DiskCache:
         if not self._layers:
             logger.info("%s: this model's KV cache cannot be stored on disk", self.folder.name)
 
-    def take(self, tokens: list[int], better_than: int = 0) -> tuple[list[Any], int] | None:
+    def take(
+        self, tokens: list[int], better_than: int = 0, key_step: int = 1
+    ) -> tuple[list[Any], int] | None:
         """The KV of the longest stored prefix of ``tokens``, when it beats ``better_than``.
+
+        ``key_step``: a plain KV cache's prefix is served in multiples of it, in buffers
+        exactly that long (see :mod:`.cut`); a file that reaches no further than
+        ``better_than`` so is not read.
 
         Returns:
             (cache, n): the cache holds the first ``n`` tokens of ``tokens`` (at least
@@ -194,9 +201,22 @@ class DiskCache:
         """
         self.release()
         found = self._find(tokens) if self._layers != 0 else None
-        loaded = self._load(found[0], tokens) if found and found[1] > better_than else None
-        if loaded is not None and loaded[1] <= better_than:
-            loaded = None
+        reach = found[1] if found else 0
+        if self._kv_bits is None:  # plain layers, cut to whole steps
+            reach -= reach % key_step
+        loaded = self._load(found[0], tokens) if found and reach > better_than else None
+        if loaded is not None:
+            cache, n = loaded
+            served = cut_length(cache, n, key_step)
+            if served <= better_than:
+                loaded = None
+            else:
+                if key_step > 1 and plain_kv(cache):
+                    lay_out(cache, served)
+                loaded = cache, served
+                with self._lock:
+                    self.hits += 1
+                    self.tokens_loaded += served
         if loaded is None and better_than == 0:
             self.misses += 1
         return loaded
@@ -462,8 +482,6 @@ class DiskCache:
         with self._lock:
             if name in self._files:
                 self._files[name].used = now
-            self.hits += 1
-            self.tokens_loaded += n
             self.load_seconds += time.perf_counter() - start
         return cache, n
 

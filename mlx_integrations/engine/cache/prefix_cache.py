@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from mlx_integrations.engine.cache.cut import cut_length, lay_out, plain_kv
 from mlx_integrations.engine.cache.kv_files import common_prefix_len
 from mlx_integrations.engine.cache.kv_quantization import layer_nbytes
 from mlx_integrations.engine.stats import PrefixCacheStats
@@ -55,29 +56,6 @@ def cache_offset(cache: list[Any]) -> int:
     return int(getattr(cache[0], "offset", 0)) if cache else 0
 
 
-def plain_kv(cache: list[Any]) -> bool:
-    """Whether ``cache`` is a non-empty list of plain KV layers: no sliding window, no
-    quantization, no state-space layers (what padding and cutting may touch)."""
-    from mlx_lm.models.cache import KVCache
-
-    return bool(cache) and all(type(layer) is KVCache for layer in cache)
-
-
-def cut_length(cache: list[Any], n: int, step: int) -> int:
-    """The prefix of ``n`` tokens served from ``cache``: cut to a multiple of ``step``
-    for a plain KV cache, whole otherwise (a cache that cannot be cut)."""
-    return n - n % step if step > 1 and plain_kv(cache) else n
-
-
-def lay_out(cache: list[Any], n: int) -> None:
-    """Hold the first ``n`` tokens of a plain KV cache in buffers exactly that long: the
-    next piece written grows them to ``n`` plus whole steps of mlx-lm's cache, as it
-    does a cache it filled itself, instead of writing into what a longer past left."""
-    for layer in cache:
-        layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
-        layer.offset = n
-
-
 def copy_cache(cache: list[Any], keep: int | None = None) -> list[Any]:
     """An independent copy of a cache, trimmed to its first ``keep`` tokens if given.
 
@@ -91,6 +69,15 @@ def copy_cache(cache: list[Any], keep: int | None = None) -> list[Any]:
     def own(x: Any) -> Any:
         return mx.array(x) if isinstance(x, mx.array) else x
 
+    if keep is not None and plain_kv(cache):  # only the kept tokens are copied
+        copies = []
+        for layer in cache:
+            fresh, n = type(layer)(), min(keep, layer.offset)
+            fresh.keys = mx.contiguous(layer.keys[..., :n, :])
+            fresh.values = mx.contiguous(layer.values[..., :n, :])
+            fresh.offset = n
+            copies.append(fresh)
+        return copies
     copies = []
     for layer in cache:
         if not hasattr(type(layer), "from_state"):
@@ -157,6 +144,7 @@ class PrefixCache:
         """
         best: _Entry | None = None
         best_len = 0
+        best_rank: tuple[int, bool, int] = (0, False, 0)
         whole = False  # the prompt extends all of the best entry (its conversation's turn)
         for entry in self._entries:
             n = common_prefix_len(entry.tokens, tokens)
@@ -164,18 +152,17 @@ class PrefixCache:
             if n < len(entry.tokens) and not all(c.is_trimmable() for c in entry.cache):
                 continue  # a cache that cannot be trimmed is usable only as a whole
             served = cut_length(entry.cache, n, key_step)
-            if served > best_len:
-                best, best_len, whole = entry, served, n == len(entry.tokens)
-        loaded = self.disk.take(tokens, best_len) if self.disk is not None else None
+            # Among equal cuts, the entry the prompt extends whole (its own conversation,
+            # handed over rather than copied), then the one sharing most.
+            rank = (served, n == len(entry.tokens), n)
+            if served > 0 and (best is None or rank > best_rank):
+                best, best_len, best_rank = entry, served, rank
+                whole = n == len(entry.tokens)
+        loaded = self.disk.take(tokens, best_len, key_step) if self.disk is not None else None
         if loaded is not None:  # the disk holds a longer prefix than memory
-            cache, n = loaded
-            cut = cut_length(cache, n, key_step)
-            if cut > 0:
-                if cut < n:
-                    lay_out(cache, cut)
-                self.hits += 1
-                self.tokens_saved += cut
-                return cache, cut
+            self.hits += 1
+            self.tokens_saved += loaded[1]
+            return loaded
         if best is None or best_len == 0:
             self.misses += 1
             return None, 0
@@ -229,7 +216,8 @@ class PrefixCache:
         if self.disk is not None and prompt and not pinned:
             self.disk.offer_prompt(tokens, cache, prompt, reused)
         key = tuple(tokens)
-        self._entries = [e for e in self._entries if e.tokens != key or e.pinned]
+        # An entry whose tokens begin the new one's serves nothing the new one cannot.
+        self._entries = [e for e in self._entries if e.pinned or key[: len(e.tokens)] != e.tokens]
         entry = _Entry(key, cache, cache_nbytes(cache), pinned)
         if not pinned and entry.nbytes > self.max_bytes:
             self._spill(entry)  # too large for memory: disk only

@@ -371,7 +371,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
             "raw": raw,
             "raw-thread": lambda: thread.submit(raw).result(),
             "ours": lambda: loop.run_until_complete(serve()),
-            "ours-nopad": lambda: loop.run_until_complete(serve(nopad)),
+            "ours-nopad": lambda n=nopad: loop.run_until_complete(serve(n)),
             "raw-as-ours": lambda: thread.submit(as_ours).result(),
         }
         for side in sides.values():  # one run each: shapes met
@@ -401,7 +401,9 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
                         "gap_ms_median": round(statistics.median(gaps), 3),
                         "calls": len(ev),
                         "step_ms_median": round(
-                            statistics.median([(e[1] - e[0]) * 1000 for e in ev if e[2] == "_step"]),
+                            statistics.median(
+                                [(e[1] - e[0]) * 1000 for e in ev if e[2] == "_step"]
+                            ),
                             3,
                         ),
                         "steps": steps,

@@ -240,7 +240,7 @@ async def test_stop_strings_and_max_tokens_end_where_plain_decoding_does(
 async def test_a_request_cancelled_mid_draft_leaves_the_batch_exact(
     target, source, simple, batch_accepted
 ):
-    eng = BatchedEngine(target, **source)  # with its prefix cache
+    eng = BatchedEngine(target, prefix_key_step=1, **source)  # all of its prefix cache
     try:
         pair = PROMPTS[1:3]
         refs = [(await simple.chat(m, max_tokens=200, temperature=0)).tokens for m in pair]

@@ -106,7 +106,8 @@ async def test_generate_sends_the_last_chunk_alone(tiny_llama: Path, kind, monke
         whole = await engine.generate("The capital of France is", max_tokens=24, temperature=0)
         assert [out.text for out in sent] == [whole.text] and sent[0].finished
         sent.clear()
-        chunks = [c async for c in engine.stream_generate("The capital of", max_tokens=24)]
+        stream = engine.stream_generate("The capital of", max_tokens=24, temperature=0)
+        chunks = [c async for c in stream]
         assert len(sent) == len(chunks) > 1  # a stream still gets every chunk
     finally:
         await engine.stop()

@@ -508,6 +508,42 @@ async def test_a_group_that_fills_the_batch_is_padded_to_a_bucket_by_the_spare_p
         await engine.stop()
 
 
+async def test_after_its_placeholders_leave_a_group_decodes_as_the_unpadded_batch(
+    engines, monkeypatch
+):
+    """The placeholder is the group's longest row: when it leaves, mlx-lm drops the left
+    padding no row needs by slicing the batch's buffers. They are grown back to whole
+    steps, so the batch decodes over the layout the unpadded batch has: the same buffer
+    lengths, positions and left padding at every step."""
+    from mlx_lm.generate import GenerationBatch
+
+    chats = [[{"role": "user", "content": f"Layout {i}: " + "ab " * (3 + 4 * i)}] for i in range(5)]
+    real_step = GenerationBatch._step
+    layouts: list[tuple[int, int, int, tuple[int, ...]]] = []
+
+    def recorded(self: Any) -> Any:
+        layer = self.prompt_cache[0]
+        out = real_step(self)
+        padding = tuple(layer.left_padding.tolist())
+        layouts.append((len(self.uids), layer.keys.shape[2], layer._idx, padding))
+        return out
+
+    monkeypatch.setattr(GenerationBatch, "_step", recorded)
+    seen = {}
+    for name in ("batched", "batched_padded"):
+        await engines[name].start()
+        engines[name]._prefix.clear()
+        layouts.clear()
+        before = engines[name].get_stats()["grouped_prefill_requests"]
+        outs = await asyncio.gather(*(reply(engines[name], c) for c in chats))
+        grouped = engines[name].get_stats()["grouped_prefill_requests"] - before
+        seen[name] = (list(layouts), [o.tokens for o in outs], grouped)
+    assert seen["batched_padded"][2] == len(chats) and seen["batched"][2] == 0
+    assert seen["batched_padded"][1] == seen["batched"][1]
+    assert seen["batched_padded"][0] == seen["batched"][0]
+    assert all(buffer % 256 == 0 for _, buffer, _, _ in seen["batched_padded"][0])
+
+
 async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_not_padded(
     engines, monkeypatch
 ):

@@ -65,3 +65,33 @@ def _plain_kv(model: Any, shapes: PrefillShapes) -> bool:
     from mlx_lm.models.cache import make_prompt_cache
 
     return shapes.pads(make_prompt_cache(model))
+
+
+def realign(generator: Any) -> None:
+    """Grow the batch's KV buffers back to whole steps of mlx-lm's cache once
+    placeholders have left (taken out of the prefilled batch, before it decodes).
+
+    The placeholder is the group's longest row: when it leaves, mlx-lm's
+    ``BatchKVCache.filter`` drops the left padding no remaining row needs by slicing the
+    buffers, which then hold a few positions less than a whole number of steps, and the
+    batch decodes over that layout (and grows it in steps from there) until it ends. The
+    buffers are padded at their end back to whole steps; what the rows hold is the same.
+    """
+    import mlx.core as mx
+
+    batches = (getattr(generator, name, None) for name in ("_prompt_batch", "_generation_batch"))
+    layers = [layer for batch in batches for layer in getattr(batch, "prompt_cache", None) or ()]
+    for layer in layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        step = getattr(layer, "step", 0)
+        if not isinstance(keys, mx.array) or not isinstance(values, mx.array) or not step:
+            continue  # not a plain batch KV cache: left as it is
+        short = -keys.shape[2] % step
+        if short:
+            layer.keys = mx.concatenate(
+                [keys, mx.zeros((*keys.shape[:2], short, keys.shape[3]), keys.dtype)], axis=2
+            )
+            layer.values = mx.concatenate(
+                [values, mx.zeros((*values.shape[:2], short, values.shape[3]), values.dtype)],
+                axis=2,
+            )

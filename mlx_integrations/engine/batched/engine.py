@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from mlx_integrations.engine.batched.active import Active
 from mlx_integrations.engine.batched.alone import LoneRequests
-from mlx_integrations.engine.batched.arrivals import SPARE, placeholder_prompts
+from mlx_integrations.engine.batched.arrivals import SPARE, placeholder_prompts, realign
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     SharedSamplers,
@@ -447,6 +447,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
         if self._placeholders:  # prefilled with their group: out before they decode
             self._generator.remove(self._placeholders)
             self._placeholders = []
+            realign(self._generator)
         if rows := len({r.uid for r in responses} if self._spec.max_draft else responses):
             with self._state_lock:
                 self._steps += 1

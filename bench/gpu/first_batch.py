@@ -274,7 +274,7 @@ def turns_probe(shape: str, out: Path | None, conversations: int = 36) -> None:
 # ------------------------------------------------------------------ host
 
 
-def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
+def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -> None:
     """Where the host time between mlx-lm's steps goes, c = 8 and 64 requests at once:
     ``batch_generate`` on the main thread and on a thread of its own, and BatchedEngine
     with its owner loop's parts timed (the engine's work after each generator step,
@@ -376,7 +376,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128) -> None:
         }
         for side in sides.values():  # one run each: shapes met
             side()
-        for rep in range(3):
+        for rep in range(reps):
             for name, side in sides.items():
                 events.clear()
                 parts.clear()
@@ -532,6 +532,7 @@ def main() -> None:
     parser.add_argument("--probes", default="sdpa,trace")
     parser.add_argument("--shapes", default="qwen2.5-0.5b")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--host-reps", type=int, default=3, help="runs a side (host probe)")
     parser.add_argument("--orders", default="engine-first,raw-first")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
@@ -550,7 +551,7 @@ def main() -> None:
         if "turns" in probes:
             turns_probe(shape, args.out)
         if "host" in probes:
-            host_probe(shape, args.out, args.tokens)
+            host_probe(shape, args.out, args.tokens, args.host_reps)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Five probes, each printing JSON lines (also written to ``--out``):
+Six probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -11,6 +11,9 @@ again from a new thread.
 
 ``prefix``: a 16-token piece after a cached prefix, the whole forward pass, at held
 lengths new to the thread (1 row and 8): the first call at each and a second one, in ms.
+
+``graphs``: what each attention graph MLX's CUDA backend keeps costs (time to build,
+host and GPU memory), 300 of them.
 
 ``turns``: the time to the first token of second turns after first turns of new
 lengths: SimpleEngine (cached prefixes in whole key steps), SimpleEngine with
@@ -32,7 +35,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,prefix,turns,host,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -182,6 +185,66 @@ def prefix_probe(shape: str, out: Path | None) -> None:
             },
             out,
         )
+
+
+# ------------------------------------------------------------------ graphs
+
+
+def graphs_probe(out: Path | None, n: int = 300) -> None:
+    """What each attention graph MLX's CUDA backend keeps costs: ``n`` causal attention
+    calls at (query, key) lengths new to the thread (0.5B shape's heads, bf16), the
+    first call's time, and the process's resident memory, GPU memory (nvidia-smi) and
+    MLX's active memory every 100 graphs. Run in a fresh process: it sets
+    ``MLX_CUDA_SDPA_CACHE_SIZE`` to hold them all."""
+    os.environ["MLX_CUDA_SDPA_CACHE_SIZE"] = str(max(n + 64, 256))
+    import mlx.core as mx
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS"))
+
+    def gpu_mb() -> float:
+        query = [
+            "nvidia-smi",
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+        rows = subprocess.run(query, capture_output=True, text=True).stdout.splitlines()
+        return next(
+            (float(r.split(",")[1]) for r in rows if int(r.split(",")[0]) == os.getpid()), 0.0
+        )
+
+    h, kvh = HEADS["qwen2.5-0.5b"]
+    d = bench_gpu.SHAPES["qwen2.5-0.5b"]["hidden_size"] // h
+
+    def call(q_len: int, k_len: int) -> float:
+        q = mx.random.normal((1, h, q_len, d)).astype(mx.bfloat16)
+        k = mx.random.normal((1, kvh, k_len, d)).astype(mx.bfloat16)
+        mx.eval(q, k)
+        began = time.perf_counter()
+        mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=d**-0.5, mask="causal"))
+        return (time.perf_counter() - began) * 1000
+
+    call(16, 16)
+    base = (rss_mb(), gpu_mb(), mx.get_active_memory() / 2**20)
+    times = []
+    for i in range(n):
+        times.append(call(16 + 8 * (i % 4), 300 + i))
+        if (i + 1) % 100 == 0:
+            emit(
+                {
+                    "probe": "graphs",
+                    "card": bench_gpu.card(),
+                    "graphs": i + 1,
+                    "rss_mb": round(rss_mb() - base[0], 1),
+                    "gpu_mb": gpu_mb() - base[1],
+                    "active_mb": round(mx.get_active_memory() / 2**20 - base[2], 2),
+                    "first_ms_median": round(statistics.median(times), 1),
+                },
+                out,
+            )
+    again = [call(16 + 8 * (i % 4), 300 + i) for i in range(20)]
+    emit({"probe": "graphs", "again_ms_median": round(statistics.median(again), 2)}, out)
 
 
 # ------------------------------------------------------------------ turns
@@ -546,6 +609,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         if "sdpa" in probes:
             sdpa_probe(shape, args.out)
+        if "graphs" in probes:
+            graphs_probe(args.out)
         if "prefix" in probes:
             prefix_probe(shape, args.out)
         if "turns" in probes:

@@ -508,6 +508,44 @@ async def test_a_group_that_fills_the_batch_is_padded_to_a_bucket_by_the_spare_p
         await engine.stop()
 
 
+async def test_a_later_turn_s_pieces_are_padded_to_whole_key_steps(tiny_own_head, engines):
+    """After a cached prefix each piece is padded to whole key steps (32 here), where a
+    bucket (16, 24, 48) would have been shorter; the replies are the unpadded engine's."""
+    keyed = SimpleEngine(
+        tiny_own_head,
+        prefill_step_size=STEP,
+        prefill_buckets=True,
+        prefix_key_step=32,
+        warmup_shapes=False,
+    )
+    met: list[tuple[int, int, int, int]] = []
+    buckets_instead: list[int] = []
+    try:
+        for i, n in enumerate((5, 6, 7, 9)):
+            chat = [{"role": "user", "content": " ".join(f"turn {j} of" for j in range(n))}]
+            outs = []
+            for engine in (engines["simple"], keyed):
+                first = await reply(engine, chat)
+                turn = [*chat, {"role": "assistant", "content": first.text}]
+                recorder = KeyLengths(engine._model) if engine is keyed else None
+                engine._model = recorder or engine._model
+                try:
+                    outs.append(await reply(engine, [*turn, {"role": "user", "content": f"{i}?"}]))
+                finally:
+                    engine._model = recorder.model if recorder else engine._model
+                if recorder:
+                    met += recorder.seen
+            assert outs[1].tokens == outs[0].tokens
+            assert outs[1].cached_tokens % 32 == 0 < outs[1].cached_tokens
+            rest = outs[1].prompt_tokens - 1 - outs[1].cached_tokens
+            buckets_instead.append(SHAPES.size(0, rest % STEP or STEP))
+    finally:
+        await keyed.stop()
+    pieces = [n for _, n, held, _ in met if held > 0]
+    assert pieces and all(n % 32 == 0 for n in pieces)
+    assert any(b % 32 for b in buckets_instead)  # a bucket would have differed
+
+
 async def test_after_its_placeholders_leave_a_group_decodes_as_the_unpadded_batch(
     engines, monkeypatch
 ):
@@ -662,15 +700,19 @@ def test_a_prefix_is_served_in_whole_key_steps_in_buffers_that_long():
     assert pc.stats()["tokens_saved"] == 256 + 200 + 512
 
 
-def test_a_pinned_prefix_is_copied_in_whole_key_steps_and_stays_whole():
+def test_a_pinned_prefix_is_served_whole_to_prompts_that_extend_it_and_stays():
     from mlx_integrations.engine.cache.prefix_cache import PrefixCache
 
     pc = PrefixCache()
     system = list(range(1, 301))
     pc.put(system, kv_cache(300), pinned=True)
+    # Its whole length every time (a system prompt): its key lengths repeat as they are.
     for _ in range(2):
         copy, reused = pc.take([*system, 5, 6], key_step=256)
-        assert reused == 256 and holds_positions(copy, 256)
+        assert reused == 300 and holds_positions(copy, 300)
+    # A prompt sharing part of it is served whole steps of it.
+    part, reused = pc.take([*system[:280], 7, 8], key_step=256)
+    assert reused == 256 and holds_positions(part, 256)
     entry = pc.take([*system, 5])[0]
     assert entry is not None and holds_positions(entry, 300)
 

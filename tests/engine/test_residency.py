@@ -178,6 +178,8 @@ async def test_what_the_budget_counts_is_what_mlx_holds_after_a_batch(model_a):
             # is then the counted arrays rounded as it rounds them (3.42 MB against 3.41
             # on an H100, 3.17 counted). Counting the batch's buffers as well would be
             # twice as much.
+            # The budget counts the weights and the cached prefixes, each at its size.
+            assert counted == sum(a.nbytes for a in held_arrays(engine))
             backend = backend_info()["backend"]
             if backend == "cuda":
                 counted = sum(cuda_allocated(a.nbytes) for a in held_arrays(engine))

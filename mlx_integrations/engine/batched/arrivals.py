@@ -43,7 +43,7 @@ def placeholder_prompts(
     longest = max((n for _, n in rests), default=0)
     if not shapes.buckets or room < 1 or not 0 < longest <= shapes.buckets[-1]:
         return []
-    length = next(size for size in shapes.buckets if size >= longest)
+    length = shapes.size(max(held for held, _ in rests), longest)  # whole steps after a prefix
     if shapes.positions is not None and max(held for held, _ in rests) + length > shapes.positions:
         return []  # padding at a row's end must not reach past the positions the model has
     if model is not None and not _plain_kv(model, shapes):
@@ -78,14 +78,15 @@ def realign(generator: Any) -> None:
     buffers are padded at their end back to whole steps; what the rows hold is the same.
     """
     import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
 
-    batches = (getattr(generator, name, None) for name in ("_prompt_batch", "_generation_batch"))
-    layers = [layer for batch in batches for layer in getattr(batch, "prompt_cache", None) or ()]
-    for layer in layers:
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        step = getattr(layer, "step", 0)
-        if not isinstance(keys, mx.array) or not isinstance(values, mx.array) or not step:
-            continue  # not a plain batch KV cache: left as it is
+    # Placeholders leave the prompt batch (they are removed right after the step that
+    # prefilled them); the batch already decoding is not touched.
+    batch = getattr(generator, "_prompt_batch", None)
+    for layer in getattr(batch, "prompt_cache", None) or ():
+        if type(layer) is not BatchKVCache or layer.keys is None:
+            continue  # a sliding window or a quantized batch: left as it is
+        keys, values, step = layer.keys, layer.values, layer.step
         short = -keys.shape[2] % step
         if short:
             layer.keys = mx.concatenate(

@@ -151,7 +151,10 @@ class PrefixCache:
             n = min(n, len(tokens) - 1)
             if n < len(entry.tokens) and not all(c.is_trimmable() for c in entry.cache):
                 continue  # a cache that cannot be trimmed is usable only as a whole
-            served = cut_length(entry.cache, n, key_step)
+            # A pinned prefix the prompt extends whole (a system prompt, ``mlxi warm``) is
+            # the same length every time: served whole, its key lengths repeat anyway.
+            pinned_whole = entry.pinned and n == len(entry.tokens)
+            served = n if pinned_whole else cut_length(entry.cache, n, key_step)
             # Among equal cuts, the entry the prompt extends whole (its own conversation,
             # handed over rather than copied), then the one sharing most.
             rank = (served, n == len(entry.tokens), n)
@@ -216,12 +219,12 @@ class PrefixCache:
         if self.disk is not None and prompt and not pinned:
             self.disk.offer_prompt(tokens, cache, prompt, reused)
         key = tuple(tokens)
-        # An entry whose tokens begin the new one's serves nothing the new one cannot.
-        self._entries = [e for e in self._entries if e.pinned or key[: len(e.tokens)] != e.tokens]
         entry = _Entry(key, cache, cache_nbytes(cache), pinned)
         if not pinned and entry.nbytes > self.max_bytes:
             self._spill(entry)  # too large for memory: disk only
             return
+        # An entry whose tokens begin the new one's serves nothing the new one cannot.
+        self._entries = [e for e in self._entries if e.pinned or key[: len(e.tokens)] != e.tokens]
         self._entries.append(entry)
         self._evict()
 

@@ -86,13 +86,9 @@ def realign(generator: Any) -> None:
     for layer in getattr(batch, "prompt_cache", None) or ():
         if type(layer) is not BatchKVCache or layer.keys is None:
             continue  # a sliding window or a quantized batch: left as it is
-        keys, values, step = layer.keys, layer.values, layer.step
-        short = -keys.shape[2] % step
+        short = -layer.keys.shape[2] % layer.step
         if short:
-            layer.keys = mx.concatenate(
-                [keys, mx.zeros((*keys.shape[:2], short, keys.shape[3]), keys.dtype)], axis=2
-            )
-            layer.values = mx.concatenate(
-                [values, mx.zeros((*values.shape[:2], short, values.shape[3]), values.dtype)],
-                axis=2,
+            layer.keys, layer.values = (
+                mx.concatenate([x, mx.zeros((*x.shape[:2], short, x.shape[3]), x.dtype)], axis=2)
+                for x in (layer.keys, layer.values)
             )

@@ -143,24 +143,23 @@ class PrefixCache:
             (None, 0) on a miss.
         """
         best: _Entry | None = None
-        best_len = 0
+        # (tokens served, whether the prompt extends all of the entry, tokens shared)
         best_rank: tuple[int, bool, int] = (0, False, 0)
-        whole = False  # the prompt extends all of the best entry (its conversation's turn)
         for entry in self._entries:
             n = common_prefix_len(entry.tokens, tokens)
             n = min(n, len(tokens) - 1)
-            if n < len(entry.tokens) and not all(c.is_trimmable() for c in entry.cache):
+            whole = n == len(entry.tokens)  # its conversation's next turn, or a system prompt
+            if not whole and not all(c.is_trimmable() for c in entry.cache):
                 continue  # a cache that cannot be trimmed is usable only as a whole
             # A pinned prefix the prompt extends whole (a system prompt, ``mlxi warm``) is
             # the same length every time: served whole, its key lengths repeat anyway.
-            pinned_whole = entry.pinned and n == len(entry.tokens)
-            served = n if pinned_whole else cut_length(entry.cache, n, key_step)
+            served = n if entry.pinned and whole else cut_length(entry.cache, n, key_step)
             # Among equal cuts, the entry the prompt extends whole (its own conversation,
             # handed over rather than copied), then the one sharing most.
-            rank = (served, n == len(entry.tokens), n)
-            if served > 0 and (best is None or rank > best_rank):
-                best, best_len, best_rank = entry, served, rank
-                whole = n == len(entry.tokens)
+            rank = (served, whole, n)
+            if served > 0 and rank > best_rank:
+                best, best_rank = entry, rank
+        best_len, whole = best_rank[0], best_rank[1]
         loaded = self.disk.take(tokens, best_len, key_step) if self.disk is not None else None
         if loaded is not None:  # the disk holds a longer prefix than memory
             self.hits += 1

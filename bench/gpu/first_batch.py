@@ -342,7 +342,10 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     ``batch_generate`` on the main thread and on a thread of its own, and BatchedEngine
     with its owner loop's parts timed (the engine's work after each generator step,
     aborts, admission). Per run: the time before the first prefill (head), after the
-    last step (tail), and between steps (gaps: total and median), in ms."""
+    last step (tail), and between steps (gaps: total and median), in ms; the decode
+    steps' median, 10th and 90th percentiles and how many took over twice the median;
+    the batch's layout (rows, key buffer, keys held) at its first and last decode step.
+    Each repetition starts one side later than the one before."""
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -354,6 +357,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     g = importlib.import_module("mlx_lm.generate")
     events: list[tuple[float, float, str]] = []  # mlx-lm's calls that had rows
     parts: dict[str, float] = {}
+    layouts: list[tuple[int, ...]] = []  # (rows, key buffer, keys held) at each decode step
 
     def timed(owner: Any, name: str, key: str | None = None) -> None:
         fn = getattr(owner, name)
@@ -368,6 +372,11 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                     parts[key] = parts.get(key, 0.0) + ended - began
                 elif a[0].uids:
                     events.append((began, ended, name))
+                    if name == "_step":
+                        layer = a[0].prompt_cache[0]
+                        keys = getattr(layer, "keys", None)
+                        held = getattr(layer, "_idx", -1)
+                        layouts.append((len(a[0].uids), -1 if keys is None else keys.shape[2], held))
 
         setattr(owner, name, wrapper)
 
@@ -439,16 +448,21 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
         }
         for side in sides.values():  # one run each: shapes met
             side()
+        names = list(sides)
         for rep in range(reps):
-            for name, side in sides.items():
+            # Each repetition starts one side later: no side always follows the same one.
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                side = sides[name]
                 events.clear()
                 parts.clear()
+                layouts.clear()
                 began = time.perf_counter()
                 side()
                 ended = time.perf_counter()
                 ev = sorted(events)
                 gaps = [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(ev)]
                 steps = sum(1 for e in ev if e[2] == "_step") or 1
+                step_ms = sorted((e[1] - e[0]) * 1000 for e in ev if e[2] == "_step")
                 emit(
                     {
                         "probe": "host",
@@ -463,12 +477,16 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                         "gaps_ms": round(sum(gaps), 1),
                         "gap_ms_median": round(statistics.median(gaps), 3),
                         "calls": len(ev),
-                        "step_ms_median": round(
-                            statistics.median(
-                                [(e[1] - e[0]) * 1000 for e in ev if e[2] == "_step"]
-                            ),
-                            3,
+                        "step_ms_median": round(statistics.median(step_ms), 3),
+                        "step_ms_p10_p90": [
+                            round(step_ms[len(step_ms) // 10], 3),
+                            round(step_ms[len(step_ms) * 9 // 10], 3),
+                        ],
+                        "steps_over_2x_median": sum(
+                            t > 2 * statistics.median(step_ms) for t in step_ms
                         ),
+                        "layout_first_last": [layouts[0], layouts[-1]] if layouts else [],
+                        "layouts": len(set(layouts)),
                         "steps": steps,
                         "parts_ms_per_step": {
                             k: round(v * 1000 / steps, 3) for k, v in parts.items()

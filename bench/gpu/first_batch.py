@@ -376,7 +376,9 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                         layer = a[0].prompt_cache[0]
                         keys = getattr(layer, "keys", None)
                         held = getattr(layer, "_idx", -1)
-                        layouts.append((len(a[0].uids), -1 if keys is None else keys.shape[2], held))
+                        layouts.append(
+                            (len(a[0].uids), -1 if keys is None else keys.shape[2], held)
+                        )
 
         setattr(owner, name, wrapper)
 

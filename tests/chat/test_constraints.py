@@ -132,7 +132,7 @@ def engine(request):
 
 @pytest.fixture(scope="module")
 def llama(tiny_llama: Path):
-    eng = SimpleEngine(tiny_llama)
+    eng = SimpleEngine(tiny_llama, prefix_key_step=1)  # all that is cached, on CUDA too
     yield eng
     asyncio.run(eng.stop())
 

@@ -51,10 +51,14 @@ def plain(target: Path):
 
 @pytest.fixture(scope="module")
 def engines(target: Path, other: Path):
+    # prefix_key_step=1: the prompts here are shorter than CUDA's default key step, and
+    # the tests check that what is cached is reused exactly.
     made = {
-        "prompt_lookup": SimpleEngine(target, prompt_lookup=4),
-        "same_draft": SimpleEngine(target, draft_model=str(target)),
-        "other_draft": SimpleEngine(target, draft_model=str(other), num_draft_tokens=2),
+        "prompt_lookup": SimpleEngine(target, prompt_lookup=4, prefix_key_step=1),
+        "same_draft": SimpleEngine(target, draft_model=str(target), prefix_key_step=1),
+        "other_draft": SimpleEngine(
+            target, draft_model=str(other), num_draft_tokens=2, prefix_key_step=1
+        ),
     }
     yield made
     for eng in made.values():

@@ -30,7 +30,14 @@ def get_weather(city: str) -> str:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama) -> ChatMLX:
-    return ChatMLX(model=str(tiny_llama), temperature=0, max_tokens=24)
+    # prefix_key_step=1: all that is cached is read, on CUDA too (a later turn here is
+    # shorter than CUDA's default key step).
+    return ChatMLX(
+        model=str(tiny_llama),
+        temperature=0,
+        max_tokens=24,
+        engine_options={"prefix_key_step": 1},
+    )
 
 
 def forced(llm: ChatMLX, text: str) -> dict[str, Any]:

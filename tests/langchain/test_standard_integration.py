@@ -80,7 +80,9 @@ class TestChatMLXStandardIntegration(ChatModelIntegrationTests):
 
     def invoke_with_cache_read_input(self, *, stream: bool = False):
         """Ask the same long question twice: the second reads its prompt from the KV cache."""
-        llm = ChatMLX(**{**self.chat_model_params, "engine_options": {}})  # caching engine
+        # A caching engine that reads all it holds, on CUDA too (whole 256-token steps
+        # there by default).
+        llm = ChatMLX(**{**self.chat_model_params, "engine_options": {"prefix_key_step": 1}})
         messages = [
             ("system", "You are a geography tutor. " + "Answer briefly and precisely. " * 20),
             ("human", "What is the capital of Italy?"),

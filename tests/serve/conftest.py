@@ -88,7 +88,10 @@ def server(tiny_llama: Path, thinking_model: Path) -> Iterator[BackgroundServer]
     replies do not depend on what was cached) and ``thinker``."""
     config = ServeConfig(
         models=[
-            ModelConfig("tiny", source=str(tiny_llama), preload=True),
+            # All that is cached, on CUDA too (its default key step is 256 tokens).
+            ModelConfig(
+                "tiny", source=str(tiny_llama), options={"prefix_key_step": 1}, preload=True
+            ),
             ModelConfig(
                 "exact", source=str(tiny_llama), options={"cache_memory_mb": 0}, preload=True
             ),

@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Six probes, each printing JSON lines (also written to ``--out``):
+Seven probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -24,6 +24,10 @@ lengths: SimpleEngine (cached prefixes in whole key steps), SimpleEngine with
 owner loop's parts timed (with and without padded pieces), and mlx-lm's generator set
 up and fed as the engine does, in a plain loop (``raw-as-ours``).
 
+``neighbour``: ``batch_generate`` alone in the process, then beside an idle
+BatchedEngine, then after the engine has served: wall ms per run, and where the
+process's other threads were seen meanwhile.
+
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
@@ -35,7 +39,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -502,6 +506,86 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     loop.close()
 
 
+# ------------------------------------------------------------------ neighbour
+
+
+def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 8) -> None:
+    """Does an engine in the process slow mlx-lm's own batches? ``batch_generate`` on 8
+    prompts, ``runs`` times in each phase: alone in the process; after a BatchedEngine
+    has started there (its threads idle); while the engine serves the same 8 prompts
+    (its runs); after it has served them. Wall ms per run; each phase also says which
+    functions the process's other threads were seen in (sampled every 2 ms): an engine
+    that works beside the runs would show there."""
+    import traceback
+
+    from mlx_lm import batch_generate, load
+
+    from mlx_integrations.engine import BatchedEngine
+
+    path = bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
+    model, tokenizer = load(str(path))
+    prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)]
+    ids = [tokenizer.encode(p) for p in prompts]
+    seen: dict[str, int] = {}
+    main = threading.get_ident()
+    stop = threading.Event()
+
+    def sample() -> None:
+        me = threading.get_ident()
+        while not stop.wait(0.002):
+            for tid, frame in sys._current_frames().items():
+                if tid not in (me, main):
+                    where = traceback.extract_stack(frame)[-1]
+                    key = f"{where.name} ({Path(where.filename).name}:{where.lineno})"
+                    seen[key] = seen.get(key, 0) + 1
+
+    def phase(name: str, run: Any) -> None:
+        ms = []
+        seen.clear()
+        for _ in range(runs):
+            began = time.perf_counter()
+            run()
+            ms.append(round((time.perf_counter() - began) * 1000, 1))
+        top = sorted(seen.items(), key=lambda kv: -kv[1])[:3]
+        emit(
+            {
+                "probe": "neighbour",
+                "shape": shape,
+                "card": bench_gpu.card(),
+                "phase": name,
+                "ms": ms,
+                "others_seen": top,
+            },
+            out,
+        )
+
+    def raw() -> None:
+        batch_generate(model, tokenizer, ids, max_tokens=tokens)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    loop = asyncio.new_event_loop()
+    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0)
+    try:
+        phase("raw-alone", raw)
+        loop.run_until_complete(engine.start())
+        phase("raw-engine-idle", raw)
+
+        async def serve() -> None:
+            await asyncio.gather(
+                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
+            )
+
+        phase("engine", lambda: loop.run_until_complete(serve()))
+        phase("raw-after-engine", raw)
+    finally:
+        stop.set()
+        loop.run_until_complete(engine.stop())
+        loop.close()
+
+
 # ------------------------------------------------------------------ trace
 
 
@@ -637,6 +721,8 @@ def main() -> None:
             turns_probe(shape, args.out)
         if "host" in probes:
             host_probe(shape, args.out, args.tokens, args.host_reps)
+        if "neighbour" in probes:
+            neighbour_probe(shape, args.out, args.tokens)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

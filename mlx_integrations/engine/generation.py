@@ -57,9 +57,10 @@ class OutputBuilder:
         self._eos = set(tokenizer.eos_token_ids)
         self._stop = StopMatcher(stop)
         # Nothing to emit and no stop string to find before the end: the tokens are
-        # detokenized once, when the request ends (the same calls, the same text), by the
-        # detokenizers whose reads change nothing but their offset (mlx-lm's naive one
-        # starts over at each line it is read at: it is read token by token).
+        # detokenized once, when the request ends (the same text; byte-level BPE reads
+        # them in one pass, :func:`read_whole`), by the detokenizers whose reads change
+        # nothing but their offset (mlx-lm's naive one starts over at each line it is
+        # read at: it is read token by token).
         self._deferred = not stream and not self._stop.watching and _reads_freely(self._detok)
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
@@ -104,9 +105,10 @@ class OutputBuilder:
             return self._chunk("")
         new_text = pending
         if self._deferred:
-            add = self._detok.add_token
-            for token in self.tokens:
-                if token not in self._eos:
+            tokens = [t for t in self.tokens if t not in self._eos]
+            if not read_whole(self._detok, tokens):
+                add = self._detok.add_token
+                for token in tokens:
                     add(token)
         if not self._stop.stopped:
             self._detok.finalize()
@@ -148,6 +150,35 @@ def _reads_freely(detokenizer: Any) -> bool:
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
     return type(detokenizer) in (BPEStreamingDetokenizer, SPMStreamingDetokenizer)
+
+
+def read_whole(detokenizer: Any, tokens: list[int]) -> bool:
+    """Give mlx-lm's byte-level BPE ``detokenizer`` (fresh) all of ``tokens`` at once:
+    the text that adding them one by one would make, in one pass over their bytes
+    rather than a Python call per token. False (nothing done) for other detokenizers
+    and for the rare tokens where the streaming reads differ by where they are cut: a
+    character outside the byte alphabet, or the one for byte 0 (read as its own UTF-8
+    bytes inside the text but as a zero byte at the end)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
+
+    if type(detokenizer) is not BPEStreamingDetokenizer or detokenizer.tokens:
+        return False
+    tokenmap = detokenizer.tokenmap
+    n = len(tokenmap)
+    chars = "".join([tokenmap[t] if t < n else "!" for t in tokens])
+    if "\u0100" in chars:  # byte 0
+        return False
+    try:
+        data = bytes(map(_byte_decoder().__getitem__, chars))
+    except KeyError:  # outside the byte alphabet
+        return False
+    text = data.decode("utf-8", "replace")
+    # Added one by one, each complete piece is read when it is whole (never cut inside a
+    # character), and the first piece loses a leading space: the same text.
+    detokenizer.text = text[1:] if text.startswith(" ") else text
+    detokenizer.tokens = list(tokens)
+    detokenizer._unflushed = ""
+    return True
 
 
 def request_processors(p: SamplingParams) -> list[Callable[..., Any]]:

@@ -284,6 +284,41 @@ def test_a_reply_wanted_whole_is_detokenized_at_its_end_and_reads_as_streamed(ti
         assert sent == 1  # one chunk: the last
 
 
+def test_a_whole_reply_read_at_once_is_the_text_of_its_tokens_read_one_by_one(tiny_llama: Path):
+    """The byte-level BPE detokenizer given a whole reply at once (``read_whole``) makes
+    the text that adding its tokens one by one makes: random replies over the whole
+    vocabulary (bytes that break UTF-8, spaces, special tokens, ids past the vocabulary),
+    and the ones it leaves to the one-by-one reading (byte 0) are read that way."""
+    import random
+
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, load
+
+    from mlx_integrations.engine.generation import read_whole
+
+    tokenizer = load(tiny_llama)
+    assert type(tokenizer.detokenizer) is BPEStreamingDetokenizer
+    vocab = len(tokenizer.detokenizer.tokenmap)
+    zero = tokenizer.detokenizer.tokenmap.index("\u0100")  # the token of byte 0
+    rng = random.Random(0)
+    whole = 0
+    for _ in range(1500):
+        reply = [rng.randrange(vocab + 2) for _ in range(rng.randint(0, 30))]
+        if rng.random() < 0.1:
+            reply.insert(rng.randint(0, len(reply)), zero)
+        one_by_one = tokenizer.detokenizer
+        for token in reply:
+            one_by_one.add_token(token)
+        one_by_one.finalize()
+        at_once = tokenizer.detokenizer
+        if read_whole(at_once, reply):
+            whole += 1
+            at_once.finalize()
+            assert at_once.text == one_by_one.text, reply
+        else:
+            assert zero in reply  # the only tokens this vocabulary leaves to the loop
+    assert whole > 1200
+
+
 def test_a_detokenizer_that_reads_line_by_line_is_read_token_by_token_for_a_whole_reply():
     """mlx-lm's naive detokenizer (tokenizers with a Metaspace decoder, say) starts over at
     each line it is read at: a reply wanted whole reads it after every token too, so its

@@ -159,11 +159,15 @@ def read_whole(detokenizer: Any, tokens: list[int]) -> bool:
     and for the rare tokens where the streaming reads differ by where they are cut: a
     character outside the byte alphabet, or the one for byte 0 (read as its own UTF-8
     bytes inside the text but as a zero byte at the end)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
-
+    try:  # _byte_decoder is mlx-lm's own table; a later mlx-lm may move it
+        from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
+    except ImportError:
+        return False
     if type(detokenizer) is not BPEStreamingDetokenizer or detokenizer.tokens:
         return False
-    tokenmap = detokenizer.tokenmap
+    tokenmap = getattr(detokenizer, "tokenmap", None)
+    if tokenmap is None:
+        return False
     n = len(tokenmap)
     chars = "".join([tokenmap[t] if t < n else "!" for t in tokens])
     if "\u0100" in chars:  # byte 0

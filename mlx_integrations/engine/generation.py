@@ -157,8 +157,10 @@ def read_whole(detokenizer: Any, tokens: list[int]) -> bool:
     the text that adding them one by one would make, in one pass over their bytes
     rather than a Python call per token. False (nothing done) for other detokenizers
     and for the rare tokens where the streaming reads differ by where they are cut: a
-    character outside the byte alphabet, or the one for byte 0 (read as its own UTF-8
-    bytes inside the text but as a zero byte at the end)."""
+    character outside the byte alphabet, the one for byte 0 (read as its own UTF-8
+    bytes inside the text but as a zero byte at the end), and a token of no characters
+    (after a lone space it lets a first piece of just a space be read, and trimmed to
+    nothing, so that the next piece loses its leading space too)."""
     try:  # _byte_decoder is mlx-lm's own table; a later mlx-lm may move it
         from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
     except ImportError:
@@ -169,7 +171,10 @@ def read_whole(detokenizer: Any, tokens: list[int]) -> bool:
     if tokenmap is None:
         return False
     n = len(tokenmap)
-    chars = "".join([tokenmap[t] if t < n else "!" for t in tokens])
+    pieces = [tokenmap[t] if t < n else "!" for t in tokens]
+    if "" in pieces:
+        return False
+    chars = "".join(pieces)
     if "\u0100" in chars:  # byte 0
         return False
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import threading
 import time
@@ -310,6 +311,7 @@ def test_a_whole_reply_read_at_once_is_the_text_of_its_tokens_read_one_by_one(ti
             one_by_one.add_token(token)
         one_by_one.finalize()
         at_once = tokenizer.detokenizer
+        assert at_once is not one_by_one
         if read_whole(at_once, reply):
             whole += 1
             at_once.finalize()
@@ -317,6 +319,19 @@ def test_a_whole_reply_read_at_once_is_the_text_of_its_tokens_read_one_by_one(ti
         else:
             assert zero in reply  # the only tokens this vocabulary leaves to the loop
     assert whole > 1200
+    # A token of no characters after a lone space: one by one, the first piece is just
+    # the space, trimmed to nothing, and the next piece loses its space too.
+    detokenizer = tokenizer.detokenizer
+    detokenizer.tokenmap = [*detokenizer.tokenmap, ""]
+    empty, space = len(detokenizer.tokenmap) - 1, detokenizer.tokenmap.index("\u0120")
+    the = tokenizer.encode(" the", add_special_tokens=False)
+    for token in (space, empty, *the):
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    at_once = copy.copy(detokenizer)
+    at_once.reset()
+    assert not read_whole(at_once, [space, empty, *the])
+    assert detokenizer.text == "the"
 
 
 def test_a_detokenizer_that_reads_line_by_line_is_read_token_by_token_for_a_whole_reply():

@@ -72,6 +72,13 @@ HEADS = {
 STEP = 256
 
 
+def model_path(shape: str) -> Path:
+    """The random model of ``shape`` the probes share, built once per machine."""
+    return bench_gpu.build_model(
+        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
+    )
+
+
 def emit(record: dict[str, Any], out: Path | None) -> None:
     line = json.dumps(record)
     print(line, flush=True)
@@ -149,9 +156,7 @@ def prefix_probe(shape: str, out: Path | None) -> None:
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    path = bench_gpu.build_model(
-        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
-    )
+    path = model_path(shape)
     model, _ = load(str(path))
     h, kvh = HEADS[shape]
     d = bench_gpu.SHAPES[shape]["hidden_size"] // h
@@ -268,9 +273,7 @@ def turns_probe(shape: str, out: Path | None, conversations: int = 36) -> None:
     from mlx_integrations.engine import SimpleEngine
     from mlx_integrations.engine.cache.kv_files import common_prefix_len
 
-    path = bench_gpu.build_model(
-        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
-    )
+    path = model_path(shape)
     model, tokenizer = load(str(path))
     loop = asyncio.new_event_loop()
     engines = {
@@ -392,9 +395,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     timed(batched.BatchedEngine, "_step", "engine_step")
     timed(batched.BatchedEngine, "_drop_aborted", "drop_aborted")
     timed(batched.BatchedEngine, "_admit", "admit")
-    path = bench_gpu.build_model(
-        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
-    )
+    path = model_path(shape)
     model, tokenizer = load(str(path))
     thread = ThreadPoolExecutor(1)
     loop = asyncio.new_event_loop()
@@ -522,9 +523,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
 
     from mlx_integrations.engine import BatchedEngine
 
-    path = bench_gpu.build_model(
-        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
-    )
+    path = model_path(shape)
     model, tokenizer = load(str(path))
     prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)]
     ids = [tokenizer.encode(p) for p in prompts]
@@ -616,9 +615,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
 
     from mlx_integrations.engine import BatchedEngine
 
-    path = bench_gpu.build_model(
-        Path(tempfile.gettempdir()) / f"first-batch-{shape}", bench_gpu.SHAPES[shape]
-    )
+    path = model_path(shape)
     tracer = StepTracer()
     tracer.install()
     model, tokenizer = load(str(path)) if "engine" not in order else (None, None)

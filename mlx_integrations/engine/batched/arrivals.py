@@ -43,8 +43,9 @@ def placeholder_prompts(
     longest = max((n for _, n in rests), default=0)
     if not shapes.buckets or room < 1 or not 0 < longest <= shapes.buckets[-1]:
         return []
-    length = shapes.size(max(held for held, _ in rests), longest)  # whole steps after a prefix
-    if shapes.positions is not None and max(held for held, _ in rests) + length > shapes.positions:
+    held = max(held for held, _ in rests)
+    length = shapes.size(held, longest)  # whole steps after a prefix
+    if shapes.positions is not None and held + length > shapes.positions:
         return []  # padding at a row's end must not reach past the positions the model has
     if model is not None and not _plain_kv(model, shapes):
         return []

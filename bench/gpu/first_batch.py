@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Seven probes, each printing JSON lines (also written to ``--out``):
+Eight probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -28,6 +28,11 @@ up and fed as the engine does, in a plain loop (``raw-as-ours``).
 BatchedEngine, then after the engine has served: wall ms per run, and where the
 process's other threads were seen meanwhile.
 
+``pool``: whether what MLX's buffer pool holds (buffers the host wrote or read, which
+MLX's CUDA backend keeps in managed memory) decides a run's speed: ``batch_generate``
+alone, after the pool was filled with such buffers, after ``mx.clear_cache()``, beside
+and after an engine; per run, the decode step's GPU wait and host share.
+
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
@@ -39,7 +44,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,pool,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -585,6 +590,135 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
         loop.close()
 
 
+# ------------------------------------------------------------------ pool
+
+
+def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -> None:
+    """Does what MLX's buffer pool holds decide a run's speed? MLX's CUDA backend moves
+    a buffer the host reads into managed memory for good, and a freed buffer goes back
+    to one pool that later kernels draw from, whichever memory it is. ``batch_generate``
+    on 8 prompts, ``runs`` times in each phase: alone; after the pool was filled with
+    buffers the host wrote and read (1 KiB to 4 MiB); after ``mx.clear_cache()``; beside
+    an idle BatchedEngine; after the engine served; after ``clear_cache`` again; then the
+    engine serving after a ``clear_cache`` each run. Per run: wall ms, the decode steps'
+    median (ms) and, per step, the time mlx-lm waited in ``mx.eval`` for the step
+    before (the GPU's share) and the rest (building and submitting: the host's)."""
+    import importlib
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import batch_generate, load
+
+    from mlx_integrations.engine import BatchedEngine
+
+    g = importlib.import_module("mlx_lm.generate")
+    acc = {"wait": 0.0, "in_step": 0.0}
+    steps: list[float] = []
+
+    class TimedMx:  # mlx-lm's module-level ``mx``, with ``eval`` timed
+        def __getattr__(self, name: str) -> Any:
+            return getattr(mx, name)
+
+        def eval(self, *a: Any) -> None:
+            began = time.perf_counter()
+            mx.eval(*a)
+            acc["wait"] += (time.perf_counter() - began) * acc["in_step"]
+
+    step_fn = g.GenerationBatch._step
+
+    def timed_step(batch: Any) -> Any:
+        began = time.perf_counter()
+        acc["in_step"] = 1.0
+        try:
+            return step_fn(batch)
+        finally:
+            acc["in_step"] = 0.0
+            steps.append(time.perf_counter() - began)
+
+    g.mx = TimedMx()
+    g.GenerationBatch._step = timed_step
+    path = model_path(shape)
+    model, tokenizer = load(str(path))
+    prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)]
+    ids = [tokenizer.encode(p) for p in prompts]
+    loop = asyncio.new_event_loop()
+    engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0)
+
+    def raw() -> None:
+        batch_generate(model, tokenizer, ids, max_tokens=tokens)
+
+    def serve() -> None:
+        async def go() -> None:
+            await asyncio.gather(
+                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
+            )
+
+        loop.run_until_complete(go())
+
+    def phase(name: str, run: Any, before: Any = None) -> None:
+        for i in range(runs):
+            if before is not None:
+                before()
+            cached = mx.get_cache_memory()
+            steps.clear()
+            acc["wait"] = 0.0
+            began = time.perf_counter()
+            run()
+            ms = (time.perf_counter() - began) * 1000
+            wait = acc["wait"] * 1000 / max(len(steps), 1)
+            step = statistics.median(steps) * 1000 if steps else 0.0
+            emit(
+                {
+                    "probe": "pool",
+                    "shape": shape,
+                    "card": bench_gpu.card(),
+                    "phase": name,
+                    "run": i,
+                    "ms": round(ms, 1),
+                    "step_ms_median": round(step, 3),
+                    "wait_ms_per_step": round(wait, 3),
+                    "host_ms_per_step": round(sum(steps) * 1000 / max(len(steps), 1) - wait, 3),
+                    "pool_mb_before": round(cached / 2**20, 1),
+                },
+                out,
+            )
+
+    def poison() -> None:
+        """Fill the pool with buffers the host wrote, and device buffers the host read."""
+        held = []
+        for size in [2**k for k in range(10, 14)] + [
+            16384 * m for m in (1, 2, 3, 4, 8, 16, 64, 256)
+        ]:
+            for _ in range(6):
+                held.append(mx.array(np.ones(size, np.uint8)))
+                read = mx.ones((size,), mx.uint8) + 1
+                mx.eval(read)
+                np.array(read, copy=False).sum()
+                held.append(read)
+        del held
+
+    raw()  # shapes met
+    try:
+        phase("raw-alone", raw)
+        poison()
+        phase("raw-after-poison", raw)
+        mx.clear_cache()
+        phase("raw-after-clear", raw)
+        loop.run_until_complete(engine.start())
+        phase("raw-engine-idle", raw)
+        phase("engine", serve)
+        phase("raw-after-engine", raw)
+        mx.clear_cache()
+        phase("raw-after-engine-clear", raw)
+        phase("engine-clear-each", serve, mx.clear_cache)
+        phase("raw-clear-each", raw, mx.clear_cache)
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+        g.mx = mx
+        g.GenerationBatch._step = step_fn
+
+
 # ------------------------------------------------------------------ trace
 
 
@@ -720,6 +854,8 @@ def main() -> None:
             host_probe(shape, args.out, args.tokens, args.host_reps)
         if "neighbour" in probes:
             neighbour_probe(shape, args.out, args.tokens)
+        if "pool" in probes:
+            pool_probe(shape, args.out, args.tokens)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

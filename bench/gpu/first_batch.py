@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Eight probes, each printing JSON lines (also written to ``--out``):
+Nine probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -33,6 +33,11 @@ MLX's CUDA backend keeps in managed memory) decides a run's speed: ``batch_gener
 alone, after the pool was filled with such buffers, after ``mx.clear_cache()``, beside
 and after an engine; per run, the decode step's GPU wait and host share.
 
+``owner``: mlx-lm's decode step timed in parts (Python building the graph, MLX
+submitting it, waiting for the GPU, the thread's CPU time) in ``batch_generate`` on the
+main thread, on a thread of its own, on the engine's owner thread, with the engine's
+model object, and in the engine.
+
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
@@ -44,7 +49,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,pool,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,pool,owner,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -593,6 +598,153 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
 # ------------------------------------------------------------------ pool
 
 
+class StepClock:
+    """Times mlx-lm's decode steps (``GenerationBatch._step``) wherever they run: per
+    step the wall time, the thread's CPU time, the time in ``mx.async_eval`` (MLX
+    encoding and submitting the step's kernels) and in ``mx.eval`` (waiting for the
+    step before: the GPU's share); the rest is Python building the step's graph."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        import mlx.core as mx
+
+        self.g = importlib.import_module("mlx_lm.generate")
+        self.mx = mx
+        self.step_fn = self.g.GenerationBatch._step
+        self.inside = False
+        self.reset()
+        clock = self
+
+        class TimedMx:  # mlx-lm's module-level ``mx``, with ``eval`` and ``async_eval`` timed
+            def __getattr__(self, name: str) -> Any:
+                return getattr(mx, name)
+
+            def eval(self, *a: Any) -> None:
+                began = time.perf_counter()
+                mx.eval(*a)
+                if clock.inside:
+                    clock.wait += time.perf_counter() - began
+
+            def async_eval(self, *a: Any) -> None:
+                began = time.perf_counter()
+                mx.async_eval(*a)
+                if clock.inside:
+                    clock.submit += time.perf_counter() - began
+
+        def timed_step(batch: Any) -> Any:
+            began, cpu = time.perf_counter(), time.thread_time()
+            clock.inside = True
+            try:
+                return clock.step_fn(batch)
+            finally:
+                clock.inside = False
+                clock.steps.append(time.perf_counter() - began)
+                clock.cpu += time.thread_time() - cpu
+
+        self.g.mx = TimedMx()
+        self.g.GenerationBatch._step = timed_step
+
+    def reset(self) -> None:
+        self.steps: list[float] = []
+        self.wait = self.submit = self.cpu = 0.0
+
+    def report(self) -> dict[str, Any]:
+        n = max(len(self.steps), 1)
+        total = sum(self.steps)
+
+        def per_step(seconds: float) -> float:
+            return round(seconds * 1000 / n, 3)
+
+        return {
+            "steps": len(self.steps),
+            "step_ms_median": round(statistics.median(self.steps) * 1000, 3) if self.steps else 0.0,
+            "wait_ms_per_step": per_step(self.wait),
+            "submit_ms_per_step": per_step(self.submit),
+            "build_ms_per_step": per_step(total - self.wait - self.submit),
+            "cpu_ms_per_step": per_step(self.cpu),
+        }
+
+    def close(self) -> None:
+        self.g.mx = self.mx
+        self.g.GenerationBatch._step = self.step_fn
+
+
+def owner_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 5) -> None:
+    """Why mlx-lm's decode step takes longer inside BatchedEngine than in
+    ``batch_generate``, c = 8 and 32: the same step timed (:class:`StepClock`) for
+    ``batch_generate`` on the main thread (``raw``), on a thread of its own
+    (``raw-thread``), on the engine's owner thread (``raw-owner``), on the main thread
+    with the engine's model object (``raw-engine-model``), and the engine serving
+    (``ours``); the sides rotate each repetition."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_lm import batch_generate, load
+
+    from mlx_integrations.engine import BatchedEngine
+
+    clock = StepClock()
+    path = model_path(shape)
+    model, tokenizer = load(str(path))
+    thread = ThreadPoolExecutor(1)
+    loop = asyncio.new_event_loop()
+    try:
+        for c in (8, 32):
+            prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(c)]
+            ids = [tokenizer.encode(p) for p in prompts]
+            engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+            loop.run_until_complete(engine.start())
+
+            def raw(m: Any = model, ids: list[list[int]] = ids, c: int = c) -> None:
+                batch_generate(
+                    m,
+                    tokenizer,
+                    ids,
+                    max_tokens=tokens,
+                    completion_batch_size=c,
+                    prefill_batch_size=c,
+                )
+
+            async def serve(engine: Any = engine, prompts: list[str] = prompts) -> None:
+                await asyncio.gather(
+                    *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
+                )
+
+            sides = {
+                "raw": raw,
+                "raw-thread": lambda: thread.submit(raw).result(),
+                "raw-owner": lambda e=engine: e._executor.submit(raw).result(),
+                "raw-engine-model": lambda e=engine: raw(e._model),
+                "ours": lambda: loop.run_until_complete(serve()),
+            }
+            for side in sides.values():  # one run each: shapes met
+                side()
+            names = list(sides)
+            for rep in range(reps):
+                for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                    clock.reset()
+                    began = time.perf_counter()
+                    sides[name]()
+                    emit(
+                        {
+                            "probe": "owner",
+                            "shape": shape,
+                            "card": bench_gpu.card(),
+                            "c": c,
+                            "side": name,
+                            "rep": rep,
+                            "ms": round((time.perf_counter() - began) * 1000, 1),
+                            **clock.report(),
+                        },
+                        out,
+                    )
+            loop.run_until_complete(engine.stop())
+    finally:
+        thread.shutdown()
+        loop.close()
+        clock.close()
+
+
 def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -> None:
     """Does what MLX's buffer pool holds decide a run's speed? MLX's CUDA backend moves
     a buffer the host reads into managed memory for good, and a freed buffer goes back
@@ -603,40 +755,13 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
     engine serving after a ``clear_cache`` each run. Per run: wall ms, the decode steps'
     median (ms) and, per step, the time mlx-lm waited in ``mx.eval`` for the step
     before (the GPU's share) and the rest (building and submitting: the host's)."""
-    import importlib
-
     import mlx.core as mx
     import numpy as np
     from mlx_lm import batch_generate, load
 
     from mlx_integrations.engine import BatchedEngine
 
-    g = importlib.import_module("mlx_lm.generate")
-    acc = {"wait": 0.0, "in_step": 0.0}
-    steps: list[float] = []
-
-    class TimedMx:  # mlx-lm's module-level ``mx``, with ``eval`` timed
-        def __getattr__(self, name: str) -> Any:
-            return getattr(mx, name)
-
-        def eval(self, *a: Any) -> None:
-            began = time.perf_counter()
-            mx.eval(*a)
-            acc["wait"] += (time.perf_counter() - began) * acc["in_step"]
-
-    step_fn = g.GenerationBatch._step
-
-    def timed_step(batch: Any) -> Any:
-        began = time.perf_counter()
-        acc["in_step"] = 1.0
-        try:
-            return step_fn(batch)
-        finally:
-            acc["in_step"] = 0.0
-            steps.append(time.perf_counter() - began)
-
-    g.mx = TimedMx()
-    g.GenerationBatch._step = timed_step
+    clock = StepClock()
     path = model_path(shape)
     model, tokenizer = load(str(path))
     prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)]
@@ -660,13 +785,10 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
             if before is not None:
                 before()
             cached = mx.get_cache_memory()
-            steps.clear()
-            acc["wait"] = 0.0
+            clock.reset()
             began = time.perf_counter()
             run()
             ms = (time.perf_counter() - began) * 1000
-            wait = acc["wait"] * 1000 / max(len(steps), 1)
-            step = statistics.median(steps) * 1000 if steps else 0.0
             emit(
                 {
                     "probe": "pool",
@@ -675,9 +797,7 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
                     "phase": name,
                     "run": i,
                     "ms": round(ms, 1),
-                    "step_ms_median": round(step, 3),
-                    "wait_ms_per_step": round(wait, 3),
-                    "host_ms_per_step": round(sum(steps) * 1000 / max(len(steps), 1) - wait, 3),
+                    **clock.report(),
                     "pool_mb_before": round(cached / 2**20, 1),
                 },
                 out,
@@ -715,8 +835,7 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
     finally:
         loop.run_until_complete(engine.stop())
         loop.close()
-        g.mx = mx
-        g.GenerationBatch._step = step_fn
+        clock.close()
 
 
 # ------------------------------------------------------------------ trace
@@ -856,6 +975,8 @@ def main() -> None:
             neighbour_probe(shape, args.out, args.tokens)
         if "pool" in probes:
             pool_probe(shape, args.out, args.tokens)
+        if "owner" in probes:
+            owner_probe(shape, args.out, args.tokens, args.host_reps)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

@@ -126,7 +126,9 @@ def test_batch_and_a_per_call_timeout(tiny_llama: Path):
     blocker.release.set()
     outs = llm.batch(["Hi", "Salut"], max_tokens=3, timeout=None)
     assert [o.response_metadata["finish_reason"] for o in outs] == ["length", "length"]
-    assert blocker.calls <= 1
+    # Both requests may share the step the blocker held (they arrived together): that
+    # step ends with one call a row; no later step runs for them.
+    assert blocker.calls <= 2
     processed, aborted = counts(llm)
     assert processed == before[0] + 2 and aborted == before[1] + 2
 

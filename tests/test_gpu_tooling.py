@@ -219,7 +219,10 @@ def device(tmp_path: Path, *steps: str, **env: str) -> subprocess.CompletedProce
         text=True,
         timeout=60,
         check=False,
-        env=os.environ | {"OUT": str(tmp_path), "DRY_RUN": "1"} | env,
+        # Without the caller's own PYTEST_ARGS or BENCH_ARGS (a run of the suite there).
+        env={k: v for k, v in os.environ.items() if k not in ("PYTEST_ARGS", "BENCH_ARGS")}
+        | {"OUT": str(tmp_path), "DRY_RUN": "1"}
+        | env,
     )
 
 

@@ -129,17 +129,22 @@ class PrefillShapes:
                 return whole
         return next((b for b in self.buckets if b >= n), n)
 
-    def padding(self, cache: list[Any], n: int) -> int:
-        """Tokens to append to a piece of ``n`` tokens fed into ``cache``."""
-        if not self.pads(cache):
-            return 0
-        held = cache[0].offset
+    def fitted(self, held: int, n: int) -> int | None:
+        """:meth:`size`, or the bucket's where whole key steps would pass the model's
+        positions; None where neither fits (the piece is then not padded)."""
         size = self.size(held, n)
         if self.positions is not None and held + size > self.positions:
             size = self.size(0, n)  # the bucket, shorter than whole steps, may still fit
             if held + size > self.positions:
-                return 0
-        return size - n
+                return None
+        return size
+
+    def padding(self, cache: list[Any], n: int) -> int:
+        """Tokens to append to a piece of ``n`` tokens fed into ``cache``."""
+        if not self.pads(cache):
+            return 0
+        size = self.fitted(cache[0].offset, n)
+        return 0 if size is None else size - n
 
 
 NO_PADDING = PrefillShapes()

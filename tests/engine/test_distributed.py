@@ -312,7 +312,9 @@ def test_adapters_make_a_distributed_engine_through_the_pool(tiny_split: Path) -
 
 def test_local_ranks_share_the_cores_for_blas(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    # The cores this process may use: 8 of the machine's 16.
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
     hosts = [
         Host("127.0.0.1", "127.0.0.1"),
         Host("localhost", "127.0.0.1"),

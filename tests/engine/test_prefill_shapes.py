@@ -642,6 +642,11 @@ def test_placeholders_pad_a_group_to_a_bucket_and_a_few_row_counts_within_its_ro
     near = PrefillShapes(SHAPES.buckets, positions=50)
     assert placeholder_prompts([(40, 9), (0, 5)], room=6, shapes=near) == []
     assert placeholder_prompts([(30, 9), (0, 5)], room=6, shapes=near) != []
+    # Whole key steps (32) after 40 cached would end at 72: the bucket (16) still fits,
+    # as for a lone piece.
+    stepped = PrefillShapes(SHAPES.buckets, positions=60, key_step=32)
+    assert [len(r) for r in placeholder_prompts([(40, 9), (0, 5)], room=6, shapes=stepped)] == [17]
+    assert stepped.fitted(40, 9) == 16 and stepped.fitted(50, 9) is None
     # Room for the length placeholder but not for the rows: 5 rows (6 would be padded).
     assert [len(r) for r in placeholder_prompts(fresh(5, 9, 3, 4), room=1, shapes=SHAPES)] == [17]
 

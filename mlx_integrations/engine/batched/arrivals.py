@@ -43,10 +43,11 @@ def placeholder_prompts(
     longest = max((n for _, n in rests), default=0)
     if not shapes.buckets or room < 1 or not 0 < longest <= shapes.buckets[-1]:
         return []
-    held = max(held for held, _ in rests)
-    length = shapes.size(held, longest)  # whole steps after a prefix
-    if shapes.positions is not None and held + length > shapes.positions:
-        return []  # padding at a row's end must not reach past the positions the model has
+    # Whole steps after a prefix (the bucket's near the model's positions); padding at a
+    # row's end must not reach past the positions the model has.
+    length = shapes.fitted(max(held for held, _ in rests), longest)
+    if length is None:
+        return []
     if model is not None and not _plain_kv(model, shapes):
         return []
     rows = [[PLACEHOLDER] * (length + 1)] if length > longest else []  # room >= 1 holds it

@@ -175,9 +175,16 @@ def share_cores(commands: Sequence[RankCommand]) -> None:
     local = [c for c in commands if c.host.is_local]
     if not local or "OPENBLAS_NUM_THREADS" in os.environ:
         return
-    threads = max(1, (os.cpu_count() or 1) // len(local))
     for command in local:
-        command.env["OPENBLAS_NUM_THREADS"] = str(threads)
+        command.env["OPENBLAS_NUM_THREADS"] = blas_share(len(local))
+
+
+def blas_share(ranks: int) -> str:
+    """OpenBLAS threads for each of ``ranks`` processes on this machine: an equal share
+    of the cores this process may use (all of them where the OS cannot say), at least 1.
+    ``scripts/dev test`` counts its test processes' share the same way."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return str(max(1, (cores or 1) // ranks))
 
 
 def mpi_command(
@@ -199,7 +206,7 @@ def mpi_command(
         ENV_START_TIMEOUT: f"{start_timeout:g}",
     }
     if "OPENBLAS_NUM_THREADS" not in os.environ:  # see share_cores
-        env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_ranks))
+        env["OPENBLAS_NUM_THREADS"] = blas_share(num_ranks)
     exports = [arg for name in env for arg in ("-x", name)]
     program = [python, *command] if command[0].endswith(".py") else list(command)
     argv = ["mpirun", "-np", "1", *exports, *program]

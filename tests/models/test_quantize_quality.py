@@ -104,6 +104,42 @@ def test_dequantized_weights_predict_as_the_quantized_kernels_do(store):
     assert fast.top1_agreement == pytest.approx(kernels.top1_agreement, abs=0.01)
 
 
+def test_kernels_that_compute_wrong_products_are_told_apart_from_the_quantization(
+    store, monkeypatch
+):
+    """A backend whose quantized matrix product is wrong (as MLX 0.32.4's CUDA one is for
+    float32 activations 64 wide, group size 64): the model is damaged on that device, and
+    the warning blames the kernels, not the settings."""
+    import mlx.core as mx
+
+    source, q8, q2 = (store.get(n).path for n in ("tiny", "tiny-q8", "tiny-q2"))
+    # On working kernels: a close copy is not checked; a damaging setting is checked
+    # and the kernels agree with the weights, so the usual remedies stand.
+    assert measure_quality(source, q8, dequantize=False).kernels_agree is None
+    damaged = measure_quality(source, q2, dequantize=False)
+    assert damaged.verdict == "damaged" and damaged.kernels_agree is True
+    assert "Quantize again with --bits 8" in damaged.warning().hint
+
+    right = mx.quantized_matmul
+
+    def wrong(x, w, scales, biases=None, *args, **kwargs):  # the product, scrambled
+        out = right(x, w, scales, biases, *args, **kwargs)
+        return mx.flip(out, axis=-1) * 3.0
+
+    monkeypatch.setattr(mx, "quantized_matmul", wrong)
+    broken = measure_quality(source, q8, dequantize=False)
+    assert broken.verdict == "damaged" and broken.kernels_agree is False
+    warning = broken.warning()
+    assert "MLX's quantized kernels on this device compute wrong products" in warning.message
+    assert "The quantization is not at fault" in warning.hint
+    # Run on the dequantized weights, the same model is a close copy (the kernels unused).
+    assert measure_quality(source, q8, dequantize=True).verdict == "close"
+    # The finding survives the manifest's JSON; older manifests have no such field.
+    assert QuantizationQuality.from_dict(json.loads(json.dumps(broken.to_dict()))) == broken
+    older = {k: v for k, v in damaged.to_dict().items() if k != "kernels_agree"}
+    assert QuantizationQuality.from_dict(older).kernels_agree is None
+
+
 def test_a_gguf_source_is_compared_with_its_own_weights(tmp_path):
     from tests.models.test_gguf_import import write_tiny_gguf
     from tests.support.tiny_models import train_tokenizer

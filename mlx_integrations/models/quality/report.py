@@ -15,6 +15,10 @@ DEGRADED_PPL_RATIO = 1.10
 DEGRADED_KL = 0.10
 DAMAGED_PPL_RATIO = 1.20
 DAMAGED_KL = 0.25
+# Mean KL between the quantized kernels' predictions and those of the same weights
+# dequantized: rounding leaves about 1e-6 in float32; a kernel that computes the wrong
+# product leaves about 1.
+KERNEL_KL = 0.01
 
 Verdict = Literal["close", "degraded", "damaged"]
 
@@ -56,6 +60,12 @@ class QuantizationQuality:
             first (1.0: always).
         tokens: Tokens of the text that both models read.
         seconds: Time the comparison took (loading both models included).
+        kernels_agree: Whether MLX's quantized kernels on the device that measured
+            predict as the same weights dequantized do (mean KL under ``KERNEL_KL``).
+            Checked where the quantized model ran on its kernels and was not close to
+            its source; None where it was not checked. False means this device's
+            kernels compute the wrong products for this model: the quantization is
+            not at fault, and the model answers badly on this device.
 
     Examples:
         >>> q = QuantizationQuality(20.0, 20.4, 1.02, 0.01, 0.97, 480, 2.5)
@@ -72,6 +82,7 @@ class QuantizationQuality:
     top1_agreement: float
     tokens: int
     seconds: float
+    kernels_agree: bool | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -104,6 +115,14 @@ class QuantizationQuality:
             f"perplexity x{self.ppl_ratio:.2f} and KL {self.mean_kl:.2f} against its source; "
             f"the same next token at {self.top1_agreement:.0%} of positions"
         )
+        if self.kernels_agree is False:
+            return QualityWarning(
+                f"MLX's quantized kernels on this device compute wrong products for this "
+                f"model ({figures}), while its weights dequantized predict as expected: "
+                "expect garbled answers here.",
+                "The quantization is not at fault: upgrade MLX, or on this device use the "
+                "unquantized model (or the model in another dtype, quantized again).",
+            )
         if verdict == "damaged":
             message = f"the quantized model lost too much ({figures}): expect garbled answers."
         else:
@@ -125,6 +144,7 @@ class QuantizationQuality:
             top1_agreement=float(data["top1_agreement"]),
             tokens=int(data["tokens"]),
             seconds=float(data["seconds"]),
+            kernels_agree=data.get("kernels_agree"),  # absent from older manifests
         )
 
 

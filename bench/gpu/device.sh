@@ -3,7 +3,7 @@
 # argument is one step, run in order; a call names the steps it needs, for example:
 #   bash bench/gpu/device.sh stash .gpu/1
 #   bash bench/gpu/device.sh stash .gpu/2 install doctor bench
-#   bash bench/gpu/device.sh stash .gpu/5 install models test
+#   bash bench/gpu/device.sh stash .gpu/6 install models test   (the last bundle)
 # Steps:
 #   stash DIR  copy a carried bundle (bench/gpu/pack.py made it) into /tmp/w, which
 #              outlives the call only while the machine stays warm (it is given back

@@ -670,9 +670,15 @@ class StepClock:
         self.g.GenerationBatch._step = self.step_fn
 
 
-def owner_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 5) -> None:
+def owner_probe(
+    shape: str,
+    out: Path | None,
+    tokens: int = 128,
+    reps: int = 5,
+    sizes: tuple[int, ...] = (8, 32, 64),
+) -> None:
     """Why mlx-lm's decode step takes longer inside BatchedEngine than in
-    ``batch_generate``, c = 8 and 32: the same step timed (:class:`StepClock`) for
+    ``batch_generate``, at each batch size of ``sizes``: the same step timed (:class:`StepClock`) for
     ``batch_generate`` on the main thread (``raw``), on a thread of its own
     (``raw-thread``), on the engine's owner thread (``raw-owner``), on the main thread
     with the engine's model object (``raw-engine-model``), and the engine serving
@@ -689,7 +695,7 @@ def owner_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 5) 
     thread = ThreadPoolExecutor(1)
     loop = asyncio.new_event_loop()
     try:
-        for c in (8, 32):
+        for c in sizes:
             prompts = [bench_gpu.words(20 + (i % 9), offset=i) for i in range(c)]
             ids = [tokenizer.encode(p) for p in prompts]
             engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
@@ -949,7 +955,10 @@ def main() -> None:
     parser.add_argument("--probes", default="sdpa,trace")
     parser.add_argument("--shapes", default="qwen2.5-0.5b")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--host-reps", type=int, default=3, help="runs a side (host probe)")
+    parser.add_argument("--host-reps", type=int, default=3, help="runs a side (host, owner)")
+    parser.add_argument(
+        "--owner-sizes", default="8,32,64", help="batch sizes of the owner probe, commas"
+    )
     parser.add_argument("--orders", default="engine-first,raw-first")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
@@ -976,7 +985,8 @@ def main() -> None:
         if "pool" in probes:
             pool_probe(shape, args.out, args.tokens)
         if "owner" in probes:
-            owner_probe(shape, args.out, args.tokens, args.host_reps)
+            sizes = tuple(int(c) for c in args.owner_sizes.split(","))
+            owner_probe(shape, args.out, args.tokens, args.host_reps, sizes)
         if "trace" in probes:
             for order in args.orders.split(","):
                 cmd = [

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from mlx_integrations.models import (
@@ -20,6 +21,16 @@ from mlx_integrations.models import (
 )
 from mlx_integrations.models.manifest import MANIFEST_FILE
 from mlx_integrations.models.quality.measure import sample_text
+
+# The tiny models are 64 wide, where MLX 0.32.4's CUDA quantized matrix product with
+# float32 activations and group size 64 gives wrong results for more than one row
+# (bench/gpu/qmm_probe.py): on CUDA these figures are the kernels' (a copy judged
+# close in one test was judged damaged in another, on one machine).
+pytestmark = pytest.mark.xfail(
+    bool(getattr(mx, "cuda", None) and mx.cuda.is_available()),
+    reason="MLX 0.32.4's CUDA quantized matmul is wrong at K=64, group 64, float32",
+    strict=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +121,6 @@ def test_kernels_that_compute_wrong_products_are_told_apart_from_the_quantizatio
     """A backend whose quantized matrix product is wrong (as MLX 0.32.4's CUDA one is for
     float32 activations 64 wide, group size 64): the model is damaged on that device, and
     the warning blames the kernels, not the settings."""
-    import mlx.core as mx
-
     source, q8, q2 = (store.get(n).path for n in ("tiny", "tiny-q8", "tiny-q2"))
     # On working kernels: a close copy is not checked; a damaging setting is checked
     # and the kernels agree with the weights, so the usual remedies stand.
@@ -130,7 +139,7 @@ def test_kernels_that_compute_wrong_products_are_told_apart_from_the_quantizatio
     broken = measure_quality(source, q8, dequantize=False)
     assert broken.verdict == "damaged" and broken.kernels_agree is False
     warning = broken.warning()
-    assert "MLX's quantized kernels on this device compute wrong products" in warning.message
+    assert "MLX's quantized kernels computed wrong products" in warning.message
     assert "The quantization is not at fault" in warning.hint
     # Run on the dequantized weights, the same model is a close copy (the kernels unused).
     assert measure_quality(source, q8, dequantize=True).verdict == "close"
@@ -138,6 +147,23 @@ def test_kernels_that_compute_wrong_products_are_told_apart_from_the_quantizatio
     assert QuantizationQuality.from_dict(json.loads(json.dumps(broken.to_dict()))) == broken
     older = {k: v for k, v in damaged.to_dict().items() if k != "kernels_agree"}
     assert QuantizationQuality.from_dict(older).kernels_agree is None
+    with pytest.raises(ValueError, match="kernels_agree must be true, false or null, got 'no'"):
+        QuantizationQuality.from_dict({**older, "kernels_agree": "no"})
+
+
+def test_kernels_a_little_off_on_a_damaged_model_leave_the_fault_with_the_quantization(
+    store, monkeypatch
+):
+    """Products 10% off move the 2-bit copy's predictions past ``KERNEL_KL`` from its
+    weights dequantized, as rounding alone moves a damaged model's (bfloat16 weights
+    dequantized round apart from float32 kernels): those weights are damaged too, so
+    the kernels cannot be told apart and the usual remedies stand."""
+    right = mx.quantized_matmul
+    monkeypatch.setattr(mx, "quantized_matmul", lambda *a, **k: right(*a, **k) * 1.1)
+    source, q2 = store.get("tiny").path, store.get("tiny-q2").path
+    damaged = measure_quality(source, q2, dequantize=False)
+    assert damaged.verdict == "damaged" and damaged.kernels_agree is None
+    assert "Quantize again with --bits 8" in damaged.warning().hint
 
 
 def test_a_gguf_source_is_compared_with_its_own_weights(tmp_path):

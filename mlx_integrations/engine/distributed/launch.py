@@ -165,7 +165,7 @@ def rank_commands(
 
 
 def share_cores(commands: Sequence[RankCommand]) -> None:
-    """Give the local ranks an equal share of this machine's cores for OpenBLAS.
+    """Give the local ranks an equal share of the cores this process may use, for OpenBLAS.
 
     Ranks on one machine each start a BLAS thread per core by default, and MLX's ring
     spins while a rank waits for the others: oversubscribed, three ranks on two cores
@@ -181,8 +181,7 @@ def share_cores(commands: Sequence[RankCommand]) -> None:
 
 def blas_share(ranks: int) -> str:
     """OpenBLAS threads for each of ``ranks`` processes on this machine: an equal share
-    of the cores this process may use (all of them where the OS cannot say), at least 1.
-    ``scripts/dev test`` counts its test processes' share the same way."""
+    of the cores this process may use (all of them where the OS cannot say), at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return str(max(1, (cores or 1) // ranks))
 

@@ -97,6 +97,28 @@ def emit(record: dict[str, Any], out: Path | None) -> None:
             f.write(line + "\n")
 
 
+def serve_all(
+    loop: asyncio.AbstractEventLoop, engine: Any, prompts: list[str], tokens: int
+) -> list[Any]:
+    """The engine's greedy replies of ``tokens`` to ``prompts``, all sent at once."""
+
+    async def go() -> list[Any]:
+        calls = [engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
+        return list(await asyncio.gather(*calls))
+
+    return loop.run_until_complete(go())
+
+
+def raw_batch(
+    model: Any, tokenizer: Any, ids: list[list[int]], tokens: int, c: int | None = None
+) -> None:
+    """mlx-lm's ``batch_generate`` on ``ids``: with batch sizes ``c`` where given."""
+    from mlx_lm import batch_generate
+
+    sizes = {} if c is None else {"completion_batch_size": c, "prefill_batch_size": c}
+    batch_generate(model, tokenizer, ids, max_tokens=tokens, **sizes)
+
+
 # ------------------------------------------------------------------ sdpa
 
 
@@ -366,7 +388,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_lm import batch_generate, load
+    from mlx_lm import load
 
     from mlx_integrations.engine import BatchedEngine
     from mlx_integrations.engine.batched import engine as batched
@@ -441,26 +463,13 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
             gen.close()
 
         def raw(prompts: list[str] = prompts, c: int = c) -> None:
-            ids = [tokenizer.encode(p) for p in prompts]
-            batch_generate(
-                model,
-                tokenizer,
-                ids,
-                max_tokens=tokens,
-                completion_batch_size=c,
-                prefill_batch_size=c,
-            )
-
-        async def serve(engine: Any = engine, prompts: list[str] = prompts) -> None:
-            await asyncio.gather(
-                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
-            )
+            raw_batch(model, tokenizer, [tokenizer.encode(p) for p in prompts], tokens, c)
 
         sides = {
             "raw": raw,
             "raw-thread": lambda: thread.submit(raw).result(),
-            "ours": lambda: loop.run_until_complete(serve()),
-            "ours-nopad": lambda n=nopad: loop.run_until_complete(serve(n)),
+            "ours": lambda e=engine, p=prompts: serve_all(loop, e, p, tokens),
+            "ours-nopad": lambda n=nopad, p=prompts: serve_all(loop, n, p, tokens),
             "raw-as-ours": lambda: thread.submit(as_ours).result(),
         }
         for side in sides.values():  # one run each: shapes met
@@ -529,7 +538,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
     that works beside the runs would show there."""
     import traceback
 
-    from mlx_lm import batch_generate, load
+    from mlx_lm import load
 
     from mlx_integrations.engine import BatchedEngine
 
@@ -571,7 +580,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
         )
 
     def raw() -> None:
-        batch_generate(model, tokenizer, ids, max_tokens=tokens)
+        raw_batch(model, tokenizer, ids, tokens)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -581,13 +590,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
         phase("raw-alone", raw)
         loop.run_until_complete(engine.start())
         phase("raw-engine-idle", raw)
-
-        async def serve() -> None:
-            await asyncio.gather(
-                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
-            )
-
-        phase("engine", lambda: loop.run_until_complete(serve()))
+        phase("engine", lambda: serve_all(loop, engine, prompts, tokens))
         phase("raw-after-engine", raw)
     finally:
         stop.set()
@@ -678,14 +681,15 @@ def owner_probe(
     sizes: tuple[int, ...] = (8, 32, 64),
 ) -> None:
     """Why mlx-lm's decode step takes longer inside BatchedEngine than in
-    ``batch_generate``, at each batch size of ``sizes``: the same step timed (:class:`StepClock`) for
-    ``batch_generate`` on the main thread (``raw``), on a thread of its own
+    ``batch_generate``, at each batch size of ``sizes``: the same step timed
+    (:class:`StepClock`) for ``batch_generate`` on the main thread (``raw``), on a thread
+    of its own
     (``raw-thread``), on the engine's owner thread (``raw-owner``), on the main thread
     with the engine's model object (``raw-engine-model``), and the engine serving
     (``ours``); the sides rotate each repetition."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_lm import batch_generate, load
+    from mlx_lm import load
 
     from mlx_integrations.engine import BatchedEngine
 
@@ -702,26 +706,14 @@ def owner_probe(
             loop.run_until_complete(engine.start())
 
             def raw(m: Any = model, ids: list[list[int]] = ids, c: int = c) -> None:
-                batch_generate(
-                    m,
-                    tokenizer,
-                    ids,
-                    max_tokens=tokens,
-                    completion_batch_size=c,
-                    prefill_batch_size=c,
-                )
-
-            async def serve(engine: Any = engine, prompts: list[str] = prompts) -> None:
-                await asyncio.gather(
-                    *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
-                )
+                raw_batch(m, tokenizer, ids, tokens, c)
 
             sides = {
                 "raw": raw,
                 "raw-thread": lambda: thread.submit(raw).result(),
                 "raw-owner": lambda e=engine: e._executor.submit(raw).result(),
                 "raw-engine-model": lambda e=engine: raw(e._model),
-                "ours": lambda: loop.run_until_complete(serve()),
+                "ours": lambda e=engine, p=prompts: serve_all(loop, e, p, tokens),
             }
             for side in sides.values():  # one run each: shapes met
                 side()
@@ -763,7 +755,7 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
     before (the GPU's share) and the rest (building and submitting: the host's)."""
     import mlx.core as mx
     import numpy as np
-    from mlx_lm import batch_generate, load
+    from mlx_lm import load
 
     from mlx_integrations.engine import BatchedEngine
 
@@ -776,15 +768,10 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
     engine = BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0)
 
     def raw() -> None:
-        batch_generate(model, tokenizer, ids, max_tokens=tokens)
+        raw_batch(model, tokenizer, ids, tokens)
 
     def serve() -> None:
-        async def go() -> None:
-            await asyncio.gather(
-                *(engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts)
-            )
-
-        loop.run_until_complete(go())
+        serve_all(loop, engine, prompts, tokens)
 
     def phase(name: str, run: Any, before: Any = None) -> None:
         for i in range(runs):
@@ -870,7 +857,7 @@ def summarize(
 
 
 def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> None:
-    from mlx_lm import batch_generate, load
+    from mlx_lm import load
 
     from mlx_integrations.engine import BatchedEngine
 
@@ -904,13 +891,9 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     )
 
     def ours(label: str, prompts: list[str]) -> None:
-        async def serve() -> list[Any]:
-            calls = [engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
-            return list(await asyncio.gather(*calls))
-
         tracer.take()
         start = time.perf_counter()
-        outs = loop.run_until_complete(serve())
+        outs = serve_all(loop, engine, prompts, tokens)
         seconds = time.perf_counter() - start
         record = summarize(f"engine {label}", seconds, tracer.take(), max(o.ttft_s for o in outs))
         record["grouped_so_far"] = engine.get_stats()["grouped_prefill_requests"]
@@ -920,9 +903,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         ids = [tokenizer.encode(p) for p in prompts]
         tracer.take()
         start = time.perf_counter()
-        batch_generate(
-            model, tokenizer, ids, max_tokens=tokens, completion_batch_size=8, prefill_batch_size=8
-        )
+        raw_batch(model, tokenizer, ids, tokens, 8)
         seconds = time.perf_counter() - start
         emit(
             {

@@ -683,9 +683,8 @@ def owner_probe(
     """Why mlx-lm's decode step takes longer inside BatchedEngine than in
     ``batch_generate``, at each batch size of ``sizes``: the same step timed
     (:class:`StepClock`) for ``batch_generate`` on the main thread (``raw``), on a thread
-    of its own
-    (``raw-thread``), on the engine's owner thread (``raw-owner``), on the main thread
-    with the engine's model object (``raw-engine-model``), and the engine serving
+    of its own (``raw-thread``), on the engine's owner thread (``raw-owner``), on the main
+    thread with the engine's model object (``raw-engine-model``), and the engine serving
     (``ours``); the sides rotate each repetition."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -864,7 +863,9 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     path = model_path(shape)
     tracer = StepTracer()
     tracer.install()
-    model, tokenizer = load(str(path)) if "engine" not in order else (None, None)
+    # mlx-lm's own model only where raw runs (not for the engine alone).
+    alone = order in ("engine", "engine-nowarm")
+    model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
         "new-lengths": [bench_gpu.words(41 + 3 * i, offset=i + 5) for i in range(8)],

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-import mlx.core as mx
 import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
-CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+from mlx_integrations.engine.decoding import cuda_default_device
 
 
 def mlxi(*args: str):
@@ -36,7 +35,7 @@ def test_a_damaging_setting_is_reported_with_a_warning_and_remedies(home):
 
 
 @pytest.mark.xfail(
-    CUDA,
+    cuda_default_device(),
     reason="MLX 0.32.4's CUDA quantized matmul with float32 activations gives wrong "
     "products at K=64 with group size 64 and more than one row (bench/gpu/qmm_probe.py, "
     "H100): the tiny model's 8-bit copy is damaged there, and the check says so",

@@ -9,6 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from mlx_integrations.engine.decoding import cuda_default_device
 from mlx_integrations.models import (
     Manifest,
     ModelStore,
@@ -27,7 +28,7 @@ from mlx_integrations.models.quality.measure import sample_text
 # (bench/gpu/qmm_probe.py): on CUDA these figures are the kernels' (a copy judged
 # close in one test was judged damaged in another, on one machine).
 pytestmark = pytest.mark.xfail(
-    bool(getattr(mx, "cuda", None) and mx.cuda.is_available()),
+    cuda_default_device(),
     reason="MLX 0.32.4's CUDA quantized matmul is wrong at K=64, group 64, float32",
     strict=False,
 )

@@ -304,10 +304,15 @@ def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str
             f"{side} step {s.get('step_ms_median')} ms + rest {s.get('rest_ms_per_step')} ms"
             for side, s in r["split_median"].items()
         )
+        variants = "".join(
+            f"; {key[:-6].replace('_', '-')} ratio {value:.3f}"
+            for key, value in r.items()
+            if key.startswith("ours_") and key.endswith("_ratio")
+        )
         print(
             f"    [{r['card']}] c={c:3d}  {summary(r)}; first runs ({first['first_side']} first): "
             f"ours {first['ours_tps']:.1f} raw {first['raw_tps']:.1f} tok/s, slowest first "
-            f"token {first['ours_slowest_first_token_s']:.3f} s; {steps}",
+            f"token {first['ours_slowest_first_token_s']:.3f} s; {steps}{variants}",
             flush=True,
         )
     return results
@@ -334,6 +339,10 @@ def batched_at(
 
     prompts = [words(20 + (i % 9), offset=i) for i in range(c)]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+    variants = {
+        name: BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
+        for name, options in json.loads(args.batched_variants).items()
+    }
     loop = asyncio.new_event_loop()
     thread = ThreadPoolExecutor(1, thread_name_prefix="raw-thread")
     encode_ms: list[float] = []  # raw's tokenizing, inside its timed run
@@ -368,26 +377,36 @@ def batched_at(
         )
         return sum(map(len, response.token_ids))
 
-    async def serve() -> list[Any]:
-        calls = [engine.generate(p, max_tokens=args.tokens, temperature=0.0) for p in prompts]
+    async def serve(served: Any) -> list[Any]:
+        calls = [served.generate(p, max_tokens=args.tokens, temperature=0.0) for p in prompts]
         return list(await asyncio.gather(*calls))
 
     slowest_first: list[float] = []  # the engine's slowest first token, per run
 
     def ours_run() -> int:
-        outs = loop.run_until_complete(serve())
+        outs = loop.run_until_complete(serve(engine))
         slowest_first.append(max(o.ttft_s for o in outs))
         return sum(o.completion_tokens for o in outs)
+
+    def variant_run(served: Any) -> Callable[[], int]:
+        return lambda: sum(o.completion_tokens for o in loop.run_until_complete(serve(served)))
 
     sides = {
         "raw": lambda: timed("raw", raw_run),
         "ours": lambda: timed("ours", ours_run),
         "raw-thread": lambda: timed("raw-thread", lambda: thread.submit(raw_run).result()),
     }
-    chosen = sides if args.raw_thread else {"raw": sides["raw"], "ours": sides["ours"]}
+    for name, served in variants.items():
+        sides[f"ours-{name}"] = functools.partial(timed, f"ours-{name}", variant_run(served))
+    chosen = {"raw": sides["raw"], "ours": sides["ours"]}
+    chosen |= {side: run for side, run in sides.items() if side.startswith("ours-")}
+    if args.raw_thread:
+        chosen["raw-thread"] = sides["raw-thread"]
     try:
         began = time.perf_counter()
         loop.run_until_complete(engine.start())
+        for served in variants.values():
+            loop.run_until_complete(served.start())
         load_s = time.perf_counter() - began
         thread.submit(lambda: None).result()
         # The first run of each side at this batch size: new shapes for both, and a
@@ -406,6 +425,11 @@ def batched_at(
             f"{side.replace('-', '_')}_tps": tps[side]
             for side in tps
             if side not in ("raw", "ours")
+        }
+        extra |= {
+            f"{side.replace('-', '_')}_ratio": spread(tps[side], tps["raw"])["ratio"]
+            for side in tps
+            if side.startswith("ours-")
         }
         return (
             spread(tps["ours"], tps["raw"])
@@ -439,7 +463,8 @@ def batched_at(
         )
     finally:
         thread.shutdown()
-        loop.run_until_complete(engine.stop())
+        for served in (engine, *variants.values()):
+            loop.run_until_complete(served.stop())
         loop.close()
 
 
@@ -847,6 +872,12 @@ def main() -> None:
         action="store_true",
         help="a third batched side: batch_generate on a thread of its own, as the engine's steps",
     )
+    parser.add_argument(
+        "--batched-variants",
+        default="{}",
+        help='JSON {"name": {engine options}}: more batched sides, BatchedEngines with '
+        "these options (ours-NAME), timed in the same rotation",
+    )
     parser.add_argument("--prefix-tokens", type=int, default=1024)
     parser.add_argument(
         "--graph-ops",
@@ -917,6 +948,7 @@ def main() -> None:
     common += ["--batched-reps", str(args.batched_reps), "--prefix-tokens", str(args.prefix_tokens)]
     common += ["--concurrency", *map(str, args.concurrency), "--warmup", str(args.warmup)]
     common += ["--raw-thread"] if args.raw_thread else []
+    common += ["--batched-variants", args.batched_variants]
     common += ["--graph-ops", *args.graph_ops, "--graph-reps", str(args.graph_reps)]
     common += ["--graph-inner", str(args.graph_inner), "--ttft-reps", str(args.ttft_reps)]
     common += ["--ttft-lengths", *map(str, args.ttft_lengths)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -79,6 +80,11 @@ class Mailbox:
             queue.put_nowait(item)
 
 
+_raised_count = itertools.count(1)
+"""Advanced by every request's abort (:func:`abort_mark`)."""
+_raised = 0  # the last value taken from _raised_count (unique: a change shows)
+
+
 class _Abort(threading.Event):
     """A request's abort flag, which also reads as set once its consumer's loop is gone.
 
@@ -89,11 +95,13 @@ class _Abort(threading.Event):
     def __init__(self, mailbox: Mailbox):
         super().__init__()
         self._mailbox = mailbox
-        self._raised = False  # read by the owner thread for every row at every step
+        self._raised = False
 
     def set(self) -> None:
+        global _raised
         self._raised = True
         super().set()
+        _raised = next(_raised_count)
 
     def clear(self) -> None:
         self._raised = False
@@ -107,6 +115,22 @@ _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
     weakref.WeakKeyDictionary()
 )
 _mailboxes_lock = threading.Lock()
+
+
+def abort_mark() -> int:
+    """Changes whenever a request's abort is raised (by its caller, or by a failed send).
+
+    An owner thread that took it before looking at every request's ``abort`` need not
+    look again (one row at a time, a cost at every step of a large batch) until it
+    changes, except for consumers whose event loop closed or went away: those it finds
+    by looking now and then (:data:`ABORT_SCAN_S`).
+    """
+    return _raised
+
+
+ABORT_SCAN_S = 0.05
+"""Seconds an owner thread may go without looking at every request's ``abort`` while
+:func:`abort_mark` stays the same (a consumer's loop closed: nobody waits there)."""
 
 
 class Channel:

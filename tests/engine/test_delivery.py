@@ -15,7 +15,7 @@ import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
 from mlx_integrations.engine.generation import MLXGenerationOutput
-from mlx_integrations.engine.jobs import Channel, Mailbox
+from mlx_integrations.engine.jobs import Channel, Mailbox, abort_mark
 
 
 def chunk(text: str, finished: bool = False) -> MLXGenerationOutput:
@@ -130,6 +130,24 @@ async def test_an_exception_ends_the_stream_and_a_consumer_that_leaves_aborts():
     assert (await anext(stream)).text == "a"
     await stream.aclose()
     assert left.abort.is_set()
+
+
+async def test_the_abort_mark_changes_with_every_raised_abort_and_only_then():
+    """BatchedEngine reads every row's abort flag only when the mark moved (or now and
+    then, for loops that closed): each abort, from any thread, must move it."""
+    channels = [Channel() for _ in range(3)]
+    before = abort_mark()
+    channels[0].emit(chunk("a"))  # sends and receives raise nothing
+    assert abort_mark() == before
+    channels[1].abort.set()
+    after_one = abort_mark()
+    assert after_one != before
+    threading.Thread(target=channels[2].abort.set).start()
+    for _ in range(1000):
+        if abort_mark() != after_one:
+            break
+        await asyncio.sleep(0.01)
+    assert abort_mark() not in (before, after_one)
 
 
 @pytest.mark.parametrize("kind", [SimpleEngine, BatchedEngine])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +39,13 @@ from mlx_integrations.engine.generation import (
     MLXGenerationOutput,
     request_processors,
 )
-from mlx_integrations.engine.jobs import Job, aborted_output, run_call
+from mlx_integrations.engine.jobs import (
+    ABORT_SCAN_S,
+    Job,
+    abort_mark,
+    aborted_output,
+    run_call,
+)
 from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.speculative.draft_model import DraftModel
@@ -146,6 +153,8 @@ class BatchedEngine(LoneRequests, MLXEngine):
         self._active: dict[int, Active] = {}
         self._samplers = SharedSamplers()
         self._solo: tuple[Active, SoloDecode] | None = None
+        self._abort_mark = -1  # abort_mark() at the last look at every request's flag
+        self._abort_scan = 0.0  # and when (time.monotonic())
         self._draft = DraftModel(self._options.draft_model)
         # Drafts in the batch: prompt lookup, or the draft model.
         self._spec = BatchSpeculation(self._options, self._draft, self._prefill_step_size)
@@ -297,7 +306,15 @@ class BatchedEngine(LoneRequests, MLXEngine):
             raise
 
     def _drop_aborted(self) -> None:
-        """Answer aborted queued requests; take aborted running ones out of the batch."""
+        """Answer aborted queued requests; take aborted running ones out of the batch.
+
+        Each request's flag is read only when an abort was raised since the last look,
+        or every :data:`ABORT_SCAN_S` (a consumer whose loop closed raises none).
+        """
+        mark, now = abort_mark(), time.monotonic()
+        if mark == self._abort_mark and now - self._abort_scan < ABORT_SCAN_S:
+            return
+        self._abort_mark, self._abort_scan = mark, now
         with self._state_lock:
             dropped = [job for job in self._inbox if job.abort.is_set()]
             if dropped:
@@ -458,26 +475,30 @@ class BatchedEngine(LoneRequests, MLXEngine):
         done: dict[int, tuple[MLXGenerationOutput, Any, Any]] = {}
         # Sequences we take out: stop strings and failures.
         retire: dict[int, MLXGenerationOutput | BaseException] = {}
-        for r in responses:
-            act = self._active.get(r.uid)
-            if act is None or r.uid in done:
+        active = self._active
+        drafting = bool(self._spec.max_draft)  # responses may carry draft counts
+        for r in responses:  # every row, every step: kept lean
+            uid = r.uid
+            act = active.get(uid)
+            if act is None or (done and uid in done):
                 continue
-            if (ended := retire.get(r.uid)) is not None:  # a stop string in a wide step
+            if retire and (ended := retire.get(uid)) is not None:  # a stop string in a wide step
                 if r.finish_reason is not None and not isinstance(ended, BaseException):
-                    done[r.uid] = (ended, r.prompt_cache, r.all_tokens)  # the generator let go
+                    done[uid] = (ended, r.prompt_cache, r.all_tokens)  # the generator let go
                 continue
             if act.guarded and (error := act.error()) is not None:
-                retire[r.uid] = error
+                retire[uid] = error
                 continue
-            out = add_token(act.builder, r)
+            builder = act.builder
+            out = add_token(builder, r) if drafting else builder.add(r.token)
             if r.finish_reason is not None:
-                if not act.builder.finished:
-                    out = act.builder.finish(r.finish_reason)
+                if builder.finish_reason is None:
+                    out = builder.finish(r.finish_reason)
                 assert out is not None
-                done[r.uid] = (out, r.prompt_cache, r.all_tokens)
-            elif act.builder.finished:
+                done[uid] = (out, r.prompt_cache, r.all_tokens)
+            elif builder.finish_reason is not None:
                 assert out is not None
-                retire[r.uid] = out
+                retire[uid] = out
             elif out is not None:
                 act.job.emit(out)
         # A newcomer's processors run during this step before it returned any token.

@@ -383,8 +383,10 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     aborts, admission). Per run: the time before the first prefill (head), after the
     last step (tail), and between steps (gaps: total and median), in ms; the decode
     steps' median, 10th and 90th percentiles and how many took over twice the median;
-    the batch's layout (rows, key buffer, keys held) at its first and last decode step.
-    Each repetition starts one side later than the one before."""
+    the batch's layout (rows, key buffer, keys held) at its first and last decode step;
+    the engine's parts (ms a step): its step, aborts, admission, the generator's step,
+    and a group's placeholders (inserting the group, the generator's ``remove``,
+    ``realign``). Each repetition starts one side later than the one before."""
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -427,6 +429,10 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     timed(batched.BatchedEngine, "_step", "engine_step")
     timed(batched.BatchedEngine, "_drop_aborted", "drop_aborted")
     timed(batched.BatchedEngine, "_admit", "admit")
+    # A group's placeholder rows: inserted with it, taken out after its prefill.
+    timed(batched.BatchedEngine, "_insert_together", "group_insert")
+    timed(g.BatchGenerator, "remove", "generator_remove")
+    timed(batched, "realign", "realign")
     path = model_path(shape)
     model, tokenizer = load(str(path))
     thread = ThreadPoolExecutor(1)

@@ -405,12 +405,13 @@ def batched_at(
     try:
         began = time.perf_counter()
         loop.run_until_complete(engine.start())
+        load_s = time.perf_counter() - began
         for served in variants.values():
             loop.run_until_complete(served.start())
-        load_s = time.perf_counter() - began
         thread.submit(lambda: None).result()
         # The first run of each side at this batch size: new shapes for both, and a
-        # new owner thread for the engine. The first side alternates with c.
+        # new owner thread for the engine. The first side alternates with c; the
+        # variants' first runs follow (kept apart too, out of the timed rotation).
         first_side = "raw" if args.concurrency.index(c) % 2 == 0 else "ours"
         first = alternate(
             1,
@@ -418,6 +419,7 @@ def batched_at(
             if first_side == "raw"
             else {"ours": sides["ours"], "raw": sides["raw"]},
         )
+        first_variants = {side: sides[side]() for side in chosen if side.startswith("ours-")}
         first_splits = {side: splits[side][0] for side in ("raw", "ours")}
         splits.clear()
         tps = alternate(args.batched_reps, chosen)
@@ -444,6 +446,7 @@ def batched_at(
                     "ours_tps": first["ours"][0],
                     "ours_slowest_first_token_s": slowest_first[0],
                     "split": first_splits,
+                    "variants_tps": first_variants,
                 },
                 "ours_slowest_first_token_s": slowest_first[1:],
                 "split": splits,

@@ -129,8 +129,9 @@ def abort_mark() -> int:
 
 
 ABORT_SCAN_S = 0.05
-"""Seconds an owner thread may go without looking at every request's ``abort`` while
-:func:`abort_mark` stays the same (a consumer's loop closed: nobody waits there)."""
+"""Seconds after which an owner thread looks at every request's ``abort`` again, at its
+next chance, while :func:`abort_mark` stays the same (a consumer's loop closed: nobody
+waits there). Only aborts raised through a :class:`Channel` move the mark."""
 
 
 class Channel:

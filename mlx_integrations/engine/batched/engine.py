@@ -309,7 +309,8 @@ class BatchedEngine(LoneRequests, MLXEngine):
         """Answer aborted queued requests; take aborted running ones out of the batch.
 
         Each request's flag is read only when an abort was raised since the last look,
-        or every :data:`ABORT_SCAN_S` (a consumer whose loop closed raises none).
+        or once :data:`ABORT_SCAN_S` has passed since it (a consumer whose loop closed
+        raises none): between two steps, so a step in flight adds to that.
         """
         mark, now = abort_mark(), time.monotonic()
         if mark == self._abort_mark and now - self._abort_scan < ABORT_SCAN_S:

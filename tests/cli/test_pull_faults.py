@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from mlx_integrations.models import ModelStore, pull
 from tests.support.fake_hub import FakeHub
+from tests.support.signals import with_default_sigint
 
 RATE = 100_000  # bytes per second: the weights take 20 s to arrive in full
 WEIGHTS = os.urandom(2_000_000)
@@ -58,7 +59,7 @@ def interrupted_pull(
     before = len(hub.requests)
     exe = Path(sys.executable).with_name("mlxi")
     proc = subprocess.Popen(
-        [str(exe), "pull", "org/slow"],
+        with_default_sigint([str(exe), "pull", "org/slow"]),
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

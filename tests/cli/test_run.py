@@ -16,6 +16,7 @@ from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
 from tests.cli.conftest import store_with
+from tests.support.signals import with_default_sigint
 
 
 def test_format_json_schema_constrains_the_answer(home, tmp_path):
@@ -61,7 +62,11 @@ class Terminal:
         master, slave = os.openpty()
         exe = Path(sys.executable).with_name("mlxi")
         self.proc = subprocess.Popen(
-            [str(exe), *args], stdin=slave, stdout=slave, stderr=slave, close_fds=True
+            with_default_sigint([str(exe), *args]),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
         )
         os.close(slave)
         self.master = master

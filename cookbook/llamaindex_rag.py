@@ -24,7 +24,11 @@ def main() -> None:
     )
     # all-MiniLM-L6-v2 from the model store (any sentence-transformers folder or name works).
     Settings.embed_model = MLXEmbedding(model_name=example_embedder())
-    documents = SimpleDirectoryReader(str(folder)).load_data()
+    # The reader's default metadata (the file's full path, dates) goes into the prompt:
+    # the file's name alone keeps the answer the same wherever the folder lies.
+    documents = SimpleDirectoryReader(
+        str(folder), file_metadata=lambda path: {"file_name": Path(path).name}
+    ).load_data()
     index = VectorStoreIndex.from_documents(documents)
     # One passage: a 135M model is easily led astray by a second, loosely related one;
     # with a larger model, similarity_top_k=3 or more gives it more to go on.

@@ -208,7 +208,7 @@ def fast_mode(
     limit = min(known) * FAST_MODE
     out: dict[str, dict[str, Any]] = {}
     for side in tps:
-        if side == "raw" or not side.startswith("ours") or side not in steps:
+        if not side.startswith("ours") or side not in steps:
             continue
         ratios = [
             ours / raw

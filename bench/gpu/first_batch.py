@@ -386,7 +386,8 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     the batch's layout (rows, key buffer, keys held) at its first and last decode step;
     the engine's parts (ms a step): its step, aborts, admission, the generator's step,
     and a group's placeholders (inserting the group, ``realign``, and the generator's
-    ``remove``, which also takes out rows retired early). Each repetition starts one side later than the one before."""
+    ``remove``, which also takes out rows retired early). Each repetition starts one
+    side later than the one before."""
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 

@@ -82,7 +82,7 @@ class Mailbox:
 
 _raised_count = itertools.count(1)
 """Advanced by every request's abort (:func:`abort_mark`)."""
-_raised = 0  # the last value taken from _raised_count (unique: a change shows)
+_mark = 0  # the last value taken from _raised_count (unique: a change shows)
 
 
 class _Abort(threading.Event):
@@ -98,10 +98,10 @@ class _Abort(threading.Event):
         self._raised = False
 
     def set(self) -> None:
-        global _raised
+        global _mark
         self._raised = True
         super().set()
-        _raised = next(_raised_count)
+        _mark = next(_raised_count)
 
     def clear(self) -> None:
         self._raised = False
@@ -125,7 +125,7 @@ def abort_mark() -> int:
     changes, except for consumers whose event loop closed or went away: those it finds
     by looking now and then (:data:`ABORT_SCAN_S`).
     """
-    return _raised
+    return _mark
 
 
 ABORT_SCAN_S = 0.05

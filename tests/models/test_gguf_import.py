@@ -20,6 +20,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models import llama
 
 from mlx_integrations.models.gguf.convert import import_gguf, read_gguf_header
+from tests.support.signals import with_default_sigint
 from tests.support.tiny_models import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
 
 N_HEADS, N_KV_HEADS = 4, 2
@@ -586,15 +587,13 @@ def test_smollm2_dequantized_weights_match_llamacpp_formulas(
 @pytest.mark.smollm
 def test_interrupted_import_leaves_no_model(tmp_path, smollm2_gguf):
     out = tmp_path / "model"
-    # Ctrl-C behaviour even where the parent runs with SIGINT ignored (background jobs).
     script = (
-        "import signal, sys, mlx_integrations\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "import sys, mlx_integrations\n"
         "from mlx_integrations.models.gguf.convert import import_gguf\n"
         "import_gguf(sys.argv[1], sys.argv[2])\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(smollm2_gguf), str(out)],
+        with_default_sigint([sys.executable, "-c", script, str(smollm2_gguf), str(out)]),
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -385,9 +385,10 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     steps' median, 10th and 90th percentiles and how many took over twice the median;
     the batch's layout (rows, key buffer, keys held) at its first and last decode step;
     the engine's parts (ms a step): its step, aborts, admission, the generator's step,
-    and a group's placeholders (inserting the group, ``realign``, and the generator's
-    ``remove``, which also takes out rows retired early). Each repetition starts one
-    side later than the one before."""
+    and a group's placeholders (inserting the group, taking them out, and the generator's
+    ``remove``, which also takes out rows retired early). ``ours-remove`` is the engine
+    taking placeholders out as it did before 2026-12-06 15:00 (mlx-lm's ``remove``, then
+    ``realign``). Each repetition starts one side later than the one before."""
     import importlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -433,7 +434,23 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
     # A group's placeholder rows: inserted with it, taken out after its prefill.
     timed(batched.BatchedEngine, "_insert_together", "group_insert")
     timed(g.BatchGenerator, "remove", "generator_remove")
-    timed(batched, "realign", "realign")
+    timed(batched, "drop_placeholders", "drop_placeholders")
+    from mlx_integrations.engine.batched import arrivals
+
+    def by_remove(generator: Any, uids: list[int]) -> None:
+        """The engine's earlier way: mlx-lm's ``remove`` (a gather of every layer, the
+        left padding read back), then the buffers grown back to whole steps."""
+        generator.remove(uids)
+        arrivals.realign(generator)
+
+    def removing(run: Any) -> None:
+        saved = batched.drop_placeholders
+        batched.drop_placeholders = by_remove
+        try:
+            run()
+        finally:
+            batched.drop_placeholders = saved
+
     path = model_path(shape)
     model, tokenizer = load(str(path))
     thread = ThreadPoolExecutor(1)
@@ -446,6 +463,8 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
         # The engine without padded pieces (no placeholder rows, no group warm-up).
         nopad = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, prefill_buckets=False)
         loop.run_until_complete(nopad.start())
+        old = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
+        loop.run_until_complete(old.start())
 
         def as_ours(prompts: list[str] = prompts, c: int = c) -> None:
             """mlx-lm's generator set up and fed as the engine does (one place more than
@@ -477,6 +496,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
             "raw-thread": lambda: thread.submit(raw).result(),
             "ours": lambda e=engine, p=prompts: serve_all(loop, e, p, tokens),
             "ours-nopad": lambda n=nopad, p=prompts: serve_all(loop, n, p, tokens),
+            "ours-remove": lambda o=old, p=prompts: removing(lambda: serve_all(loop, o, p, tokens)),
             "raw-as-ours": lambda: thread.submit(as_ours).result(),
         }
         for side in sides.values():  # one run each: shapes met
@@ -508,6 +528,11 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                         "head_ms": round((ev[0][0] - began) * 1000, 2),
                         "tail_ms": round((ended - ev[-1][1]) * 1000, 2),
                         "gaps_ms": round(sum(gaps), 1),
+                        # The longest gaps: ms, the call index after it, the calls around it.
+                        "gaps_top": [
+                            [round(gaps[i], 2), i + 1, ev[i][2], ev[i + 1][2]]
+                            for i in sorted(range(len(gaps)), key=lambda i: -gaps[i])[:5]
+                        ],
                         "gap_ms_median": round(statistics.median(gaps), 3),
                         "calls": len(ev),
                         "step_ms_median": round(statistics.median(step_ms), 3),
@@ -529,6 +554,7 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                 )
         loop.run_until_complete(engine.stop())
         loop.run_until_complete(nopad.stop())
+        loop.run_until_complete(old.stop())
     thread.shutdown()
     loop.close()
 

@@ -582,6 +582,66 @@ async def test_after_its_placeholders_leave_a_group_decodes_as_the_unpadded_batc
     assert all(buffer % 256 == 0 for _, buffer, _, _ in seen["batched_padded"][0])
 
 
+@pytest.mark.parametrize("placeholders_last", [True, False])
+def test_placeholders_taken_out_leave_the_batch_as_mlx_lms_remove_and_realign_would(
+    loaded: tuple[Any, Any], placeholders_last: bool
+):
+    """``drop_placeholders`` cuts the placeholders' rows and the padding only they needed
+    off every layer itself (the rows kept are a slice when the placeholders are last);
+    the batch it leaves is mlx-lm's ``remove`` followed by ``realign``: the same rows,
+    buffers (whole steps), positions and left padding, and the same greedy tokens after.
+    Placeholders that are not the batch's last rows go through ``remove`` itself."""
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
+    from mlx_integrations.engine.batched.arrivals import drop_placeholders, realign
+
+    model, _ = loaded
+    group = [tokens(n, seed=n) for n in (5, 17, 9)]
+    padding = [[0] * 33, [0] * 2]  # one a bucket long (and its held-back token), one row
+
+    def prefilled() -> tuple[Any, list[int], list[int]]:
+        generator = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+        prompts = group + padding if placeholders_last else padding + group
+        uids = generator.insert(prompts, max_tokens=[6] * len(prompts))
+        generator.next()  # the prefill
+        cut = len(group)
+        real, fake = (uids[:cut], uids[cut:]) if placeholders_last else (uids[2:], uids[:2])
+        return generator, real, fake
+
+    def layout(generator: Any) -> list[Any]:
+        batch = generator._prompt_batch
+        layer = batch.prompt_cache[0]
+        return [
+            batch.uids,
+            [len(t) for t in batch.tokens],
+            len(generator._currently_processing),
+            layer.keys.shape,
+            layer._idx,
+            layer.left_padding.tolist(),
+            layer.offset.tolist(),
+        ]
+
+    def decoded(generator: Any, uids: list[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {u: [] for u in uids}
+        while any(len(t) < 6 for t in out.values()):
+            for r in generator.next()[1]:
+                out[r.uid].append(r.token)
+        return out
+
+    ours, real, fake = prefilled()
+    theirs, _, _ = prefilled()
+    drop_placeholders(ours, fake)
+    theirs.remove(fake)
+    realign(theirs)
+    assert layout(ours) == layout(theirs)
+    assert layout(ours)[3][0] == len(group) and layout(ours)[3][2] % 256 == 0
+    pairs = zip(ours._prompt_batch.prompt_cache, theirs._prompt_batch.prompt_cache, strict=True)
+    for a, b in pairs:
+        assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)
+    assert decoded(ours, real) == decoded(theirs, real)
+
+
 async def test_a_group_with_a_prompt_over_one_piece_or_one_left_to_prefill_is_not_padded(
     engines, monkeypatch
 ):

@@ -11,7 +11,8 @@ that length, and more up to one of a few row counts (powers of two and one and a
 times them) while the batch has room (the generator has :data:`SPARE` places beyond
 ``max_num_seqs``, so a group that fills the batch still gets the first). They are
 taken out of the generator before they decode (the engine removes them after the step
-that prefilled them), so the real rows are computed exactly as in any mlx-lm batch.
+that prefilled them, :func:`drop_placeholders`), so the real rows are computed exactly as
+in any mlx-lm batch.
 """
 
 from __future__ import annotations
@@ -67,6 +68,66 @@ def _plain_kv(model: Any, shapes: PrefillShapes) -> bool:
     from mlx_lm.models.cache import make_prompt_cache
 
     return shapes.pads(make_prompt_cache(model))
+
+
+def drop_placeholders(generator: Any, uids: list[int]) -> None:
+    """Take a group's placeholder rows (``uids``) out of the prompt batch that has just
+    prefilled them, before it decodes, leaving the real rows' KV as the unpadded batch
+    would have it: the same buffer lengths (whole steps of mlx-lm's cache), positions and
+    left padding.
+
+    The placeholder is the group's longest row: without it, every real row starts with
+    padding. mlx-lm's ``remove`` gathers the rows kept (a new index array and a copy of
+    every layer's keys and values), reads the left padding back from the device, then
+    slices the padding no row needs off the front, leaving buffers a few positions short
+    of a whole step, which a batch decodes over more slowly. Placeholders are the last
+    rows of the batch (inserted after their group), so the rows kept are a slice: each
+    layer's buffers lose the placeholders' rows and the common padding with one copy
+    (grown back to whole steps). Anything else (rows not last, a cache that is not a
+    plain ``BatchKVCache``) goes through ``remove`` and :func:`realign`.
+    """
+    from mlx_lm.models.cache import BatchKVCache
+
+    batch = getattr(generator, "_prompt_batch", None)
+    layers = list(getattr(batch, "prompt_cache", None) or ())
+    kept = len(getattr(batch, "uids", ())) - len(uids)
+    if (
+        kept < 1
+        or batch.uids[kept:] != list(uids)
+        or not layers
+        or any(type(layer) is not BatchKVCache or layer.keys is None for layer in layers)
+    ):
+        generator.remove(uids)
+        realign(generator)
+        return
+    import mlx.core as mx
+
+    # mlx-lm's own bookkeeping (the batch's lists, the rows it is processing), its cache
+    # left out: the layers are cut here.
+    batch.prompt_cache = []
+    try:
+        generator.remove(uids)
+    finally:
+        batch.prompt_cache = layers
+    # Every layer holds the same positions; the padding was evaluated with the prefill.
+    shift = min(layers[0].left_padding.tolist()[:kept])
+    for layer in layers:
+        length = layer.keys.shape[2] - shift
+        short = -length % layer.step
+        cut = []
+        for x in (layer.keys, layer.values):
+            x = x[:kept, :, shift:, :]
+            if short:
+                x = mx.concatenate(
+                    [x, mx.zeros((*x.shape[:2], short, x.shape[3]), x.dtype)], axis=2
+                )
+            elif shift:
+                x = mx.contiguous(x)
+            cut.append(x)
+        layer.keys, layer.values = cut
+        layer.offset = layer.offset[:kept]
+        layer.left_padding = layer.left_padding[:kept] - shift
+        layer._idx -= shift
 
 
 def realign(generator: Any) -> None:

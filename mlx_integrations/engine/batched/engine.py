@@ -22,7 +22,11 @@ from typing import Any, TypeVar
 
 from mlx_integrations.engine.batched.active import Active
 from mlx_integrations.engine.batched.alone import LoneRequests
-from mlx_integrations.engine.batched.arrivals import SPARE, placeholder_prompts, realign
+from mlx_integrations.engine.batched.arrivals import (
+    SPARE,
+    drop_placeholders,
+    placeholder_prompts,
+)
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     SharedSamplers,
@@ -463,9 +467,8 @@ class BatchedEngine(LoneRequests, MLXEngine):
         # A failure here resets the batch (see _serve); a row may get several tokens.
         _, responses = self._spec.next(self._generator)
         if self._placeholders:  # prefilled with their group: out before they decode
-            self._generator.remove(self._placeholders)
-            self._placeholders = []
-            realign(self._generator)
+            placeholders, self._placeholders = self._placeholders, []
+            drop_placeholders(self._generator, placeholders)
         if rows := len({r.uid for r in responses} if self._spec.max_draft else responses):
             with self._state_lock:
                 self._steps += 1

@@ -117,7 +117,7 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.batched.arrivals import PLACEHOLDER, SPARE
+    from mlx_integrations.engine.batched.arrivals import PLACEHOLDER, SPARE, drop_placeholders
 
     if not shapes.pads(make_prompt_cache(model)):  # the engine pads no group either
         return
@@ -137,7 +137,7 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
             prompts = [[PLACEHOLDER] * size] * rows + [[PLACEHOLDER] * (size + 1)]
             uids = generator.insert(prompts, max_tokens=[2] * places)
             generator.next()  # the group's prefill
-            generator.remove(uids[rows:])  # as the engine takes its placeholders out
+            drop_placeholders(generator, uids[rows:])  # as the engine takes them out
             _run(generator, rows, [], model, shapes)
         finally:
             generator.close()

@@ -88,9 +88,9 @@ def drop_placeholders(generator: Any, uids: list[int]) -> None:
     """
     from mlx_lm.models.cache import BatchKVCache
 
-    batch = getattr(generator, "_prompt_batch", None)
-    layers = list(getattr(batch, "prompt_cache", None) or ())
-    kept = len(getattr(batch, "uids", ())) - len(uids)
+    batch: Any = generator._prompt_batch
+    layers = list(batch.prompt_cache)
+    kept = len(batch.uids) - len(uids)
     if (
         kept < 1
         or batch.uids[kept:] != list(uids)

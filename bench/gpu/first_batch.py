@@ -39,7 +39,8 @@ main thread, on a thread of its own, on the engine's owner thread, with the engi
 model object, and in the engine.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
-alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``raw``, with ``--orders``). Each times
+alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
+pieces, placeholder rows or warm-up], ``raw``, with ``--orders``). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
 lengths, then on 8 more of lengths new again but in the same buckets (the engine
@@ -897,7 +898,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
-    alone = order in ("engine", "engine-nowarm")
+    alone = order in ("engine", "engine-nowarm", "engine-nobuckets")
     model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
@@ -908,8 +909,12 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     }
     # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
     warm = False if order == "engine-nowarm" else None
+    # engine-nobuckets: no padded pieces at all (nor placeholder rows, nor a warm-up).
+    buckets = False if order == "engine-nobuckets" else None
     # Room for 16: a group of 8 is padded (with placeholder rows) as a server's would be.
-    engine = BatchedEngine(path, max_num_seqs=16, cache_memory_mb=0, warmup_shapes=warm)
+    engine = BatchedEngine(
+        path, max_num_seqs=16, cache_memory_mb=0, warmup_shapes=warm, prefill_buckets=buckets
+    )
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     loop.run_until_complete(engine.start())
@@ -954,6 +959,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         "raw-first": [raw, ours],
         "engine": [ours],
         "engine-nowarm": [ours],
+        "engine-nobuckets": [ours],
         "raw": [raw],
     }[order]
     try:

@@ -582,31 +582,50 @@ async def test_after_its_placeholders_leave_a_group_decodes_as_the_unpadded_batc
     assert all(buffer % 256 == 0 for _, buffer, _, _ in seen["batched_padded"][0])
 
 
-@pytest.mark.parametrize("placeholders_last", [True, False])
+@pytest.mark.parametrize("case", ["fresh", "cached", "on-a-bucket", "placeholders-first"])
 def test_placeholders_taken_out_leave_the_batch_as_mlx_lms_remove_and_realign_would(
-    loaded: tuple[Any, Any], placeholders_last: bool
+    tiny_own_head: Path, case: str, monkeypatch: pytest.MonkeyPatch
 ):
-    """``drop_placeholders`` cuts the placeholders' rows and the padding only they needed
-    off every layer itself (the rows kept are a slice when the placeholders are last);
-    the batch it leaves is mlx-lm's ``remove`` followed by ``realign``: the same rows,
-    buffers (whole steps), positions and left padding, and the same greedy tokens after.
-    Placeholders that are not the batch's last rows go through ``remove`` itself."""
+    """``drop_placeholders`` cuts the placeholders' rows and the padding no kept row
+    needs off every layer itself (the rows kept are a slice when the placeholders are
+    last); the batch it leaves is mlx-lm's ``remove`` followed by ``realign``: the same
+    rows, buffers (whole steps), positions, left padding and dtype, and the same greedy
+    tokens after, in bfloat16. Cases: a fresh group (its buffers grown back to a whole
+    step); a group with a cached prefix (buffers already whole steps once the padding is
+    cut); a group whose longest row is on a bucket (nothing to cut but the rows); and
+    placeholders that are not the batch's last rows (mlx-lm's ``remove`` does it all)."""
     import mlx.core as mx
+    import mlx_lm
     from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
     from mlx_integrations.engine.batched.arrivals import drop_placeholders, realign
 
-    model, _ = loaded
-    group = [tokens(n, seed=n) for n in (5, 17, 9)]
-    padding = [[0] * 33, [0] * 2]  # one a bucket long (and its held-back token), one row
+    model, _ = mlx_lm.load(str(tiny_own_head))
+    model.set_dtype(mx.bfloat16)  # as models on a GPU mostly are
+    prefix: list[int] = []
+    if case == "cached":
+        prefix = tokens(301, seed=3)  # with these rows: 45 positions cut, a whole step left
+        group, padding = [tokens(n, seed=n) for n in (21, 11, 65)], [[0] * 66]
+    elif case == "on-a-bucket":
+        group, padding = [tokens(33, seed=1), tokens(6, seed=2)], [[0] * 2]
+    else:
+        group, padding = [tokens(n, seed=n) for n in (5, 17, 9)], [[0] * 33, [0] * 2]
+    first = case == "placeholders-first"
 
     def prefilled() -> tuple[Any, list[int], list[int]]:
         generator = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
-        prompts = group + padding if placeholders_last else padding + group
-        uids = generator.insert(prompts, max_tokens=[6] * len(prompts))
+        caches: list[Any] = [None] * len(group)
+        if prefix:
+            caches[0] = make_prompt_cache(model)
+            model(mx.array([prefix]), cache=caches[0])
+        rows = padding + group if first else group + padding
+        caches = [None] * len(padding) + caches if first else caches + [None] * len(padding)
+        held = [list(prefix) if c is not None else [] for c in caches]  # mlx-lm extends them
+        uids = generator.insert(rows, max_tokens=[6] * len(rows), caches=caches, all_tokens=held)
         generator.next()  # the prefill
-        cut = len(group)
-        real, fake = (uids[:cut], uids[cut:]) if placeholders_last else (uids[2:], uids[:2])
+        n = len(padding)
+        real, fake = (uids[n:], uids[:n]) if first else (uids[:-n], uids[-n:])
         return generator, real, fake
 
     def layout(generator: Any) -> list[Any]:
@@ -617,6 +636,8 @@ def test_placeholders_taken_out_leave_the_batch_as_mlx_lms_remove_and_realign_wo
             [len(t) for t in batch.tokens],
             len(generator._currently_processing),
             layer.keys.shape,
+            layer.keys.dtype,
+            layer.values.dtype,
             layer._idx,
             layer.left_padding.tolist(),
             layer.offset.tolist(),
@@ -631,7 +652,13 @@ def test_placeholders_taken_out_leave_the_batch_as_mlx_lms_remove_and_realign_wo
 
     ours, real, fake = prefilled()
     theirs, _, _ = prefilled()
+    filtered = []  # mlx-lm's per-layer cut (the gather), taken only on the fallback
+    real_filter = BatchKVCache.filter
+    monkeypatch.setattr(
+        BatchKVCache, "filter", lambda self, idx: (filtered.append(1), real_filter(self, idx))
+    )
     drop_placeholders(ours, fake)
+    assert bool(filtered) == first
     theirs.remove(fake)
     realign(theirs)
     assert layout(ours) == layout(theirs)

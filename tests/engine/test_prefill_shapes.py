@@ -663,6 +663,7 @@ def test_placeholders_taken_out_leave_the_batch_as_mlx_lms_remove_and_realign_wo
     realign(theirs)
     assert layout(ours) == layout(theirs)
     assert layout(ours)[3][0] == len(group) and layout(ours)[3][2] % 256 == 0
+    assert layout(ours)[4] == layout(ours)[5] == mx.bfloat16  # the model's, kept
     pairs = zip(ours._prompt_batch.prompt_cache, theirs._prompt_batch.prompt_cache, strict=True)
     for a, b in pairs:
         assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)

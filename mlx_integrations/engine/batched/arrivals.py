@@ -120,9 +120,7 @@ def drop_placeholders(generator: Any, uids: list[int]) -> None:
         for x in (layer.keys, layer.values):
             x = x[:kept, :, shift:, :]
             if short:
-                x = mx.concatenate(
-                    [x, mx.zeros((*x.shape[:2], short, x.shape[3]), x.dtype)], axis=2
-                )
+                x = _grown(x, short)
             elif shift:
                 x = mx.contiguous(x)
             cut.append(x)
@@ -142,7 +140,6 @@ def realign(generator: Any) -> None:
     batch decodes over that layout (and grows it in steps from there) until it ends. The
     buffers are padded at their end back to whole steps; what the rows hold is the same.
     """
-    import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
     # Placeholders leave the prompt batch (they are removed right after the step that
@@ -153,7 +150,12 @@ def realign(generator: Any) -> None:
             continue  # a sliding window or a quantized batch: left as it is
         short = -layer.keys.shape[2] % layer.step
         if short:
-            layer.keys, layer.values = (
-                mx.concatenate([x, mx.zeros((*x.shape[:2], short, x.shape[3]), x.dtype)], axis=2)
-                for x in (layer.keys, layer.values)
-            )
+            layer.keys, layer.values = _grown(layer.keys, short), _grown(layer.values, short)
+
+
+def _grown(x: Any, positions: int) -> Any:
+    """KV buffer ``x`` (rows, heads, positions, dims) with ``positions`` zeros at its end."""
+    import mlx.core as mx
+
+    pad = mx.zeros((*x.shape[:2], positions, x.shape[3]), x.dtype)
+    return mx.concatenate([x, pad], axis=2)

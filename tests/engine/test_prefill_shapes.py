@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
+from mlx_integrations.engine.batched.arrivals import group_row_counts
 from mlx_integrations.engine.batched.warmup import GROUP_TOKENS
 from mlx_integrations.engine.decoding import (
     KEY_STEP,
@@ -319,8 +320,9 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
 ):
     """The warm-up runs small batches (rows of unequal length, one joining with its own
     cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
-    mlx-lm's generator; with padded pieces, ``max_num_seqs`` requests arriving together
-    with the spare placeholder, prefilled at each bucket up to 256 tokens. No batch is
+    mlx-lm's generator; with padded pieces, groups of requests arriving together with
+    the spare placeholder, prefilled at each bucket up to 256 tokens and each row count
+    the engine pads a group to. No batch is
     larger than the engine's own can be; afterwards nothing of it remains (no generator,
     no cached prefix) and the engine replies as one without it."""
     from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
@@ -353,10 +355,13 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
         # Every batch size the engine can run has decoded, and no larger one (a full
         # group's placeholder leaves after the prefill, as in the engine).
         assert set(rows) - {0} == set(range(1, seqs + 1))
-        groups = {n for r, n in prefills if r == seqs + 1}
-        assert groups == (
-            {b for b in bucket_sizes(STEP) if b <= GROUP_TOKENS} if buckets else set()
-        )
+        # A group's prefill at every bucket and every row count the engine pads a group
+        # to in an empty batch (the spare place included), and at no other row count.
+        counts = group_row_counts(seqs + 1)
+        assert counts[0] == seqs + 1 and counts[-1] == 2
+        grid = {(r, b) for r in counts for b in bucket_sizes(STEP) if b <= GROUP_TOKENS}
+        groups = {(r, n) for r, n in prefills if r in counts and n in bucket_sizes(STEP)}
+        assert groups == (grid if buckets else set()), sorted(grid ^ groups)
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]
@@ -908,3 +913,19 @@ async def test_later_turns_meet_few_key_lengths_where_pieces_are_padded(
         # The rest in pieces of STEP, the last a bucket long.
         assert [piece[1] for piece in more[:-1]] == [STEP] * (len(more) - 1)
         assert all(piece[1] in bucket_sizes(STEP) for piece in turn)
+
+
+@pytest.mark.parametrize("seqs", [2, 5, 16])
+def test_the_warm_up_s_row_counts_are_those_groups_in_an_empty_batch_are_padded_to(seqs):
+    """Every group of 2 to ``max_num_seqs`` requests arriving at an empty batch, on a
+    bucket or not, is prefilled at one of :func:`group_row_counts`, and each of those is
+    met by some group (what the warm-up prefills at load)."""
+    from mlx_integrations.engine.batched.arrivals import SPARE, placeholder_prompts
+
+    places = seqs + SPARE
+    met = set()
+    for n in range(2, seqs + 1):
+        for rest in (5, 16):  # padded to the bucket (16) by a placeholder, or on it
+            rests = [(0, rest)] * n
+            met.add(n + len(placeholder_prompts(rests, room=places - n, shapes=SHAPES)))
+    assert met == set(group_row_counts(places))

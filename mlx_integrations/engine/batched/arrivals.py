@@ -64,6 +64,13 @@ def group_rows(n: int) -> int:
     return size * 3 // 4 if size >= 4 and size * 3 // 4 >= n else size
 
 
+def group_row_counts(places: int) -> list[int]:
+    """The row counts the prefill of a group (two requests or more, with their
+    placeholders) takes in a generator of ``places`` places holding no other row, from
+    the largest: ``group_rows`` of each size the group can reach, at most ``places``."""
+    return sorted({min(group_rows(n), places) for n in range(2, places + 1)}, reverse=True)
+
+
 def _plain_kv(model: Any, shapes: PrefillShapes) -> bool:
     from mlx_lm.models.cache import make_prompt_cache
 

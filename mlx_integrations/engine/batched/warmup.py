@@ -37,8 +37,9 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
     merge into a running batch); the rows end at different steps (the batch shrinking).
     Then a batch grows by one joining row a step up to ``rows`` (the engine's
     ``max_num_seqs``), so every batch size the engine can run has decoded once. Where
-    pieces are padded, ``rows`` requests arriving together are prefilled at the buckets
-    up to :data:`GROUP_TOKENS` with the engine's spare placeholder row (:func:`warm_groups`).
+    pieces are padded, groups of requests arriving together are prefilled at the
+    buckets up to :data:`GROUP_TOKENS` and at each row count the engine pads a group to,
+    with the spare placeholder row (:func:`warm_groups`).
 
     A failure (a cache type that cannot join a batch, say) is logged and the load goes
     on: the warm-up only moves work earlier.
@@ -110,34 +111,43 @@ def _run(
 
 
 def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> None:
-    """Prefill ``rows`` requests arriving together as the engine does, at each bucket up
-    to :data:`GROUP_TOKENS`: the rows a token shorter than the bucket (padded at their end
-    by mlx-lm, as real prompts are) and the spare place's placeholder a bucket long, taken
-    out after the prefill; then the rows decode two tokens."""
+    """Prefill requests arriving together as the engine does, at each bucket up to
+    :data:`GROUP_TOKENS` and each row count a group's prefill takes in an empty batch of
+    ``rows`` places and the spare (:func:`group_row_counts`; on CUDA a new row count is
+    a new shape, which costs its set-up once a process): the rows a token shorter than
+    the bucket (padded at their end by mlx-lm, as real prompts are) and a placeholder a
+    bucket long, taken out after the prefill; then the rows decode two tokens."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_integrations.engine.batched.arrivals import PLACEHOLDER, SPARE, drop_placeholders
+    from mlx_integrations.engine.batched.arrivals import (
+        PLACEHOLDER,
+        SPARE,
+        drop_placeholders,
+        group_row_counts,
+    )
 
     if not shapes.pads(make_prompt_cache(model)):  # the engine pads no group either
         return
     places = rows + SPARE
     # A row reaches its length and two tokens more (mlx-lm computes a step ahead).
     limit = GROUP_TOKENS if shapes.positions is None else min(GROUP_TOKENS, shapes.positions - 3)
-    for size in (b for b in shapes.buckets if b <= limit):
-        generator = BatchGenerator(
-            model,
-            completion_batch_size=places,
-            prefill_batch_size=places,
-            prefill_step_size=prefill_step_size,
-        )
-        try:
-            # A prompt's last token is held back for its first step: the placeholder's
-            # ``size`` tokens set the prefill's length.
-            prompts = [[PLACEHOLDER] * size] * rows + [[PLACEHOLDER] * (size + 1)]
-            uids = generator.insert(prompts, max_tokens=[2] * places)
-            generator.next()  # the group's prefill
-            drop_placeholders(generator, uids[rows:])  # as the engine takes them out
-            _run(generator, rows, [], model, shapes)
-        finally:
-            generator.close()
+    for count in group_row_counts(places):
+        for size in (b for b in shapes.buckets if b <= limit):
+            generator = BatchGenerator(
+                model,
+                completion_batch_size=places,
+                prefill_batch_size=places,
+                prefill_step_size=prefill_step_size,
+            )
+            try:
+                # A prompt's last token is held back for its first step: the
+                # placeholder's ``size`` tokens set the prefill's length.
+                real = count - 1
+                prompts = [[PLACEHOLDER] * size] * real + [[PLACEHOLDER] * (size + 1)]
+                uids = generator.insert(prompts, max_tokens=[2] * count)
+                generator.next()  # the group's prefill
+                drop_placeholders(generator, uids[real:])  # as the engine takes them out
+                _run(generator, real, [], model, shapes)
+            finally:
+                generator.close()

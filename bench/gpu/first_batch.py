@@ -40,7 +40,8 @@ model object, and in the engine.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
-pieces, placeholder rows or warm-up], ``raw``, with ``--orders``). Each times
+pieces, placeholder rows or warm-up], ``raw``, with ``--orders``; ``engine@32``: the engine
+with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
 lengths, then on 8 more of lengths new again but in the same buckets (the engine
@@ -895,10 +896,12 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     from mlx_integrations.engine import BatchedEngine
 
     path = model_path(shape)
+    # engine@N: the default engine with room for N (its warm-up meets N + 1 places).
+    kind, _, seqs = order.partition("@")
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
-    alone = order in ("engine", "engine-nowarm", "engine-nobuckets")
+    alone = kind in ("engine", "engine-nowarm", "engine-nobuckets")
     model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
@@ -908,12 +911,16 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         "other-lengths": [bench_gpu.words(42 + 3 * i, offset=i + 9) for i in range(8)],
     }
     # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
-    warm = False if order == "engine-nowarm" else None
+    warm = False if kind == "engine-nowarm" else None
     # engine-nobuckets: no padded pieces at all (nor placeholder rows, nor a warm-up).
-    buckets = False if order == "engine-nobuckets" else None
+    buckets = False if kind == "engine-nobuckets" else None
     # Room for 16: a group of 8 is padded (with placeholder rows) as a server's would be.
     engine = BatchedEngine(
-        path, max_num_seqs=16, cache_memory_mb=0, warmup_shapes=warm, prefill_buckets=buckets
+        path,
+        max_num_seqs=int(seqs or 16),
+        cache_memory_mb=0,
+        warmup_shapes=warm,
+        prefill_buckets=buckets,
     )
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
@@ -925,6 +932,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             "shape": shape,
             "load_s": round(time.perf_counter() - began, 3),
             "warmup_s": engine.warmup_seconds,
+            "max_num_seqs": engine._max_num_seqs,
         },
         out,
     )
@@ -961,7 +969,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         "engine-nowarm": [ours],
         "engine-nobuckets": [ours],
         "raw": [raw],
-    }[order]
+    }[kind]
     try:
         for label in ("a", "a-again", "new-lengths", "other-lengths"):
             for side in sides:

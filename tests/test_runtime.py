@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
-from mlx_integrations.runtime import TF32_VARIABLE, backend_info
+from mlx_integrations.runtime import CACHE_CHECK_VARIABLE, TF32_VARIABLE, backend_info
 
 
-def _tf32_after_import(env: dict[str, str]) -> str:
-    code = "import os, mlx_integrations; print(os.environ['MLX_ENABLE_TF32'])"
+def _after_import(env: dict[str, str], name: str = TF32_VARIABLE) -> str:
+    code = f"import os, mlx_integrations; print(os.environ[{name!r}])"
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
@@ -21,8 +21,15 @@ def _tf32_after_import(env: dict[str, str]) -> str:
 
 def test_import_keeps_float32_products_out_of_tf32_unless_the_user_chose():
     env = {k: v for k, v in os.environ.items() if k != TF32_VARIABLE}
-    assert _tf32_after_import(env) == "0"
-    assert _tf32_after_import(env | {TF32_VARIABLE: "1"}) == "1"
+    assert _after_import(env) == "0"
+    assert _after_import(env | {TF32_VARIABLE: "1"}) == "1"
+
+
+def test_import_lets_mlx_s_cuda_caches_miss_without_failing_unless_the_user_chose():
+    # tests/engine/test_cuda_caches.py shows what the default spares on CUDA.
+    env = {k: v for k, v in os.environ.items() if k != CACHE_CHECK_VARIABLE}
+    assert _after_import(env, CACHE_CHECK_VARIABLE) == "0"
+    assert _after_import(env | {CACHE_CHECK_VARIABLE: "1"}, CACHE_CHECK_VARIABLE) == "1"
 
 
 def test_backend_info_names_the_backend_and_the_gpu_when_there_is_one():

@@ -1,4 +1,5 @@
-"""The MLX runtime as this machine offers it: BLAS preloading, float32 precision, backend facts."""
+"""The MLX runtime as this machine offers it: BLAS preloading, float32 precision, caches that
+may miss, backend facts."""
 
 from __future__ import annotations
 
@@ -62,6 +63,32 @@ def keep_float32_precise() -> bool:
     """
     os.environ.setdefault(TF32_VARIABLE, "0")
     return os.environ[TF32_VARIABLE].strip() == "0"
+
+
+CACHE_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
+"""MLX's switch for failing on cache misses once its CUDA caches have missed too often."""
+
+
+def let_caches_miss() -> bool:
+    """Let MLX's CUDA caches miss without failing, unless the user chose otherwise.
+
+    MLX's CUDA backend keeps least-recently-used caches of what it sets up once and
+    reuses: CUDA graphs (keyed by the work's topology, 400 a stream), cuDNN attention
+    plans (keyed by the exact shapes of queries, keys and mask, 256 a thread) and
+    others. With its thrashing check, on by default, a cache that has missed more than
+    twice its size in the life of its stream or thread raises on every later miss: a
+    long-lived engine that has met 513 attention shapes on its thread (prompt lengths,
+    batch sizes, key lengths) would fail every request that meets one more. A miss
+    costs only that set-up again. This sets ``MLX_ENABLE_CACHE_THRASHING_CHECK=0`` when
+    the variable is unset; MLX reads it as it makes each cache (a new stream, the first
+    attention on a thread), so it must run before MLX first runs on the GPU:
+    ``mlx_integrations`` calls it when imported. Off CUDA the variable is not read.
+
+    Returns:
+        True when MLX's caches may miss without failing.
+    """
+    os.environ.setdefault(CACHE_CHECK_VARIABLE, "0")
+    return os.environ[CACHE_CHECK_VARIABLE].strip() == "0"
 
 
 class BackendInfo(TypedDict):

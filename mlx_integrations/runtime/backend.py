@@ -77,18 +77,20 @@ def let_caches_miss() -> bool:
     plans (keyed by the exact shapes of queries, keys and mask, 256 a thread) and
     others. With its thrashing check, on by default, a cache that has missed more than
     twice its size in the life of its stream or thread raises on every later miss: a
-    long-lived engine that has met 513 attention shapes on its thread (prompt lengths,
-    batch sizes, key lengths) would fail every request that meets one more. A miss
-    costs only that set-up again. This sets ``MLX_ENABLE_CACHE_THRASHING_CHECK=0`` when
-    the variable is unset; MLX reads it as it makes each cache (a new stream, the first
-    attention on a thread), so it must run before MLX first runs on the GPU:
+    long-lived engine whose thread has set up 512 attention plans (new prompt lengths,
+    batch sizes, key lengths, or shapes evicted and met again) would fail every request
+    that needs one more. A miss costs only that set-up again. This sets
+    ``MLX_ENABLE_CACHE_THRASHING_CHECK=0`` when the variable is unset; MLX reads it as
+    it makes each cache (MLX's start for its first thread, a new stream, a thread's
+    first attention), so it must run before MLX first runs on the GPU:
     ``mlx_integrations`` calls it when imported. Off CUDA the variable is not read.
 
     Returns:
         True when MLX's caches may miss without failing.
     """
     os.environ.setdefault(CACHE_CHECK_VARIABLE, "0")
-    return os.environ[CACHE_CHECK_VARIABLE].strip() == "0"
+    value = os.environ[CACHE_CHECK_VARIABLE].strip()
+    return not value.isdigit() or int(value) == 0  # as MLX reads it (a number, else 0)
 
 
 class BackendInfo(TypedDict):

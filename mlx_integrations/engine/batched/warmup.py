@@ -114,7 +114,7 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
     """Prefill requests arriving together as the engine does, at each bucket up to
     :data:`GROUP_TOKENS` and each row count a group's prefill takes in an empty batch of
     ``rows`` places and the spare (:func:`group_row_counts`; on CUDA a new row count is
-    a new shape, which costs its set-up once a process): the rows a token shorter than
+    a new shape, whose set-up is then kept for the owner thread): the rows a token shorter than
     the bucket (padded at their end by mlx-lm, as real prompts are) and a placeholder a
     bucket long, taken out after the prefill; then the rows decode two tokens."""
     from mlx_lm.generate import BatchGenerator
@@ -127,7 +127,7 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
         group_row_counts,
     )
 
-    if not shapes.pads(make_prompt_cache(model)):  # the engine pads no group either
+    if rows < 2 or not shapes.pads(make_prompt_cache(model)):  # no group, or none padded
         return
     places = rows + SPARE
     # A row reaches its length and two tokens more (mlx-lm computes a step ahead).

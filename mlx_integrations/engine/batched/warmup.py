@@ -113,10 +113,11 @@ def _run(
 def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> None:
     """Prefill requests arriving together as the engine does, at each bucket up to
     :data:`GROUP_TOKENS` and each row count a group's prefill takes in an empty batch of
-    ``rows`` places and the spare (:func:`group_row_counts`; on CUDA a new row count is
-    a new shape, whose set-up is then kept for the owner thread): the rows a token shorter than
-    the bucket (padded at their end by mlx-lm, as real prompts are) and a placeholder a
-    bucket long, taken out after the prefill; then the rows decode two tokens."""
+    ``rows`` places and the spare (:func:`group_row_counts`; on CUDA a new row count is a
+    new shape, whose set-up is then kept for the owner thread): the rows a token shorter
+    than the bucket (padded at their end by mlx-lm, as real prompts are) and a
+    placeholder a bucket long, taken out after the prefill; then the rows decode two
+    tokens."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 

@@ -89,8 +89,14 @@ def let_caches_miss() -> bool:
         True when MLX's caches may miss without failing.
     """
     os.environ.setdefault(CACHE_CHECK_VARIABLE, "0")
-    value = os.environ[CACHE_CHECK_VARIABLE].strip()
-    return not value.isdigit() or int(value) == 0  # as MLX reads it (a number, else 0)
+    return not _cache_check_on()
+
+
+def _cache_check_on() -> bool:
+    """MLX's cache-thrashing check as MLX reads its variable: on unless set to 0 (or to
+    something that is not a number)."""
+    value = os.environ.get(CACHE_CHECK_VARIABLE, "1").strip()
+    return value.isdigit() and int(value) != 0
 
 
 class BackendInfo(TypedDict):
@@ -109,6 +115,9 @@ class BackendInfo(TypedDict):
     """``sm_90`` on an H100 or H200, ``applegpu_g15s`` and the like on a Mac."""
     tf32: bool | None
     """Whether float32 matrix products run in TF32 (probed on the GPU); None on the CPU."""
+    cache_check: bool | None
+    """Whether MLX's CUDA caches raise once they have missed twice their size
+    (``MLX_ENABLE_CACHE_THRASHING_CHECK``, see :func:`let_caches_miss`); None off CUDA."""
     metal_available: bool
     cuda_available: bool
     cpu_blas: str | None
@@ -136,6 +145,7 @@ def backend_info() -> BackendInfo:
         gpu_memory_gb=round(int(memory) / 1e9, 1) if isinstance(memory, int) else None,
         gpu_arch=str(gpu["architecture"]) if "architecture" in gpu else None,
         tf32=_tf32_in_use() if metal or cuda else None,
+        cache_check=_cache_check_on() if cuda else None,
         metal_available=metal,
         cuda_available=cuda,
         cpu_blas=_preloaded,

@@ -322,9 +322,9 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     cache, rows ending; then one row joining a step up to ``max_num_seqs``) through
     mlx-lm's generator; with padded pieces, groups of requests arriving together with
     the spare placeholder, prefilled at each bucket up to 256 tokens and each row count
-    the engine pads a group to. No batch is
-    larger than the engine's own can be; afterwards nothing of it remains (no generator,
-    no cached prefix) and the engine replies as one without it."""
+    the engine pads a group to. No batch is larger than the engine's own can be;
+    afterwards nothing of it remains (no generator, no cached prefix) and the engine
+    replies as one without it."""
     from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
     rows: list[int] = []  # the rows of every decode step the generator runs

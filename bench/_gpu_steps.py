@@ -2,18 +2,60 @@
 
 ``StepTracer.install()`` wraps ``PromptProcessingBatch.prompt`` and
 ``GenerationBatch._step`` of ``mlx_lm.generate`` in the process; ``take()`` returns
-the events since the last take: (kind, rows, key length, ms). ``split`` divides a
-run's wall time into those calls and the rest: the rest is the Python around them
-(mlx-lm's loop, and the engine's own work per step where an engine ran them).
+the events since the last take: (kind, rows, key length, ms, submit ms, wait ms). A
+decode step's ms are split further: ``mx.async_eval`` (MLX encoding and launching the
+next step's kernels, on the calling thread) is its submit time, ``mx.eval`` of the
+current tokens (waiting for the GPU to finish the step before) its wait time, and the
+rest is Python building the step's graph. ``split`` divides a run's wall time into
+those calls and the rest: the rest is the Python around them (mlx-lm's loop, and the
+engine's own work per step where an engine ran them).
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from typing import Any
 
-Event = tuple[str, int, int, float]  # kind ("prefill" or "decode"), rows, key length, ms
+# kind ("prefill" or "decode"), rows, key length, ms, and of those ms: mx.async_eval's
+# and mx.eval's
+Event = tuple[str, int, int, float, float, float]
+
+
+class _TimedMLX:
+    """``mlx.core`` as ``mlx_lm.generate`` sees it, with its two evals timed for the
+    thread's current step (``timings``: [async_eval ms, eval ms], or None)."""
+
+    def __init__(self, mx: Any) -> None:
+        self._mx = mx
+        self._local = threading.local()
+
+    @property
+    def timings(self) -> list[float] | None:
+        return getattr(self._local, "timings", None)
+
+    @timings.setter
+    def timings(self, value: list[float] | None) -> None:
+        self._local.timings = value
+
+    def _timed(self, slot: int, fn: Any, *args: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            timings = self.timings
+            if timings is not None:
+                timings[slot] += (time.perf_counter() - began) * 1000
+
+    def async_eval(self, *args: Any) -> Any:
+        return self._timed(0, self._mx.async_eval, *args)
+
+    def eval(self, *args: Any) -> Any:
+        return self._timed(1, self._mx.eval, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mx, name)
 
 
 class StepTracer:
@@ -27,17 +69,22 @@ class StepTracer:
 
         g = importlib.import_module("mlx_lm.generate")
         tracer = self
+        timed_mx = _TimedMLX(g.mx)
+        g.mx = timed_mx
 
         def timed(kind: str, fn: Any) -> Any:
             def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+                timings = [0.0, 0.0]
+                timed_mx.timings = timings
                 began = time.perf_counter()
                 try:
                     return fn(self, *args, **kwargs)
                 finally:
                     ms = (time.perf_counter() - began) * 1000
+                    timed_mx.timings = None
                     cache = getattr(self, "prompt_cache", None) or []
                     length = getattr(cache[0], "_idx", -1) if cache else -1
-                    tracer.events.append((kind, len(self.uids), int(length), ms))
+                    tracer.events.append((kind, len(self.uids), int(length), ms, *timings))
 
             return wrapper
 
@@ -51,12 +98,22 @@ class StepTracer:
 
 def split(seconds: float, events: list[Event]) -> dict[str, Any]:
     """A run's wall time: prefill calls, decode steps, and the rest (ms a decode step)."""
-    decode = [e[3] for e in events if e[0] == "decode" and e[1] > 0]
+    steps = [e for e in events if e[0] == "decode" and e[1] > 0]
+    decode = [e[3] for e in steps]
     prefill = [e[3] for e in events if e[0] == "prefill" and e[1] > 0]
     rest = seconds * 1000 - sum(decode) - sum(prefill)
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
     return {
         "steps": len(decode),
-        "step_ms_median": round(statistics.median(decode), 3) if decode else None,
+        "step_ms_median": median(decode),
+        # a decode step's Python (building its graph), MLX launching it, the GPU wait
+        "build_ms_median": median([e[3] - e[4] - e[5] for e in steps]),
+        "submit_ms_median": median([e[4] for e in steps]),
+        "wait_ms_median": median([e[5] for e in steps]),
+        "key_length_median": median([e[2] for e in steps]),  # the cache's, padding included
         "step_ms_total": round(sum(decode), 1),
         "prefill_calls": len(prefill),
         "prefill_ms_total": round(sum(prefill), 1),

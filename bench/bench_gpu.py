@@ -383,7 +383,7 @@ def batched_at(
     prompts = [words(20 + (i % 9), offset=i) for i in range(c)]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
     variants = {
-        name: BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
+        name: variant_engine(path, c, options)
         for name, options in json.loads(args.batched_variants).items()
     }
     loop = asyncio.new_event_loop()
@@ -497,7 +497,15 @@ def batched_at(
                 "split_median": {
                     side: {
                         key: statistics.median(s[key] for s in runs)
-                        for key in ("step_ms_median", "rest_ms_per_step", "prefill_ms_total")
+                        for key in (
+                            "step_ms_median",
+                            "build_ms_median",
+                            "submit_ms_median",
+                            "wait_ms_median",
+                            "key_length_median",
+                            "rest_ms_per_step",
+                            "prefill_ms_total",
+                        )
                         if all(s[key] is not None for s in runs)
                     }
                     for side, runs in splits.items()
@@ -513,6 +521,38 @@ def batched_at(
         for served in (engine, *variants.values()):
             loop.run_until_complete(served.stop())
         loop.close()
+
+
+def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
+    """A ``BatchedEngine`` with ``options``; ``"warm_elsewhere": true`` (a probe, not an
+    engine option) runs its load's warm-up on a thread of its own rather than the owner
+    thread that then serves (MLX keeps CUDA graphs and attention plans per thread)."""
+    import threading
+
+    from mlx_integrations.engine import BatchedEngine
+
+    options = dict(options)
+    elsewhere = options.pop("warm_elsewhere", False)
+    engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
+    if elsewhere:
+        warm_up = engine._warm_up
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                warm_up()
+            except BaseException as exc:  # raised on the owner thread, as it would be
+                failed.append(exc)
+
+        def on_its_own_thread() -> None:
+            thread = threading.Thread(target=run, name="warm-elsewhere")
+            thread.start()
+            thread.join()
+            if failed:
+                raise failed[0]
+
+        engine._warm_up = on_its_own_thread
+    return engine
 
 
 def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:

@@ -40,7 +40,8 @@ model object, and in the engine.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
-pieces, placeholder rows or warm-up], ``raw``, with ``--orders``; ``engine@32``: the engine
+pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's warm-up on a
+thread other than the owner's], ``raw``, with ``--orders``; ``engine@32``: the engine
 with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
@@ -893,8 +894,6 @@ def summarize(
 def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> None:
     from mlx_lm import load
 
-    from mlx_integrations.engine import BatchedEngine
-
     path = model_path(shape)
     # engine@N: the default engine with room for N; its warm-up meets the row counts of
     # N + 1 places (a group of 8 is padded to 12 rows at 16 or 32: only the load differs).
@@ -902,7 +901,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
-    alone = kind in ("engine", "engine-nowarm", "engine-nobuckets")
+    alone = kind in ("engine", "engine-nowarm", "engine-nobuckets", "engine-elsewhere")
     model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
@@ -916,12 +915,16 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     # engine-nobuckets: no padded pieces at all (nor placeholder rows, nor a warm-up).
     buckets = False if kind == "engine-nobuckets" else None
     # Room for 16: a group of 8 is padded (with placeholder rows) as a server's would be.
-    engine = BatchedEngine(
+    # engine-elsewhere: the default engine whose load's warm-up runs on a thread of its
+    # own, not on the owner thread that then serves.
+    engine = bench_gpu.variant_engine(
         path,
-        max_num_seqs=int(seqs or 16),
-        cache_memory_mb=0,
-        warmup_shapes=warm,
-        prefill_buckets=buckets,
+        int(seqs or 16),
+        {
+            "warmup_shapes": warm,
+            "prefill_buckets": buckets,
+            "warm_elsewhere": kind == "engine-elsewhere",
+        },
     )
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
@@ -969,6 +972,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         "engine": [ours],
         "engine-nowarm": [ours],
         "engine-nobuckets": [ours],
+        "engine-elsewhere": [ours],
         "raw": [raw],
     }[kind]
     try:

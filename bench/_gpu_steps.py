@@ -2,13 +2,14 @@
 
 ``StepTracer.install()`` wraps ``PromptProcessingBatch.prompt`` and
 ``GenerationBatch._step`` of ``mlx_lm.generate`` in the process; ``take()`` returns
-the events since the last take: (kind, rows, key length, ms, submit ms, wait ms). A
-decode step's ms are split further: ``mx.async_eval`` (MLX encoding and launching the
-next step's kernels, on the calling thread) is its submit time, ``mx.eval`` of the
-current tokens (waiting for the GPU to finish the step before) its wait time, and the
-rest is Python building the step's graph. ``split`` divides a run's wall time into
-those calls and the rest: the rest is the Python around them (mlx-lm's loop, and the
-engine's own work per step where an engine ran them).
+the events since the last take: (kind, rows, key length, ms, submit ms, wait ms, CPU
+ms). A decode step's ms are split further: ``mx.async_eval`` (MLX encoding and
+launching the next step's kernels, on the calling thread) is its submit time,
+``mx.eval`` of the current tokens (waiting for the GPU to finish the step before) its
+wait time, and the rest is Python building the step's graph; CPU ms are the stepping
+thread's CPU time (near the wall time where the host is the bottleneck). ``split``
+divides a run's wall time into those calls and the rest: the rest is the Python around
+them (mlx-lm's loop, and the engine's own work per step where an engine ran them).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import time
 from typing import Any
 
 # kind ("prefill" or "decode"), rows, key length, ms, and of those ms: mx.async_eval's
-# and mx.eval's
-Event = tuple[str, int, int, float, float, float]
+# and mx.eval's; then the calling thread's CPU ms
+Event = tuple[str, int, int, float, float, float, float]
 
 
-class _TimedMLX:
+class TimedMLX:
     """``mlx.core`` as ``mlx_lm.generate`` sees it, with its two evals timed for the
     thread's current step (``timings``: [async_eval ms, eval ms], or None)."""
 
@@ -69,22 +70,23 @@ class StepTracer:
 
         g = importlib.import_module("mlx_lm.generate")
         tracer = self
-        timed_mx = _TimedMLX(g.mx)
+        timed_mx = TimedMLX(g.mx)
         g.mx = timed_mx
 
         def timed(kind: str, fn: Any) -> Any:
             def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
                 timings = [0.0, 0.0]
                 timed_mx.timings = timings
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
                     return fn(self, *args, **kwargs)
                 finally:
                     ms = (time.perf_counter() - began) * 1000
+                    cpu_ms = (time.thread_time() - cpu) * 1000
                     timed_mx.timings = None
                     cache = getattr(self, "prompt_cache", None) or []
                     length = getattr(cache[0], "_idx", -1) if cache else -1
-                    tracer.events.append((kind, len(self.uids), int(length), ms, *timings))
+                    tracer.events.append((kind, len(self.uids), int(length), ms, *timings, cpu_ms))
 
             return wrapper
 
@@ -113,6 +115,7 @@ def split(seconds: float, events: list[Event]) -> dict[str, Any]:
         "build_ms_median": median([e[3] - e[4] - e[5] for e in steps]),
         "submit_ms_median": median([e[4] for e in steps]),
         "wait_ms_median": median([e[5] for e in steps]),
+        "cpu_ms_median": median([e[6] for e in steps]),  # the stepping thread's CPU time
         "key_length_median": median([e[2] for e in steps]),  # the cache's, padding included
         "step_ms_total": round(sum(decode), 1),
         "prefill_calls": len(prefill),

@@ -502,6 +502,7 @@ def batched_at(
                             "build_ms_median",
                             "submit_ms_median",
                             "wait_ms_median",
+                            "cpu_ms_median",
                             "key_length_median",
                             "rest_ms_per_step",
                             "prefill_ms_total",

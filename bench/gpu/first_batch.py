@@ -76,7 +76,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
-from _gpu_steps import StepTracer  # noqa: E402
+from _gpu_steps import StepTracer, TimedMLX  # noqa: E402
 
 HEADS = {
     name: (s["num_attention_heads"], s["num_key_value_heads"])
@@ -646,42 +646,27 @@ class StepClock:
     def __init__(self) -> None:
         import importlib
 
-        import mlx.core as mx
-
         self.g = importlib.import_module("mlx_lm.generate")
-        self.mx = mx
+        self.mx = self.g.mx
         self.step_fn = self.g.GenerationBatch._step
-        self.inside = False
         self.reset()
         clock = self
-
-        class TimedMx:  # mlx-lm's module-level ``mx``, with ``eval`` and ``async_eval`` timed
-            def __getattr__(self, name: str) -> Any:
-                return getattr(mx, name)
-
-            def eval(self, *a: Any) -> None:
-                began = time.perf_counter()
-                mx.eval(*a)
-                if clock.inside:
-                    clock.wait += time.perf_counter() - began
-
-            def async_eval(self, *a: Any) -> None:
-                began = time.perf_counter()
-                mx.async_eval(*a)
-                if clock.inside:
-                    clock.submit += time.perf_counter() - began
+        timed_mx = TimedMLX(self.mx)  # mlx-lm's module-level ``mx``, its evals timed
 
         def timed_step(batch: Any) -> Any:
+            timings = [0.0, 0.0]
+            timed_mx.timings = timings
             began, cpu = time.perf_counter(), time.thread_time()
-            clock.inside = True
             try:
                 return clock.step_fn(batch)
             finally:
-                clock.inside = False
+                timed_mx.timings = None
                 clock.steps.append(time.perf_counter() - began)
                 clock.cpu += time.thread_time() - cpu
+                clock.submit += timings[0] / 1000
+                clock.wait += timings[1] / 1000
 
-        self.g.mx = TimedMx()
+        self.g.mx = timed_mx
         self.g.GenerationBatch._step = timed_step
 
     def reset(self) -> None:

@@ -70,6 +70,7 @@ class StepTracer:
 
         g = importlib.import_module("mlx_lm.generate")
         tracer = self
+        self._undo = (g, g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
         timed_mx = TimedMLX(g.mx)
         g.mx = timed_mx
 
@@ -92,6 +93,10 @@ class StepTracer:
 
         g.PromptProcessingBatch.prompt = timed("prefill", g.PromptProcessingBatch.prompt)
         g.GenerationBatch._step = timed("decode", g.GenerationBatch._step)
+
+    def remove(self) -> None:
+        """Give mlx-lm back what :meth:`install` wrapped."""
+        g, g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step = self._undo
 
     def take(self) -> list[Event]:
         events, self.events = self.events, []

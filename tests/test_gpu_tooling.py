@@ -301,3 +301,41 @@ def test_download_takes_any_python_and_names_one_without_pip(tmp_path):
     assert done.returncode == 1
     assert f"{tmp_path / 'no-python'} has no pip" in done.stderr
     assert "Hint: PYTHON=" in done.stderr
+
+
+def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen2):
+    """bench/_gpu_steps.py: every decode step of a real batch is timed, its launch and
+    GPU wait inside its wall time; removing the tracer leaves mlx-lm as it was."""
+    import importlib
+
+    from mlx_lm import batch_generate, load
+
+    spec = importlib.util.spec_from_file_location("gpu_steps", ROOT / "bench" / "_gpu_steps.py")
+    assert spec is not None and spec.loader is not None
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    g = importlib.import_module("mlx_lm.generate")
+    before = (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
+    model, tokenizer = load(str(tiny_qwen2))
+    tracer = steps.StepTracer()
+    tracer.install()
+    try:
+        assert g.mx is not before[0]
+        response = batch_generate(
+            model, tokenizer, [[1, 2, 3, 4], [5, 6]], max_tokens=6, return_token_ids=True
+        )
+        events = tracer.take()
+    finally:
+        tracer.remove()
+    assert (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step) == before
+    decode = [e for e in events if e[0] == "decode" and e[1] > 0]
+    assert len(decode) >= max(map(len, response.token_ids))
+    for _, rows, _, ms, submit, wait, cpu in decode:
+        assert rows in (1, 2)
+        assert submit > 0 and wait >= 0 and submit + wait <= ms
+        assert cpu >= 0
+    report = steps.split(1.0, events)
+    assert report["steps"] == len(decode)
+    parts = [report[f"{part}_ms_median"] for part in ("build", "submit", "wait")]
+    assert all(p is not None and p >= 0 for p in parts)
+    assert report["submit_ms_median"] <= report["step_ms_median"]

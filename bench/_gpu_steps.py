@@ -64,15 +64,18 @@ class StepTracer:
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self._undo: tuple[Any, ...] | None = None
+        self._installed: tuple[Any, ...] = ()
 
     def install(self) -> None:
         import importlib
 
-        g = importlib.import_module("mlx_lm.generate")
+        if self._undo is not None:
+            raise RuntimeError("this tracer is installed already")
+        g: Any = importlib.import_module("mlx_lm.generate")
         tracer = self
-        self._undo = (g, g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
+        undo = (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
         timed_mx = TimedMLX(g.mx)
-        g.mx = timed_mx
 
         def timed(kind: str, fn: Any) -> Any:
             def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -87,16 +90,30 @@ class StepTracer:
                     timed_mx.timings = None
                     cache = getattr(self, "prompt_cache", None) or []
                     length = getattr(cache[0], "_idx", -1) if cache else -1
-                    tracer.events.append((kind, len(self.uids), int(length), ms, *timings, cpu_ms))
+                    tracer.events.append(
+                        (kind, len(self.uids), int(length), ms, timings[0], timings[1], cpu_ms)
+                    )
 
             return wrapper
 
+        g.mx = timed_mx
         g.PromptProcessingBatch.prompt = timed("prefill", g.PromptProcessingBatch.prompt)
         g.GenerationBatch._step = timed("decode", g.GenerationBatch._step)
+        self._installed = (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
+        self._undo = undo
 
     def remove(self) -> None:
-        """Give mlx-lm back what :meth:`install` wrapped."""
-        g, g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step = self._undo
+        """Give mlx-lm back what :meth:`install` wrapped (wrappers installed after this
+        tracer's must be removed first)."""
+        import importlib
+
+        if self._undo is None:
+            return
+        g: Any = importlib.import_module("mlx_lm.generate")
+        if (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step) != self._installed:
+            raise RuntimeError("mlx-lm was wrapped again after this tracer: remove that first")
+        g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step = self._undo
+        self._undo = None
 
     def take(self) -> list[Event]:
         events, self.events = self.events, []

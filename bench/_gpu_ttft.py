@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _gpu_owners import retire
+
 SYLLABLES = "ka lo mi ne su ta ri po ve za du fe gi ho ju".split()
 
 
@@ -212,7 +214,7 @@ def bench_ttft(
         out["same_greedy_tokens"] = same
     finally:
         for engine in engines.values():
-            loop.run_until_complete(engine.stop())
+            retire(engine)
         loop.close()
     return out
 

@@ -68,6 +68,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _gpu_owners import retire, side_thread
 from _gpu_report import brief, merge, plot, summary, table
 from _gpu_ttft import bench_ttft
 
@@ -321,7 +322,7 @@ def decode_sides(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
             "ttft": spread(*([r["ttft"] for r in runs[k]] for k in ("ours", "raw"))),
         }
     finally:
-        loop.run_until_complete(engine.stop())
+        retire(engine)
         loop.close()
 
 
@@ -515,12 +516,15 @@ def batched_at(
                 "raw_encode_ms_median": statistics.median(encode_ms),
                 "load_s": load_s,
                 "warmup_s": engine.warmup_seconds,
+                "variants_warmup_s": {
+                    f"ours-{name}": served.warmup_seconds for name, served in variants.items()
+                },
             }
         )
     finally:
         thread.shutdown()
         for served in (engine, *variants.values()):
-            loop.run_until_complete(served.stop())
+            retire(served)
         loop.close()
 
 
@@ -528,8 +532,6 @@ def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
     """A ``BatchedEngine`` with ``options``; ``"warm_elsewhere": true`` (a probe, not an
     engine option) runs its load's warm-up on a thread of its own rather than the owner
     thread that then serves (MLX keeps CUDA graphs and attention plans per thread)."""
-    import threading
-
     from mlx_integrations.engine import BatchedEngine
 
     options = dict(options)
@@ -537,22 +539,8 @@ def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
     if elsewhere:
         warm_up = engine._warm_up
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                warm_up()
-            except BaseException as exc:  # raised on the owner thread, as it would be
-                failed.append(exc)
-
-        def on_its_own_thread() -> None:
-            thread = threading.Thread(target=run, name="warm-elsewhere")
-            thread.start()
-            thread.join()
-            if failed:
-                raise failed[0]
-
-        engine._warm_up = on_its_own_thread
+        # Its errors reach the owner thread's load through the future, as they would.
+        engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
     return engine
 
 
@@ -605,7 +593,7 @@ def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
             "cached_tokens": cached,
         }
     finally:
-        loop.run_until_complete(engine.stop())
+        retire(engine)
         loop.close()
 
 
@@ -639,7 +627,7 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
         }
     finally:
         for e in (plain, lookup):
-            loop.run_until_complete(e.stop())
+            retire(e)
     engines = {
         "plain": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0),
         "lookup": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0, prompt_lookup=4),
@@ -666,7 +654,7 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
         result["c8"] = spread(tps["lookup"], tps["plain"])
     finally:
         for e in engines.values():
-            loop.run_until_complete(e.stop())
+            retire(e)
         loop.close()
     return result
 
@@ -1020,6 +1008,8 @@ def main() -> None:
         "card": card(),
         "nvidia_smi": nvidia_smi(),
         "backend": dict(info),
+        # MLX's settings from the environment (graphs, cache sizes, ...) as this run had them
+        "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
         "tokens": args.tokens,
         "reps": args.reps,
         "batched_reps": args.batched_reps,

@@ -307,6 +307,7 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
     """bench/_gpu_steps.py: every decode step of a real batch is timed, its launch and
     GPU wait inside its wall time; removing the tracer leaves mlx-lm as it was."""
     import importlib
+    import time
 
     from mlx_lm import batch_generate, load
 
@@ -319,8 +320,25 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
     model, tokenizer = load(str(tiny_qwen2))
     tracer = steps.StepTracer()
     tracer.install()
+
+    class Slowed:  # MLX, with its evals taking at least 20 ms (launch) and 5 ms (wait)
+        def __init__(self, mx):
+            self.mx = mx
+
+        def async_eval(self, *args):
+            time.sleep(0.02)
+            return self.mx.async_eval(*args)
+
+        def eval(self, *args):
+            time.sleep(0.005)
+            return self.mx.eval(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.mx, name)
+
     try:
         assert g.mx is not before[0]
+        g.mx._mx = Slowed(g.mx._mx)  # the tracer's timed evals call these
         response = batch_generate(
             model, tokenizer, [[1, 2, 3, 4], [5, 6]], max_tokens=6, return_token_ids=True
         )
@@ -330,12 +348,51 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
     assert (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step) == before
     decode = [e for e in events if e[0] == "decode" and e[1] > 0]
     assert len(decode) >= max(map(len, response.token_ids))
-    for _, rows, _, ms, submit, wait, cpu in decode:
+    for _, rows, _, ms, submit, wait, _cpu in decode:
         assert rows in (1, 2)
-        assert submit > 0 and wait >= 0 and submit + wait <= ms
-        assert cpu >= 0
+        # each in its own slot, both inside the step's wall time
+        assert submit >= 20 and wait >= 5 and submit + wait <= ms
+    assert sum(e[6] for e in decode) > 0  # the thread's CPU time, sleeps not counted
+    assert sum(e[6] for e in decode) < sum(e[3] for e in decode)
     report = steps.split(1.0, events)
     assert report["steps"] == len(decode)
     parts = [report[f"{part}_ms_median"] for part in ("build", "submit", "wait")]
     assert all(p is not None and p >= 0 for p in parts)
     assert report["submit_ms_median"] <= report["step_ms_median"]
+
+
+def test_the_warm_elsewhere_probe_warms_the_engine_on_a_thread_not_its_owner(
+    tiny_qwen2, monkeypatch
+):
+    """bench_gpu.variant_engine's ``warm_elsewhere``: the load's batch warm-up runs (and
+    is timed) on a kept side thread; the engine then serves on its owner thread."""
+    import asyncio
+    import importlib
+    import threading
+
+    from mlx_integrations.engine.batched import engine as batched
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench_gpu = importlib.import_module("bench_gpu")
+    threads: list[str] = []
+    warm_batch = batched.warm_batch
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return warm_batch(*args, **kwargs)
+
+    monkeypatch.setattr(batched, "warm_batch", recorded)
+    options = {"warm_elsewhere": True, "warmup_shapes": True, "prefill_buckets": True}
+    engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())
+        reply = loop.run_until_complete(engine.generate("hello", max_tokens=3, temperature=0))
+        owner = engine._executor.submit(lambda: threading.current_thread().name).result()
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+    assert len(threads) == 1 and threads[0].startswith("warm-elsewhere")
+    assert not owner.startswith("warm-elsewhere")
+    assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
+    assert reply.completion_tokens == 3

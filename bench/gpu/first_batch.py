@@ -76,6 +76,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
+from _gpu_owners import retire  # noqa: E402
 from _gpu_steps import StepTracer, TimedMLX  # noqa: E402
 
 HEADS = {
@@ -372,7 +373,7 @@ def turns_probe(shape: str, out: Path | None, conversations: int = 36) -> None:
             out,
         )
     for engine in engines.values():
-        loop.run_until_complete(engine.stop())
+        retire(engine)
     loop.close()
 
 
@@ -555,9 +556,9 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                     },
                     out,
                 )
-        loop.run_until_complete(engine.stop())
-        loop.run_until_complete(nopad.stop())
-        loop.run_until_complete(old.stop())
+        retire(engine)
+        retire(nopad)
+        retire(old)
     thread.shutdown()
     loop.close()
 
@@ -630,7 +631,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
         phase("raw-after-engine", raw)
     finally:
         stop.set()
-        loop.run_until_complete(engine.stop())
+        retire(engine)
         loop.close()
 
 
@@ -668,6 +669,7 @@ class StepClock:
 
         self.g.mx = timed_mx
         self.g.GenerationBatch._step = timed_step
+        self.installed = (timed_mx, timed_step)
 
     def reset(self) -> None:
         self.steps: list[float] = []
@@ -690,6 +692,8 @@ class StepClock:
         }
 
     def close(self) -> None:
+        if (self.g.mx, self.g.GenerationBatch._step) != self.installed:
+            raise RuntimeError("mlx-lm was wrapped again after this clock: remove that first")
         self.g.mx = self.mx
         self.g.GenerationBatch._step = self.step_fn
 
@@ -756,7 +760,7 @@ def owner_probe(
                         },
                         out,
                     )
-            loop.run_until_complete(engine.stop())
+            retire(engine)
     finally:
         thread.shutdown()
         loop.close()
@@ -846,7 +850,7 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
         phase("engine-clear-each", serve, mx.clear_cache)
         phase("raw-clear-each", raw, mx.clear_cache)
     finally:
-        loop.run_until_complete(engine.stop())
+        retire(engine)
         loop.close()
         clock.close()
 
@@ -965,7 +969,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             for side in sides:
                 side(label, sets["a" if label == "a-again" else label])
     finally:
-        loop.run_until_complete(engine.stop())
+        retire(engine)
         loop.close()
 
 

@@ -1,0 +1,40 @@
+"""Engines a GPU bench is done with, kept from lending their owner threads to the next.
+
+A stopped engine's owner thread serves the next engine made (the package keeps owner
+threads for reuse), and MLX keeps CUDA graphs and attention plans per thread: an engine
+of a later part, concurrency or variant would inherit what another met before, and its
+figures would depend on the order the bench ran in. :func:`retire` frees the model and
+keeps the thread to the engine until the process ends; the package ends kept threads at
+interpreter exit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_RETIRED: list[Any] = []
+
+
+def retire(engine: Any) -> None:
+    """Unload ``engine``'s model (weights, caches, MLX's buffer pool); keep its thread."""
+    engine.unload_if_idle()
+    _RETIRED.append(engine)
+
+
+def side_thread(name: str) -> Any:
+    """A thread of its own for MLX work beside the engines (never an engine's owner),
+    kept until the process ends and ended at interpreter exit as the package ends the
+    owner threads it keeps (its MLX streams released first)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_integrations.runtime.owner import at_thread_exit, release_thread_streams
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    def end() -> None:
+        executor.submit(release_thread_streams)
+        executor.shutdown(wait=False)
+
+    at_thread_exit(end)
+    _RETIRED.append(executor)
+    return executor

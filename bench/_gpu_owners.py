@@ -15,10 +15,18 @@ from typing import Any
 _RETIRED: list[Any] = []
 
 
-def retire(engine: Any) -> None:
-    """Unload ``engine``'s model (weights, caches, MLX's buffer pool); keep its thread."""
-    engine.unload_if_idle()
-    _RETIRED.append(engine)
+def retire(engine: Any, loop: Any) -> None:
+    """Unload ``engine``'s model (weights, caches, MLX's buffer pool); keep its thread.
+
+    An engine still serving (a part that failed with requests in flight) is stopped as
+    before, on ``loop``: its requests are aborted and its thread may serve another
+    engine, but that part has failed anyway. A kept thread also keeps what MLX set up
+    on it (graphs, attention plans) until the process ends.
+    """
+    if engine.unload_if_idle() or not engine.is_loaded:
+        _RETIRED.append(engine)
+    else:
+        loop.run_until_complete(engine.stop())
 
 
 def side_thread(name: str) -> Any:

@@ -214,7 +214,7 @@ def bench_ttft(
         out["same_greedy_tokens"] = same
     finally:
         for engine in engines.values():
-            retire(engine)
+            retire(engine, loop)
         loop.close()
     return out
 

@@ -322,7 +322,7 @@ def decode_sides(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
             "ttft": spread(*([r["ttft"] for r in runs[k]] for k in ("ours", "raw"))),
         }
     finally:
-        retire(engine)
+        retire(engine, loop)
         loop.close()
 
 
@@ -524,7 +524,7 @@ def batched_at(
     finally:
         thread.shutdown()
         for served in (engine, *variants.values()):
-            retire(served)
+            retire(served, loop)
         loop.close()
 
 
@@ -593,7 +593,7 @@ def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
             "cached_tokens": cached,
         }
     finally:
-        retire(engine)
+        retire(engine, loop)
         loop.close()
 
 
@@ -627,7 +627,7 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
         }
     finally:
         for e in (plain, lookup):
-            retire(e)
+            retire(e, loop)
     engines = {
         "plain": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0),
         "lookup": BatchedEngine(path, max_num_seqs=8, cache_memory_mb=0, prompt_lookup=4),
@@ -654,7 +654,7 @@ def bench_lookup(path: Path, args: Any, label: str) -> dict[str, Any]:
         result["c8"] = spread(tps["lookup"], tps["plain"])
     finally:
         for e in engines.values():
-            retire(e)
+            retire(e, loop)
         loop.close()
     return result
 

@@ -373,7 +373,7 @@ def turns_probe(shape: str, out: Path | None, conversations: int = 36) -> None:
             out,
         )
     for engine in engines.values():
-        retire(engine)
+        retire(engine, loop)
     loop.close()
 
 
@@ -556,9 +556,9 @@ def host_probe(shape: str, out: Path | None, tokens: int = 128, reps: int = 3) -
                     },
                     out,
                 )
-        retire(engine)
-        retire(nopad)
-        retire(old)
+        retire(engine, loop)
+        retire(nopad, loop)
+        retire(old, loop)
     thread.shutdown()
     loop.close()
 
@@ -631,7 +631,7 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
         phase("raw-after-engine", raw)
     finally:
         stop.set()
-        retire(engine)
+        retire(engine, loop)
         loop.close()
 
 
@@ -760,7 +760,7 @@ def owner_probe(
                         },
                         out,
                     )
-            retire(engine)
+            retire(engine, loop)
     finally:
         thread.shutdown()
         loop.close()
@@ -850,7 +850,7 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
         phase("engine-clear-each", serve, mx.clear_cache)
         phase("raw-clear-each", raw, mx.clear_cache)
     finally:
-        retire(engine)
+        retire(engine, loop)
         loop.close()
         clock.close()
 
@@ -969,7 +969,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             for side in sides:
                 side(label, sets["a" if label == "a-again" else label])
     finally:
-        retire(engine)
+        retire(engine, loop)
         loop.close()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -268,6 +269,8 @@ class ResidencyManager:
         """
         with self.cond:
             if self._thread is None or not self._thread.is_alive():
+                if sys.is_finalizing():  # at interpreter exit a new thread never starts:
+                    return False  # its start() would wait for ever (nothing is due then)
                 self._thread = threading.Thread(
                     target=self._run, name="mlxi-residency", daemon=True
                 )

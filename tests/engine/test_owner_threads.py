@@ -74,3 +74,43 @@ def test_kept_threads_release_their_streams_and_end_at_exit(tiny_llama: Path):
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "done"
+
+
+IN_FLIGHT_SCRIPT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from mlx_integrations.engine import BatchedEngine
+
+loop = asyncio.new_event_loop()
+engine = BatchedEngine({path!r}, max_num_seqs=2, cache_memory_mb=0)
+loop.run_until_complete(engine.start())
+
+async def main():
+    asyncio.ensure_future(engine.generate("hello " * 20, max_tokens=100000, temperature=0))
+    while not engine._jobs:  # the request is in the engine
+        await asyncio.sleep(0.01)
+    raise RuntimeError("the script fails while a request runs")
+
+try:
+    loop.run_until_complete(main())
+except RuntimeError:
+    pass
+loop.close()  # neither the request nor the engine is stopped
+print("done", flush=True)
+"""
+
+
+def test_a_process_ending_with_a_request_in_flight_exits(tiny_llama: Path):
+    """A script that closes its loop while a request runs, without stopping the engine:
+    the request's task is collected at interpreter exit, and the model's use ending then
+    must not wait for a new residency thread (none can start at exit)."""
+    root = str(Path(__file__).resolve().parents[2])
+    script = IN_FLIGHT_SCRIPT.format(root=root, path=str(tiny_llama))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the process did not exit: {exc.stderr!r}") from None
+    assert proc.stdout.strip() == "done", proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]

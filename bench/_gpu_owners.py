@@ -39,9 +39,9 @@ def side_thread(name: str) -> Any:
 
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
-    def end() -> None:
+    def end() -> None:  # its streams released before any other thread's go (one at a time)
         executor.submit(release_thread_streams)
-        executor.shutdown(wait=False)
+        executor.shutdown(wait=True)
 
     at_thread_exit(end)
     _RETIRED.append(executor)

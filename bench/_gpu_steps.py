@@ -120,6 +120,19 @@ class StepTracer:
         return events
 
 
+MEDIANS = (
+    "step_ms_median",
+    "build_ms_median",
+    "submit_ms_median",
+    "wait_ms_median",
+    "cpu_ms_median",
+    "key_length_median",
+    "rest_ms_per_step",
+    "prefill_ms_total",
+)
+"""The keys of :func:`split` that a bench compares across runs (their median)."""
+
+
 def split(seconds: float, events: list[Event]) -> dict[str, Any]:
     """A run's wall time: prefill calls, decode steps, and the rest (ms a decode step)."""
     steps = [e for e in events if e[0] == "decode" and e[1] > 0]

@@ -376,7 +376,7 @@ def batched_at(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from _gpu_steps import split
+    from _gpu_steps import MEDIANS, split
     from mlx_lm import batch_generate
 
     from mlx_integrations.engine import BatchedEngine
@@ -498,16 +498,7 @@ def batched_at(
                 "split_median": {
                     side: {
                         key: statistics.median(s[key] for s in runs)
-                        for key in (
-                            "step_ms_median",
-                            "build_ms_median",
-                            "submit_ms_median",
-                            "wait_ms_median",
-                            "cpu_ms_median",
-                            "key_length_median",
-                            "rest_ms_per_step",
-                            "prefill_ms_total",
-                        )
+                        for key in MEDIANS
                         if all(s[key] is not None for s in runs)
                     }
                     for side, runs in splits.items()

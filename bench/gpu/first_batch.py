@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
 from _gpu_owners import retire  # noqa: E402
-from _gpu_steps import StepTracer, TimedMLX  # noqa: E402
+from _gpu_steps import StepTracer  # noqa: E402
 
 HEADS = {
     name: (s["num_attention_heads"], s["num_key_value_heads"])
@@ -639,63 +639,38 @@ def neighbour_probe(shape: str, out: Path | None, tokens: int = 128, runs: int =
 
 
 class StepClock:
-    """Times mlx-lm's decode steps (``GenerationBatch._step``) wherever they run: per
-    step the wall time, the thread's CPU time, the time in ``mx.async_eval`` (MLX
-    encoding and submitting the step's kernels) and in ``mx.eval`` (waiting for the
-    step before: the GPU's share); the rest is Python building the step's graph."""
+    """mlx-lm's decode steps wherever they run, per run (a :class:`StepTracer`'s events,
+    summed): their count and median wall time, and per step the time in ``mx.eval``
+    (waiting for the step before: the GPU's share), in ``mx.async_eval`` (MLX encoding
+    and submitting the step's kernels), the rest (Python building the step's graph) and
+    the thread's CPU time."""
 
     def __init__(self) -> None:
-        import importlib
-
-        self.g = importlib.import_module("mlx_lm.generate")
-        self.mx = self.g.mx
-        self.step_fn = self.g.GenerationBatch._step
-        self.reset()
-        clock = self
-        timed_mx = TimedMLX(self.mx)  # mlx-lm's module-level ``mx``, its evals timed
-
-        def timed_step(batch: Any) -> Any:
-            timings = [0.0, 0.0]
-            timed_mx.timings = timings
-            began, cpu = time.perf_counter(), time.thread_time()
-            try:
-                return clock.step_fn(batch)
-            finally:
-                timed_mx.timings = None
-                clock.steps.append(time.perf_counter() - began)
-                clock.cpu += time.thread_time() - cpu
-                clock.submit += timings[0] / 1000
-                clock.wait += timings[1] / 1000
-
-        self.g.mx = timed_mx
-        self.g.GenerationBatch._step = timed_step
-        self.installed = (timed_mx, timed_step)
+        self.tracer = StepTracer()
+        self.tracer.install()
 
     def reset(self) -> None:
-        self.steps: list[float] = []
-        self.wait = self.submit = self.cpu = 0.0
+        self.tracer.take()
 
     def report(self) -> dict[str, Any]:
-        n = max(len(self.steps), 1)
-        total = sum(self.steps)
+        steps = [e for e in self.tracer.take() if e[0] == "decode"]
+        n = max(len(steps), 1)
+        wall, submit, wait, cpu = (sum(e[i] for e in steps) for i in (3, 4, 5, 6))
 
-        def per_step(seconds: float) -> float:
-            return round(seconds * 1000 / n, 3)
+        def per_step(ms: float) -> float:
+            return round(ms / n, 3)
 
         return {
-            "steps": len(self.steps),
-            "step_ms_median": round(statistics.median(self.steps) * 1000, 3) if self.steps else 0.0,
-            "wait_ms_per_step": per_step(self.wait),
-            "submit_ms_per_step": per_step(self.submit),
-            "build_ms_per_step": per_step(total - self.wait - self.submit),
-            "cpu_ms_per_step": per_step(self.cpu),
+            "steps": len(steps),
+            "step_ms_median": round(statistics.median(e[3] for e in steps), 3) if steps else 0.0,
+            "wait_ms_per_step": per_step(wait),
+            "submit_ms_per_step": per_step(submit),
+            "build_ms_per_step": per_step(wall - wait - submit),
+            "cpu_ms_per_step": per_step(cpu),
         }
 
     def close(self) -> None:
-        if (self.g.mx, self.g.GenerationBatch._step) != self.installed:
-            raise RuntimeError("mlx-lm was wrapped again after this clock: remove that first")
-        self.g.mx = self.mx
-        self.g.GenerationBatch._step = self.step_fn
+        self.tracer.remove()
 
 
 def owner_probe(

@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 _registered: set[Callable[[], None]] = set()
 _lock = threading.Lock()
+_releasing = threading.Lock()  # one thread releases its streams at a time
 
 
 IDLE_NAME = "mlxi-owner-idle"
@@ -71,6 +72,10 @@ def release_thread_streams() -> None:
     on another thread meanwhile holds the GIL and waits for that lock, and both threads
     hang. The garbage collector stays off during the call, so no collection can start
     there (the usual way such a function goes).
+
+    Threads release one at a time (kept threads all release at exit): two releases at
+    once would each empty the compile cache while the other runs, and the first to end
+    would turn the collector back on during the second.
     """
     import gc
 
@@ -79,13 +84,14 @@ def release_thread_streams() -> None:
     clear_streams = getattr(mx, "clear_streams", None)
     if clear_streams is None:
         return
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        clear_streams()
-    finally:
-        if collecting:
-            gc.enable()
+    with _releasing:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            clear_streams()
+        finally:
+            if collecting:
+                gc.enable()
 
 
 def stop_owner_thread(executor: ThreadPoolExecutor, wait: bool = False) -> None:

@@ -114,3 +114,44 @@ def test_a_process_ending_with_a_request_in_flight_exits(tiny_llama: Path):
         raise AssertionError(f"the process did not exit: {exc.stderr!r}") from None
     assert proc.stdout.strip() == "done", proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_threads_release_their_streams_one_at_a_time(monkeypatch):
+    """Kept threads all release at exit: a second release waits for the first, and the
+    collector stays off for the whole of each (the first to end must not turn it on)."""
+    import gc
+
+    import mlx.core as mx
+
+    second_started = threading.Event()
+    inside = 0
+    seen: list[tuple[int, bool]] = []  # (releases running, collector on) inside a release
+    count = threading.Lock()
+
+    def clear_streams() -> None:
+        nonlocal inside
+        with count:
+            inside += 1
+        if threading.current_thread().name == "first":
+            second_started.wait(1)  # the second release, if unserialized, runs now
+        with count:
+            seen.append((inside, gc.isenabled()))
+            inside -= 1
+
+    monkeypatch.setattr(mx, "clear_streams", clear_streams, raising=False)
+
+    def second() -> None:
+        second_started.set()
+        owner.release_thread_streams()
+
+    threads = [threading.Thread(target=owner.release_thread_streams, name="first")]
+    threads.append(threading.Thread(target=second, name="second"))
+    was_collecting = gc.isenabled()
+    threads[0].start()
+    while not seen and inside == 0:  # the first is inside its release
+        threading.Event().wait(0.01)
+    threads[1].start()
+    for thread in threads:
+        thread.join(30)
+    assert seen == [(1, False), (1, False)]
+    assert gc.isenabled() == was_collecting

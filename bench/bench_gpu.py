@@ -359,6 +359,8 @@ def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str
             f"token {first['ours_slowest_first_token_s']:.3f} s; {steps}{variants}",
             flush=True,
         )
+        # Each concurrency saved once done: a part timed out keeps those before it.
+        args.part_out.write_text(json.dumps(results | {"partial": True}))
     return results
 
 

@@ -41,7 +41,8 @@ early: every side makes exactly the same tokens, checked) and every token stream
 Results go to ``--out`` as ``bench_gpu.json`` (written after each part) and
 ``bench_gpu.png`` (tokens/s against concurrency); the card (MLX's device name, and
 nvidia-smi's) is in the JSON's header, in every part and on every log line. ``--budget-s`` skips the parts that
-would start past it, so a run fits one command of a time-limited machine.
+would start past it and stops the one running at it (the batched and graph parts keep
+what they finished), so a run fits one command of a time-limited machine.
 
 Run (on the GPU machine, see bench/gpu/device.sh): ``python3 bench/bench_gpu.py --out DIR``;
 ``--quick`` runs tiny shapes and counts, for a check on a CPU (``--shapes tiny`` alone

@@ -41,8 +41,8 @@ early: every side makes exactly the same tokens, checked) and every token stream
 Results go to ``--out`` as ``bench_gpu.json`` (written after each part) and
 ``bench_gpu.png`` (tokens/s against concurrency); the card (MLX's device name, and
 nvidia-smi's) is in the JSON's header, in every part and on every log line. ``--budget-s`` skips the parts that
-would start past it and stops the one running at it (the batched and graph parts keep
-what they finished), so a run fits one command of a time-limited machine.
+would start past it and stops the one running at it (the batched, graph and profile
+parts keep what they finished), so a run fits one command of a time-limited machine.
 
 Run (on the GPU machine, see bench/gpu/device.sh): ``python3 bench/bench_gpu.py --out DIR``;
 ``--quick`` runs tiny shapes and counts, for a check on a CPU (``--shapes tiny`` alone
@@ -331,6 +331,21 @@ def bench_single(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str,
     return decode_sides(path, model, tokenizer, args)
 
 
+def save_part(path: Path, result: dict[str, Any]) -> None:
+    """Write a part's results whole: a part killed mid-write leaves the last save."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def read_part(path: Path) -> dict[str, Any]:
+    """What a part saved, or nothing."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
     from _gpu_steps import StepTracer
 
@@ -361,7 +376,7 @@ def bench_batched(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str
             flush=True,
         )
         # Each concurrency saved once done: a part timed out keeps those before it.
-        args.part_out.write_text(json.dumps(results | {"partial": True}))
+        save_part(args.part_out, results | {"partial": True})
     return results
 
 
@@ -698,7 +713,7 @@ def bench_graph(path: Path, args: Any) -> dict[str, Any]:
                 row[setting] = {"error": "timed out"}
         rounds.append(row)
         partial = out | {"partial": True, "summary": graph_summary(rounds, settings)}
-        args.part_out.write_text(json.dumps(partial))
+        save_part(args.part_out, partial)
     out["summary"] = graph_summary(rounds, settings)
     return out
 
@@ -763,7 +778,7 @@ def bench_profile(model: Any, tokenizer: Any, path: Path, args: Any) -> dict[str
     out: dict[str, Any] = {"steps": 32}
 
     def save() -> None:
-        args.part_out.write_text(json.dumps(out | {"partial": True}))
+        save_part(args.part_out, out | {"partial": True})
 
     # A token reads every weight once: the tied head is the embedding table.
     weight_bytes = sum(v.nbytes for _, v in _leaves(model))
@@ -877,7 +892,7 @@ def run_part(args: Any) -> None:
     else:
         path = build_model(args.models / args.shape, SHAPES[args.shape])
     if args.run_part == "graph":
-        args.part_out.write_text(json.dumps(bench_graph(path, args)))
+        save_part(args.part_out, bench_graph(path, args))
         return
     model, tokenizer = load(str(path))
     options = json.loads(args.engine_options)
@@ -902,7 +917,7 @@ def run_part(args: Any) -> None:
     result = parts[args.run_part]()
     result["parameters"] = sum(v.size for _, v in _leaves(model))
     result.setdefault("card", card())
-    args.part_out.write_text(json.dumps(result))
+    save_part(args.part_out, result)
 
 
 def main() -> None:
@@ -1043,15 +1058,13 @@ def main() -> None:
             cmd += ["--part-out", str(out), "--deadline", str(time.time() + left), *common]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
-                if out.exists():
-                    r[part] = json.loads(out.read_text())
-                else:
-                    r[part] = {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
+                # A part that failed keeps what it saved before (batched, graph and
+                # profile save as they go) beside its error.
+                r[part] = read_part(out)
+                if done.returncode != 0 or not r[part]:
+                    r[part]["error"] = f"exit {done.returncode}: {done.stderr[-1500:]}"
             except subprocess.TimeoutExpired:
-                # What the part saved before it ran out of time (the graph part saves
-                # after each round), else the error alone.
-                saved = json.loads(out.read_text()) if out.exists() else {}
-                r[part] = saved | {"error": "timed out"}
+                r[part] = read_part(out) | {"error": "timed out"}
             r["parameters"] = r[part].pop("parameters", r.get("parameters"))
             r[f"{part}_s"] = round(time.perf_counter() - start, 1)
             r[f"{part}_at"] = time.strftime(

@@ -396,3 +396,21 @@ def test_the_warm_elsewhere_probe_warms_the_engine_on_a_thread_not_its_owner(
     assert not owner.startswith("warm-elsewhere")
     assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
     assert reply.completion_tokens == 3
+
+
+def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, monkeypatch):
+    """bench_gpu keeps what a part saved before it failed or timed out: saves replace the
+    file whole (no half-written JSON for the next read), and a file that is not JSON
+    reads as nothing saved instead of ending the run."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench_gpu = importlib.import_module("bench_gpu")
+    path = tmp_path / "part.json"
+    assert bench_gpu.read_part(path) == {}
+    bench_gpu.save_part(path, {"8": {"ratio": 1.0}, "partial": True})
+    bench_gpu.save_part(path, {"8": {"ratio": 1.0}, "64": {"ratio": 0.9}, "partial": True})
+    assert bench_gpu.read_part(path) == {"8": {"ratio": 1.0}, "64": {"ratio": 0.9}, "partial": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["part.json"]
+    path.write_text('{"8": {"ratio": 1.')  # killed mid-write by an older writer
+    assert bench_gpu.read_part(path) == {}

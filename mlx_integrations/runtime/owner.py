@@ -74,8 +74,8 @@ def release_thread_streams() -> None:
     there (the usual way such a function goes).
 
     Threads release one at a time (kept threads all release at exit): two releases at
-    once would each empty the compile cache while the other runs, and the first to end
-    would turn the collector back on during the second.
+    once would each empty the compile cache while the other runs, and the one that
+    turned the collector off could turn it back on while the other still runs.
     """
     import gc
 

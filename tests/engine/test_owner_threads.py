@@ -118,40 +118,50 @@ def test_a_process_ending_with_a_request_in_flight_exits(tiny_llama: Path):
 
 def test_threads_release_their_streams_one_at_a_time(monkeypatch):
     """Kept threads all release at exit: a second release waits for the first, and the
-    collector stays off for the whole of each (the first to end must not turn it on)."""
+    collector stays off for the whole of each (the release that turned it off must not
+    turn it back on while another still runs)."""
     import gc
+    import time
 
     import mlx.core as mx
 
-    second_started = threading.Event()
+    second_entered = threading.Event()  # only without the lock, while the first runs
+    first_returned = threading.Event()
     inside = 0
-    seen: list[tuple[int, bool]] = []  # (releases running, collector on) inside a release
+    seen: list[tuple[str, int, bool]] = []  # (thread, releases running, collector on)
     count = threading.Lock()
 
     def clear_streams() -> None:
         nonlocal inside
+        name = threading.current_thread().name
         with count:
             inside += 1
-        if threading.current_thread().name == "first":
-            second_started.wait(1)  # the second release, if unserialized, runs now
+        if name == "first":
+            second_entered.wait(1)  # unserialized, the second release is inside now
+        else:
+            second_entered.set()
+            first_returned.wait(1)  # unserialized, the first has turned the collector on
         with count:
-            seen.append((inside, gc.isenabled()))
+            seen.append((name, inside, gc.isenabled()))
             inside -= 1
 
     monkeypatch.setattr(mx, "clear_streams", clear_streams, raising=False)
 
-    def second() -> None:
-        second_started.set()
+    def first() -> None:
         owner.release_thread_streams()
+        first_returned.set()
 
-    threads = [threading.Thread(target=owner.release_thread_streams, name="first")]
-    threads.append(threading.Thread(target=second, name="second"))
+    threads = [
+        threading.Thread(target=first, name="first"),
+        threading.Thread(target=owner.release_thread_streams, name="second"),
+    ]
     was_collecting = gc.isenabled()
     threads[0].start()
-    while not seen and inside == 0:  # the first is inside its release
-        threading.Event().wait(0.01)
+    deadline = time.monotonic() + 30
+    while not (seen or inside) and time.monotonic() < deadline:  # the first is in
+        time.sleep(0.01)
     threads[1].start()
     for thread in threads:
         thread.join(30)
-    assert seen == [(1, False), (1, False)]
+    assert seen == [("first", 1, False), ("second", 1, False)]
     assert gc.isenabled() == was_collecting

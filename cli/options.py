@@ -44,12 +44,16 @@ def confirm(question: str, yes: bool, dry_run: bool) -> bool:
         return True
     # Not typer.confirm: it turns Ctrl-C into "Aborted!" and exit code 1, where every
     # other command exits 130 (KeyboardInterrupt reaches handle_errors from here).
-    sys.stderr.write(f"{question} [y/N]: ")
-    sys.stderr.flush()
-    try:
-        answer = input()
-    except EOFError:
-        return False
+    # A Ctrl-C just before input() begins reading would wait for a line: SessionSignals.
+    from mlx_integrations.cli.signals import SessionSignals
+
+    with SessionSignals():
+        sys.stderr.write(f"{question} [y/N]: ")
+        sys.stderr.flush()
+        try:
+            answer = input()
+        except EOFError:
+            return False
     return answer.strip().lower() in {"y", "yes"}
 
 

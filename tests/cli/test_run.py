@@ -171,7 +171,7 @@ def test_ctrl_c_that_a_blocked_main_thread_misses_is_handled():
     """
     script = (
         "import os, signal, sys\n"
-        "from mlx_integrations.cli.chat import SessionSignals\n"
+        "from mlx_integrations.cli.signals import SessionSignals\n"
         "r, w = os.pipe()\n"
         "with SessionSignals():\n"
         "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"

@@ -20,7 +20,8 @@ STOP = object()  # Ctrl-C while an answer streams
 
 
 class SessionSignals:
-    """One SIGINT handler for all of ``mlxi run``, so that no Ctrl-C is ever lost.
+    """One SIGINT handler for all of ``mlxi run``'s session, or a question before a deletion,
+    so that no Ctrl-C is ever lost.
 
     While an answer streams (:meth:`answering`), Ctrl-C only queues a stop for the
     answer loop, which cancels the request at a well-defined point; at any other time it

@@ -74,11 +74,13 @@ class SessionSignals:
         with self._lock:
             self._main = None
         os.close(self._pipe[1])  # ends the watcher's read
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-        signal.signal(signal.SIGUSR1, sigusr1)
-        signal.signal(signal.SIGINT, sigint)
-        self._pipe = None
+        try:  # a second Ctrl-C raises here (the watcher sends no nudge any more)
+            if self._watcher is not None:
+                self._watcher.join(timeout=5)
+        finally:
+            signal.signal(signal.SIGUSR1, sigusr1)
+            signal.signal(signal.SIGINT, sigint)
+            self._pipe = None
 
     def answering(self, events: queue.SimpleQueue[Any]) -> _Answering:
         """While in this context, Ctrl-C puts a stop into ``events`` instead of raising."""

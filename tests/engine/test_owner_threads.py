@@ -65,15 +65,24 @@ print("done")
 """
 
 
-def test_kept_threads_release_their_streams_and_end_at_exit(tiny_llama: Path):
+def _ends_cleanly(template: str, model: Path) -> None:
+    """Run ``template`` (given the repository root and the model) as a script: it must
+    print "done" and exit with code 0 within 120 s."""
     root = str(Path(__file__).resolve().parents[2])
-    script = EXIT_SCRIPT.format(root=root, path=str(tiny_llama))
-    for _ in range(2):  # an abort at exit is intermittent
+    script = template.format(root=root, path=str(model))
+    try:
         proc = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
         )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.strip() == "done"
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the process did not exit: {exc.stderr!r}") from None
+    assert proc.stdout.strip() == "done", proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_kept_threads_release_their_streams_and_end_at_exit(tiny_llama: Path):
+    for _ in range(2):  # an abort at exit is intermittent
+        _ends_cleanly(EXIT_SCRIPT, tiny_llama)
 
 
 IN_FLIGHT_SCRIPT = """
@@ -104,16 +113,7 @@ def test_a_process_ending_with_a_request_in_flight_exits(tiny_llama: Path):
     """A script that closes its loop while a request runs, without stopping the engine:
     the request's task is collected at interpreter exit, and the model's use ending then
     must not wait for a new residency thread (none can start at exit)."""
-    root = str(Path(__file__).resolve().parents[2])
-    script = IN_FLIGHT_SCRIPT.format(root=root, path=str(tiny_llama))
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the process did not exit: {exc.stderr!r}") from None
-    assert proc.stdout.strip() == "done", proc.stderr[-2000:]
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _ends_cleanly(IN_FLIGHT_SCRIPT, tiny_llama)
 
 
 def test_threads_release_their_streams_one_at_a_time(monkeypatch):

@@ -539,18 +539,35 @@ def batched_at(
 
 def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
     """A ``BatchedEngine`` with ``options``; ``"warm_elsewhere": true`` (a probe, not an
-    engine option) runs its load's warm-up on a thread of its own rather than the owner
-    thread that then serves (MLX keeps CUDA graphs and attention plans per thread)."""
+    engine option) runs its load's whole warm-up on a thread of its own rather than the
+    owner thread that then serves (MLX keeps CUDA graphs and attention plans per
+    thread); ``"warm_batch_on_owner": true`` runs the batch part on the owner thread, as
+    the package did before it moved it aside."""
     from mlx_integrations.engine import BatchedEngine
 
     options = dict(options)
     elsewhere = options.pop("warm_elsewhere", False)
+    on_owner = options.pop("warm_batch_on_owner", False)
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
     if elsewhere:
         warm_up = engine._warm_up
         # Its errors reach the owner thread's load through the future, as they would.
         engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
+    if on_owner:  # the batch warm-up on the owner thread, as before run_aside
+        engine._warm_up = lambda: warm_batch_on_owner(engine)
     return engine
+
+
+def warm_batch_on_owner(engine: Any) -> None:
+    """``BatchedEngine._warm_up`` with its batch part on the calling (owner) thread."""
+    from mlx_integrations.engine.batched.warmup import warm_batch
+    from mlx_integrations.engine.mlx_engine import MLXEngine
+
+    MLXEngine._warm_up(engine)
+    if engine.warmup_seconds is not None:
+        engine.warmup_seconds += warm_batch(
+            engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs
+        )
 
 
 def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:

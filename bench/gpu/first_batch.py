@@ -40,8 +40,9 @@ model object, and in the engine.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
-pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's warm-up on a
-thread other than the owner's], ``raw``, with ``--orders``; ``engine@32``: the engine
+pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's whole warm-up on a
+thread other than the owner's], ``engine-ownerwarm`` [the batch warm-up on the owner
+thread, as before the package ran it aside], ``raw``, with ``--orders``; ``engine@32``: the engine
 with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
@@ -865,7 +866,13 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
-    alone = kind in ("engine", "engine-nowarm", "engine-nobuckets", "engine-elsewhere")
+    alone = kind in (
+        "engine",
+        "engine-nowarm",
+        "engine-nobuckets",
+        "engine-elsewhere",
+        "engine-ownerwarm",
+    )
     model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
@@ -888,6 +895,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             "warmup_shapes": warm,
             "prefill_buckets": buckets,
             "warm_elsewhere": kind == "engine-elsewhere",
+            "warm_batch_on_owner": kind == "engine-ownerwarm",
         },
     )
     loop = asyncio.new_event_loop()

@@ -34,6 +34,8 @@ _releasing = threading.Lock()  # one thread releases its streams at a time
 IDLE_NAME = "mlxi-owner-idle"
 _idle: list[ThreadPoolExecutor] = []  # stopped owners' threads, for the next owner
 _exiting = False
+ASIDE_NAME = "mlxi-aside"
+_aside: ThreadPoolExecutor | None = None  # see run_aside; never an owner
 
 
 def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
@@ -51,6 +53,30 @@ def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
     executor.submit(_rename, f"{name}_0")
     return executor
+
+
+def run_aside(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on the process's side thread and return what it returns (or raise).
+
+    For MLX work whose per-thread state an owner thread should not keep: MLX's CUDA
+    backend keeps the graphs a thread met (an LRU per thread and stream), and a load's
+    batch warm-up met on the owner thread made that thread's later decode steps slower.
+    The side thread is one for the process, never lent to an owner, so calls from
+    several owners run one after another; it releases its streams at interpreter exit
+    as the kept owner threads do. At exit ``fn`` runs on the calling thread.
+    """
+    global _aside
+    with _lock:
+        if _aside is None and not _exiting:
+            _aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ASIDE_NAME)
+        executor = None if _exiting else _aside
+    if executor is None:
+        return fn()
+    try:
+        future = executor.submit(fn)
+    except RuntimeError:  # shut down by the interpreter's exit meanwhile
+        return fn()
+    return future.result()
 
 
 def _rename(name: str) -> None:
@@ -126,11 +152,12 @@ def _end(executor: ThreadPoolExecutor, wait: bool) -> None:
 
 def _end_idle_threads() -> None:
     """At interpreter exit: the kept threads release their streams and end."""
-    global _exiting
+    global _exiting, _aside
     with _lock:
         _exiting = True
         idle, _idle[:] = list(_idle), []
-    for executor in idle:
+        aside, _aside = _aside, None
+    for executor in (*idle, *([aside] if aside is not None else [])):
         _end(executor, wait=False)
 
 

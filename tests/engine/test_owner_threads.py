@@ -58,7 +58,10 @@ async def main():
         await engine.chat([{{"role": "user", "content": "Hi"}}], max_tokens=2)
     await engines[0].stop()  # its thread is kept, then the next stop keeps another
     await engines[1].stop()
-    # engines[2] is left running
+    # engines[2] is left running; the side thread made MLX streams too
+    import mlx.core as mx
+    from mlx_integrations.runtime.owner import run_aside
+    assert run_aside(lambda: (mx.ones(3) + 1).tolist()) == [2.0, 2.0, 2.0]
 
 asyncio.run(main())
 print("done")
@@ -165,3 +168,30 @@ def test_threads_release_their_streams_one_at_a_time(monkeypatch):
         thread.join(30)
     assert seen == [("first", 1, False), ("second", 1, False)]
     assert gc.isenabled() == was_collecting
+
+
+async def test_the_side_thread_is_one_for_the_process_and_never_an_owner(tiny_llama: Path):
+    def boom() -> None:
+        raise ValueError("raised aside")
+
+    caller = threading.current_thread()
+    side = owner.run_aside(threading.current_thread)
+    assert side is not caller and side.name.startswith(owner.ASIDE_NAME)
+    assert owner.run_aside(threading.current_thread) is side  # the same thread each time
+    try:
+        owner.run_aside(boom)
+    except ValueError as exc:  # the caller gets fn's own error
+        assert str(exc) == "raised aside"
+    else:
+        raise AssertionError("run_aside swallowed the error")
+    assert owner.run_aside(lambda: 6 * 7) == 42  # and the thread goes on
+    first = SimpleEngine(tiny_llama, cache_memory_mb=4)
+    await first.start()
+    await first.stop()  # its thread is kept for the next owner; the side thread never is
+    second = SimpleEngine(tiny_llama, cache_memory_mb=5)
+    try:
+        await second.start()
+        assert _thread_of(second) is not side
+        assert all(e is not owner._aside for e in owner._idle)
+    finally:
+        await second.stop()

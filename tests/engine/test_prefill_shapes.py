@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from mlx_integrations.engine.decoding import (
     warm_shapes,
 )
 from mlx_integrations.engine.options import EngineOptions
+from mlx_integrations.runtime import owner
 
 STEP = 64
 SHAPES = PrefillShapes(bucket_sizes(STEP))
@@ -328,12 +330,14 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
     from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
     rows: list[int] = []  # the rows of every decode step the generator runs
+    threads: set[str] = set()  # the threads those steps ran on
     prefills: set[tuple[int, int]] = set()  # (rows, tokens) of every batched prefill
     real_next, real_prompt = BatchGenerator.next, PromptProcessingBatch.prompt
 
     def counted(self: Any) -> Any:
         prompts, generated = real_next(self)
         rows.append(len(generated))
+        threads.add(threading.current_thread().name)
         return prompts, generated
 
     def prompted(self: Any, tokens: Any) -> Any:
@@ -364,6 +368,8 @@ async def test_a_batched_engine_meets_a_batch_at_load_and_leaves_no_trace(
         assert groups == (grid if buckets else set()), sorted(grid ^ groups)
         assert engine._generator is None
         assert engine.get_cache_stats()["entry_count"] == 0
+        # It ran on the process's side thread: the owner thread keeps nothing of it.
+        assert threads == {f"{owner.ASIDE_NAME}_0"}, threads
         chats = [[{"role": "user", "content": p + " Again."}] for p in PROMPTS]
         warmed = await asyncio.gather(*(reply(engine, c) for c in chats))
         plain = engines["batched_padded" if buckets else "batched"]

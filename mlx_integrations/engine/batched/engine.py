@@ -55,6 +55,7 @@ from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.speculative.draft_model import DraftModel
 from mlx_integrations.engine.speculative.pace import LookupPace
 from mlx_integrations.engine.stats import BatchedEngineStats, ClearStats
+from mlx_integrations.runtime.owner import run_aside
 
 logger = logging.getLogger(__name__)
 
@@ -262,9 +263,14 @@ class BatchedEngine(LoneRequests, MLXEngine):
     def _warm_up(self) -> None:
         super()._warm_up()
         if self.warmup_seconds is not None:  # the shapes of a request alone were met
-            self.warmup_seconds += warm_batch(
-                self._model, self._prefill_step_size, self._shapes, self._max_num_seqs
+            # On a thread of its own: the owner thread keeps no state from it (run_aside).
+            model, step, shapes, rows = (
+                self._model,
+                self._prefill_step_size,
+                self._shapes,
+                self._max_num_seqs,
             )
+            self.warmup_seconds += run_aside(lambda: warm_batch(model, step, shapes, rows))
 
     def _clear(self) -> ClearStats:
         self._draft.cache.clear()

@@ -361,39 +361,64 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
     assert report["submit_ms_median"] <= report["step_ms_median"]
 
 
-def test_the_warm_elsewhere_probe_warms_the_engine_on_a_thread_not_its_owner(
-    tiny_qwen2, monkeypatch
+@pytest.mark.parametrize(
+    ("probe", "shapes_on", "batch_on"),
+    [
+        ("warm_elsewhere", "warm-elsewhere", "mlxi-aside"),
+        ("warm_batch_on_owner", "owner", "owner"),
+        (None, "owner", "mlxi-aside"),
+    ],
+)
+def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
+    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on
 ):
-    """bench_gpu.variant_engine's ``warm_elsewhere``: the load's batch warm-up runs (and
-    is timed) on a kept side thread; the engine then serves on its owner thread."""
+    """bench_gpu.variant_engine's probes: ``warm_elsewhere`` runs the load's whole
+    warm-up on a kept side thread of the bench's (its batch part then goes to the
+    package's side thread, as in the default engine); ``warm_batch_on_owner`` runs both
+    parts on the owner thread, as the package did before. Either way the warm-up is
+    timed and the engine then serves on its owner thread."""
     import asyncio
     import importlib
     import threading
 
-    from mlx_integrations.engine.batched import engine as batched
+    from mlx_integrations.engine import mlx_engine
+    from mlx_integrations.engine.batched import warmup
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench_gpu = importlib.import_module("bench_gpu")
-    threads: list[str] = []
-    warm_batch = batched.warm_batch
+    threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": []}
 
-    def recorded(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return warm_batch(*args, **kwargs)
+    def recorded(part, real):
+        def run(*args, **kwargs):
+            threads[part].append(threading.current_thread())
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(batched, "warm_batch", recorded)
-    options = {"warm_elsewhere": True, "warmup_shapes": True, "prefill_buckets": True}
+        return run
+
+    monkeypatch.setattr(mlx_engine, "warm_shapes", recorded("shapes", mlx_engine.warm_shapes))
+    # The package's engine and the bench's probe both import it from its module.
+    monkeypatch.setattr(warmup, "warm_batch", recorded("batch", warmup.warm_batch))
+    from mlx_integrations.engine.batched import engine as batched
+
+    monkeypatch.setattr(batched, "warm_batch", warmup.warm_batch)
+    options = {"warmup_shapes": True, "prefill_buckets": True}
+    if probe:
+        options[probe] = True
     engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(engine.start())
         reply = loop.run_until_complete(engine.generate("hello", max_tokens=3, temperature=0))
-        owner = engine._executor.submit(lambda: threading.current_thread().name).result()
+        owner = engine._executor.submit(threading.current_thread).result()
     finally:
         loop.run_until_complete(engine.stop())
         loop.close()
-    assert len(threads) == 1 and threads[0].startswith("warm-elsewhere")
-    assert not owner.startswith("warm-elsewhere")
+
+    def where(thread: threading.Thread) -> str:
+        return "owner" if thread is owner else thread.name.rsplit("_", 1)[0]
+
+    assert [where(t) for t in threads["shapes"]] == [shapes_on]
+    assert [where(t) for t in threads["batch"]] == [batch_on]
     assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
     assert reply.completion_tokens == 3
 

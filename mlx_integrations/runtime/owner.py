@@ -58,9 +58,10 @@ def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
 def run_aside(fn: Callable[[], T]) -> T:
     """Run ``fn`` on the process's side thread and return what it returns (or raise).
 
-    For MLX work whose per-thread state an owner thread should not keep: MLX's CUDA
-    backend keeps the graphs a thread met (an LRU per thread and stream), and a load's
-    batch warm-up met on the owner thread made that thread's later decode steps slower.
+    For MLX work whose per-thread state an owner thread should not keep: MLX keeps
+    state per thread (streams; on CUDA, graphs and attention plans), and a load's batch
+    warm-up run on the owner thread made that thread's later decode steps slower on
+    CUDA (which of that state does it is not located; docs/benchmarks.md).
     The side thread is one for the process, never lent to an owner, so calls from
     several owners run one after another; it releases its streams at interpreter exit
     as the kept owner threads do. At exit ``fn`` runs on the calling thread.

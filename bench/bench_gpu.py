@@ -548,6 +548,8 @@ def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
     options = dict(options)
     elsewhere = options.pop("warm_elsewhere", False)
     on_owner = options.pop("warm_batch_on_owner", False)
+    if elsewhere and on_owner:
+        raise ValueError("warm_elsewhere and warm_batch_on_owner are two probes: give one")
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
     if elsewhere:
         warm_up = engine._warm_up

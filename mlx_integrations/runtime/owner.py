@@ -36,6 +36,7 @@ _idle: list[ThreadPoolExecutor] = []  # stopped owners' threads, for the next ow
 _exiting = False
 ASIDE_NAME = "mlxi-aside"
 _aside: ThreadPoolExecutor | None = None  # see run_aside; never an owner
+_here = threading.local()  # .aside: the calling thread is the side thread
 
 
 def make_owner_thread(name: str, *, daemon: bool = False) -> ThreadPoolExecutor:
@@ -59,25 +60,34 @@ def run_aside(fn: Callable[[], T]) -> T:
     """Run ``fn`` on the process's side thread and return what it returns (or raise).
 
     For MLX work whose per-thread state an owner thread should not keep: MLX keeps
-    state per thread (streams; on CUDA, graphs and attention plans), and a load's batch
+    state per thread (streams; on CUDA, graphs and attention plans), and a load's
     warm-up run on the owner thread made that thread's later decode steps slower on
-    CUDA (which of that state does it is not located; docs/benchmarks.md).
-    The side thread is one for the process, never lent to an owner, so calls from
-    several owners run one after another; it releases its streams at interpreter exit
-    as the kept owner threads do. At exit ``fn`` runs on the calling thread.
+    CUDA (which of that state does it is not located; docs/benchmarks.md). What MLX
+    keeps per process (kernels compiled on CUDA, Metal's pipelines) serves every thread.
+
+    The side thread is one for the process and never lent to an owner: calls from
+    several owners wait for one another, and a call from the side thread itself runs
+    at once. It releases its streams at interpreter exit as kept owner threads do; from
+    then on ``fn`` runs on the calling thread.
     """
     global _aside
     with _lock:
         if _aside is None and not _exiting:
-            _aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ASIDE_NAME)
+            _aside = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=ASIDE_NAME, initializer=_mark_aside
+            )
         executor = None if _exiting else _aside
-    if executor is None:
+    if executor is None or getattr(_here, "aside", False):
         return fn()
     try:
         future = executor.submit(fn)
     except RuntimeError:  # shut down by the interpreter's exit meanwhile
         return fn()
     return future.result()
+
+
+def _mark_aside() -> None:
+    _here.aside = True
 
 
 def _rename(name: str) -> None:

@@ -185,6 +185,19 @@ async def test_the_side_thread_is_one_for_the_process_and_never_an_owner(tiny_ll
     else:
         raise AssertionError("run_aside swallowed the error")
     assert owner.run_aside(lambda: 6 * 7) == 42  # and the thread goes on
+    # A call from the side thread itself runs there at once (queued, it would wait for
+    # the call it is part of).
+    nested: list[threading.Thread] = []
+    outer = threading.Thread(
+        target=lambda: nested.append(
+            owner.run_aside(lambda: owner.run_aside(threading.current_thread))
+        ),
+        daemon=True,  # a regression fails here rather than hold the process
+    )
+    outer.start()
+    outer.join(60)
+    assert not outer.is_alive(), "a call from the side thread waited for itself"
+    assert nested == [side]
     first = SimpleEngine(tiny_llama, cache_memory_mb=4)
     await first.start()
     await first.stop()  # its thread is kept for the next owner; the side thread never is
@@ -192,6 +205,26 @@ async def test_the_side_thread_is_one_for_the_process_and_never_an_owner(tiny_ll
     try:
         await second.start()
         assert _thread_of(second) is not side
-        assert all(e is not owner._aside for e in owner._idle)
     finally:
         await second.stop()
+
+
+def test_the_side_thread_releases_its_streams_at_exit_and_later_calls_run_inline(
+    monkeypatch,
+):
+    """At interpreter exit the side thread, like the kept owner threads, releases its
+    MLX streams as its last job and ends; a call after that runs on the caller."""
+    # A side thread of this test's own, and no kept owner threads to end.
+    monkeypatch.setattr(owner, "_aside", None)
+    monkeypatch.setattr(owner, "_idle", [])
+    monkeypatch.setattr(owner, "_exiting", False)
+    released: list[str] = []
+    monkeypatch.setattr(
+        owner, "release_thread_streams", lambda: released.append(threading.current_thread().name)
+    )
+    side = owner.run_aside(threading.current_thread)
+    owner._end_idle_threads()
+    side.join(60)
+    assert not side.is_alive()
+    assert released == [side.name]
+    assert owner.run_aside(threading.current_thread) is threading.current_thread()

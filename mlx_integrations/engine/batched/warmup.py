@@ -6,7 +6,10 @@ operations (merging a joining row's cache, dropping rows that end). On CUDA, MLX
 compiles such kernels the first time a process meets them (10 s on an H100 for
 mlx-lm's batch on a 0.5B model, before any cache on disk holds them), and whichever
 request first runs in a batch would wait for it. :func:`warm_batch` meets them while
-the model loads, on the owner thread, where the engine's batches run.
+the model loads. The engine runs it on the process's side thread
+(:func:`~mlx_integrations.runtime.owner.run_aside`), not on the owner thread where its
+batches run: the kernels it compiles serve every thread, and the owner thread keeps
+none of the per-thread state that, met there, slowed its later decode steps on CUDA.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def warm_groups(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows:
     """Prefill requests arriving together as the engine does, at each bucket up to
     :data:`GROUP_TOKENS` and each row count a group's prefill takes in an empty batch of
     ``rows`` places and the spare (:func:`group_row_counts`; on CUDA a new row count is a
-    new shape, whose set-up is then kept for the owner thread): the rows a token shorter
+    new shape, whose kernels are then compiled): the rows a token shorter
     than the bucket (padded at their end by mlx-lm, as real prompts are) and a
     placeholder a bucket long, taken out after the prefill; then the rows decode two
     tokens."""

@@ -556,20 +556,21 @@ def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
         # Its errors reach the owner thread's load through the future, as they would.
         engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
     if on_owner:  # the batch warm-up on the owner thread, as before run_aside
-        engine._warm_up = lambda: warm_batch_on_owner(engine)
+        warm_up = engine._warm_up
+        engine._warm_up = lambda: as_side_thread(warm_up)
     return engine
 
 
-def warm_batch_on_owner(engine: Any) -> None:
-    """``BatchedEngine._warm_up`` with its batch part on the calling (owner) thread."""
-    from mlx_integrations.engine.batched.warmup import warm_batch
-    from mlx_integrations.engine.mlx_engine import MLXEngine
+def as_side_thread(fn: Any) -> None:
+    """Run ``fn`` with the calling thread taken for the package's side thread, so that
+    what ``fn`` hands to ``run_aside`` runs here."""
+    from mlx_integrations.runtime import owner
 
-    MLXEngine._warm_up(engine)
-    if engine.warmup_seconds is not None:
-        engine.warmup_seconds += warm_batch(
-            engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs
-        )
+    owner._here.aside = True
+    try:
+        fn()
+    finally:
+        owner._here.aside = False
 
 
 def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:

@@ -167,8 +167,10 @@ def _end_idle_threads() -> None:
     with _lock:
         _exiting = True
         idle, _idle[:] = list(_idle), []
-        aside, _aside = _aside, None
-    for executor in (*idle, *([aside] if aside is not None else [])):
+        if _aside is not None:
+            idle.append(_aside)
+            _aside = None
+    for executor in idle:
         _end(executor, wait=False)
 
 

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -264,13 +265,15 @@ class BatchedEngine(LoneRequests, MLXEngine):
         super()._warm_up()
         if self.warmup_seconds is not None:  # the shapes of a request alone were met
             # On a thread of its own: the owner thread keeps no state from it (run_aside).
-            model, step, shapes, rows = (
-                self._model,
-                self._prefill_step_size,
-                self._shapes,
-                self._max_num_seqs,
+            self.warmup_seconds += run_aside(
+                partial(
+                    warm_batch,
+                    self._model,
+                    self._prefill_step_size,
+                    self._shapes,
+                    self._max_num_seqs,
+                )
             )
-            self.warmup_seconds += run_aside(lambda: warm_batch(model, step, shapes, rows))
 
     def _clear(self) -> ClearStats:
         self._draft.cache.clear()

@@ -46,3 +46,42 @@ def side_thread(name: str) -> Any:
     at_thread_exit(end)
     _RETIRED.append(executor)
     return executor
+
+
+# Probes: options a bench variant may name beside the engine's own (never engine options).
+PROBES = ("warm_elsewhere", "warm_batch_on_owner")
+
+
+def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) -> Any:
+    """``cls(path, **fixed, **options)``, with the warm-up probes ``options`` may name.
+
+    ``"warm_elsewhere": true`` runs the load's whole warm-up on a kept thread of its own
+    rather than the owner thread that then serves (MLX keeps CUDA graphs and attention
+    plans per thread); ``"warm_batch_on_owner": true`` runs a ``BatchedEngine``'s batch
+    part on the owner thread, as the package did before it moved it aside.
+    """
+    options = dict(options)
+    elsewhere = options.pop("warm_elsewhere", False)
+    on_owner = options.pop("warm_batch_on_owner", False)
+    if elsewhere and on_owner:
+        raise ValueError("warm_elsewhere and warm_batch_on_owner are two probes: give one")
+    engine = cls(path, **fixed, **options)
+    warm_up = engine._warm_up
+    if elsewhere:
+        # Its errors reach the owner thread's load through the future, as they would.
+        engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
+    if on_owner:  # the batch warm-up on the owner thread, as before run_aside
+        engine._warm_up = lambda: as_side_thread(warm_up)
+    return engine
+
+
+def as_side_thread(fn: Any) -> None:
+    """Run ``fn`` with the calling thread taken for the package's side thread, so that
+    what ``fn`` hands to ``run_aside`` runs here."""
+    from mlx_integrations.runtime import owner
+
+    owner._here.aside = True
+    try:
+        fn()
+    finally:
+        owner._here.aside = False

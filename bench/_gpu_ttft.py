@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _gpu_owners import retire
+from _gpu_owners import probed_engine, retire
 
 SYLLABLES = "ka lo mi ne su ta ri po ve za du fe gi ho ju".split()
 
@@ -125,11 +125,15 @@ def bench_ttft(
     engine_options: dict[str, Any],
     card: str,
     unpadded: bool = True,
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Cold, repeat and new-thread time to first token per length class (see the module).
 
     ``unpadded`` adds a third side: the engine with ``prefill_buckets`` and
     ``warmup_shapes`` off, on an owner thread of its own, interleaved with the others.
+    ``variants`` ({name: options}) add more: ``ours_NAME``, the engine with
+    ``engine_options`` and these, the warm-up probes among them
+    (``_gpu_owners.probed_engine``).
     """
     from mlx_lm import stream_generate
 
@@ -141,6 +145,8 @@ def bench_ttft(
     engines = {"ours": SimpleEngine(path, **options)}
     if unpadded:
         engines["ours_unpadded"] = SimpleEngine(path, **plain_options)
+    for name, extra in (variants or {}).items():
+        engines[f"ours_{name}"] = probed_engine(SimpleEngine, path, options | extra)
     loop = asyncio.new_event_loop()
     out: dict[str, Any] = {"card": card, "engine_options": options, "reps": reps, "lengths": {}}
     for name, engine in engines.items():
@@ -189,6 +195,12 @@ def bench_ttft(
                 for kind in ("cold", "repeat"):
                     mine = [r[kind] for r in row[name]]
                     entry[kind + suffix] = _ratios(mine, [r[kind] for r in row["raw"]])
+            for name in engines:  # each variant against the default engine, side by side
+                if name not in ("ours", "ours_unpadded"):
+                    for kind in ("cold", "repeat"):
+                        entry[f"{kind}_{name.removeprefix('ours_')}_vs_default"] = _ratios(
+                            [r[kind] for r in row[name]], [r[kind] for r in row["ours"]]
+                        )
             if unpadded:  # padded against unpadded, both ours
                 for kind in ("cold", "repeat"):
                     entry[f"{kind}_padded_vs_unpadded"] = _ratios(
@@ -236,6 +248,9 @@ def brief_ttft(r: dict[str, Any]) -> str:
                 f", unpadded engine cold {plain['ratio']:.2f} ({plain['ours_median'] * 1e3:.0f} "
                 f"ms; padded/unpadded {row['cold_padded_vs_unpadded']['ratio']:.2f})"
             )
+        for key, ratio in row.items():
+            if key.startswith("cold_") and key.endswith("_vs_default"):
+                cell += f", {key.removeprefix('cold_')} cold {ratio['ratio']:.2f}"
         cells.append(cell)
     same = r.get("same_greedy_tokens", [])
     cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")

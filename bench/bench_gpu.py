@@ -69,7 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _gpu_owners import retire, side_thread
+from _gpu_owners import probed_engine, retire
 from _gpu_report import brief, merge, plot, summary, table
 from _gpu_ttft import bench_ttft
 
@@ -538,39 +538,11 @@ def batched_at(
 
 
 def variant_engine(path: Path, c: int, options: dict[str, Any]) -> Any:
-    """A ``BatchedEngine`` with ``options``; ``"warm_elsewhere": true`` (a probe, not an
-    engine option) runs its load's whole warm-up on a thread of its own rather than the
-    owner thread that then serves (MLX keeps CUDA graphs and attention plans per
-    thread); ``"warm_batch_on_owner": true`` runs the batch part on the owner thread, as
-    the package did before it moved it aside."""
+    """A ``BatchedEngine`` with room for ``c`` and ``options``, the warm-up probes
+    among them (``_gpu_owners.probed_engine``)."""
     from mlx_integrations.engine import BatchedEngine
 
-    options = dict(options)
-    elsewhere = options.pop("warm_elsewhere", False)
-    on_owner = options.pop("warm_batch_on_owner", False)
-    if elsewhere and on_owner:
-        raise ValueError("warm_elsewhere and warm_batch_on_owner are two probes: give one")
-    engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0, **options)
-    if elsewhere:
-        warm_up = engine._warm_up
-        # Its errors reach the owner thread's load through the future, as they would.
-        engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
-    if on_owner:  # the batch warm-up on the owner thread, as before run_aside
-        warm_up = engine._warm_up
-        engine._warm_up = lambda: as_side_thread(warm_up)
-    return engine
-
-
-def as_side_thread(fn: Any) -> None:
-    """Run ``fn`` with the calling thread taken for the package's side thread, so that
-    what ``fn`` hands to ``run_aside`` runs here."""
-    from mlx_integrations.runtime import owner
-
-    owner._here.aside = True
-    try:
-        fn()
-    finally:
-        owner._here.aside = False
+    return probed_engine(BatchedEngine, path, options, max_num_seqs=c, cache_memory_mb=0)
 
 
 def bench_prefix(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
@@ -927,6 +899,7 @@ def run_part(args: Any) -> None:
             options,
             card(),
             not args.no_ttft_unpadded,
+            json.loads(args.ttft_variants),
         ),
         "single": functools.partial(bench_single, path, model, tokenizer, args),
         "profile": functools.partial(bench_profile, model, tokenizer, path, args),
@@ -982,6 +955,12 @@ def main() -> None:
         default="{}",
         help='JSON {"name": {engine options}}: more batched sides, BatchedEngines with '
         "these options (ours-NAME), timed in the same rotation",
+    )
+    parser.add_argument(
+        "--ttft-variants",
+        default="{}",
+        help='JSON {"name": {engine options}}: more ttft sides, SimpleEngines with these '
+        "options (ours_NAME), the warm-up probes among them, in the same rotation",
     )
     parser.add_argument("--prefix-tokens", type=int, default=1024)
     parser.add_argument(
@@ -1056,6 +1035,7 @@ def main() -> None:
     common += ["--concurrency", *map(str, args.concurrency), "--warmup", str(args.warmup)]
     common += ["--raw-thread"] if args.raw_thread else []
     common += ["--batched-variants", args.batched_variants]
+    common += ["--ttft-variants", args.ttft_variants]
     common += ["--graph-ops", *args.graph_ops, "--graph-reps", str(args.graph_reps)]
     common += ["--graph-inner", str(args.graph_inner), "--ttft-reps", str(args.ttft_reps)]
     common += ["--ttft-lengths", *map(str, args.ttft_lengths)]

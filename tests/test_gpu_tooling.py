@@ -439,3 +439,83 @@ def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["part.json"]
     path.write_text('{"8": {"ratio": 1.')  # killed mid-write by an older writer
     assert bench_gpu.read_part(path) == {}
+
+
+def test_every_trace_order_runs_its_sides_on_the_cpu(tmp_path):
+    """bench/gpu/first_batch.py --probes trace: each order it accepts runs all four
+    prompt sets on its sides (a tiny model on the CPU); an unknown one stops first."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("first_batch", ROOT / "bench/gpu/first_batch.py")
+    assert spec is not None and spec.loader is not None
+    first_batch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(first_batch)
+    orders = [*first_batch.TRACE_KINDS, "engine@8"]
+    script = [sys.executable, str(ROOT / "bench/gpu/first_batch.py"), "--probes", "trace"]
+    done = subprocess.run(
+        [*script, "--shapes", "tiny", "--tokens", "3", "--orders", ",".join(orders)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        record = json.loads(line)
+        assert "exit" not in record, record  # a child process failed
+        if "run" in record:
+            runs.setdefault(record["order"], []).append(record["run"])
+    sets = ["a", "a-again", "new-lengths", "other-lengths"]
+    sides = {"engine-first": ["engine", "raw"], "raw-first": ["raw", "engine"], "raw": ["raw"]}
+    assert runs == {
+        order: [f"{side} {s}" for s in sets for side in sides.get(order, ["engine"])]
+        for order in orders
+    }
+    bad = subprocess.run(
+        [*script, "--orders", "engine,engine-owner"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert bad.returncode != 0
+    assert "unknown trace order 'engine-owner': use one of engine-first" in bad.stderr
+
+
+def test_ttft_variants_are_more_sides_timed_against_the_default_engine(tmp_path):
+    """bench_gpu.py --parts ttft --ttft-variants: each variant is one more SimpleEngine
+    side (the warm-up probes among its options), timed in the same rotation, with its
+    ratios against raw and against the default engine, and its greedy tokens checked."""
+    import json
+
+    options = {"warmup_shapes": True, "prefill_buckets": True}
+    variants = {"elsewhere": {"warm_elsewhere": True}, "plain": {"warmup_shapes": False}}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/bench_gpu.py"),
+            "--quick",
+            "--parts",
+            "ttft",
+            "--engine-options",
+            json.dumps(options),
+            "--ttft-variants",
+            json.dumps(variants),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ttft = json.loads((tmp_path / "bench_gpu.json").read_text())["shapes"]["tiny"]["ttft"]
+    assert "error" not in ttft, ttft["error"]
+    assert ttft["ours_elsewhere"]["warmup_s"] > 0  # the probe kept the warm-up, elsewhere
+    assert ttft["ours_plain"]["warmup_s"] is None
+    for row in ttft["lengths"].values():
+        for name in variants:
+            assert len(row[f"ours_{name}"]) == len(row["ours"]) == 2  # --quick: 2 reps
+            for kind in ("cold", "repeat"):
+                assert row[f"{kind}_{name}"]["ratio"] > 0  # against raw
+                assert row[f"{kind}_{name}_vs_default"]["ratio"] > 0
+    assert all(row["same"] and row["ours_elsewhere"] for row in ttft["same_greedy_tokens"])
+    assert "elsewhere_vs_default cold" in done.stdout

@@ -856,6 +856,28 @@ def summarize(
     }
 
 
+# Trace orders that run the engine alone (no raw side): the default engine and its probes.
+ENGINE_ALONE = (
+    "engine",
+    "engine-nowarm",
+    "engine-nobuckets",
+    "engine-elsewhere",
+    "engine-ownerwarm",
+)
+TRACE_KINDS = ("engine-first", "raw-first", "raw", *ENGINE_ALONE)
+
+
+def check_orders(orders: list[str]) -> None:
+    """Stop at an order ``--orders`` cannot run, naming the ones it can."""
+    for order in orders:
+        kind, at, seqs = order.partition("@")
+        if kind not in TRACE_KINDS or (at and not seqs.isdigit()):
+            raise SystemExit(
+                f"unknown trace order {order!r}: use one of {', '.join(TRACE_KINDS)}, "
+                "each optionally with @N (room for N requests)"
+            )
+
+
 def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> None:
     from mlx_lm import load
 
@@ -863,16 +885,11 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
     # engine@N: the default engine with room for N; its warm-up meets the row counts of
     # N + 1 places (a group of 8 is padded to 12 rows at 16 or 32: only the load differs).
     kind, _, seqs = order.partition("@")
+    check_orders([order])
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
-    alone = kind in (
-        "engine",
-        "engine-nowarm",
-        "engine-nobuckets",
-        "engine-elsewhere",
-        "engine-ownerwarm",
-    )
+    alone = kind in ENGINE_ALONE
     model, tokenizer = (None, None) if alone else load(str(path))
     sets = {
         "a": [bench_gpu.words(20 + (i % 9), offset=i) for i in range(8)],
@@ -938,15 +955,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             out,
         )
 
-    sides = {
-        "engine-first": [ours, raw],
-        "raw-first": [raw, ours],
-        "engine": [ours],
-        "engine-nowarm": [ours],
-        "engine-nobuckets": [ours],
-        "engine-elsewhere": [ours],
-        "raw": [raw],
-    }[kind]
+    sides = {"engine-first": [ours, raw], "raw-first": [raw, ours], "raw": [raw]}.get(kind, [ours])
     try:
         for label in ("a", "a-again", "new-lengths", "other-lengths"):
             for side in sides:
@@ -975,6 +984,8 @@ def main() -> None:
         trace_scenario(args.shapes, args.scenario, args.tokens, args.out)
         return
     probes = args.probes.split(",")
+    if "trace" in probes:
+        check_orders(args.orders.split(","))
     for shape in args.shapes.split(","):
         if "sdpa" in probes:
             sdpa_probe(shape, args.out)

@@ -49,7 +49,7 @@ def side_thread(name: str) -> Any:
 
 
 # Probes: options a bench variant may name beside the engine's own (never engine options).
-PROBES = ("warm_elsewhere", "warm_batch_on_owner")
+PROBES = ("warm_elsewhere", "warm_batch_on_owner", "warm_groups_on_owner")
 
 
 def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) -> Any:
@@ -58,21 +58,53 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     ``"warm_elsewhere": true`` runs the load's whole warm-up on a kept thread of its own
     rather than the owner thread that then serves (MLX keeps CUDA graphs and attention
     plans per thread); ``"warm_batch_on_owner": true`` runs a ``BatchedEngine``'s batch
-    part on the owner thread, as the package did before it moved it aside.
+    part on the owner thread, as the package did before it moved it aside;
+    ``"warm_groups_on_owner": true`` splits that part: the groups of requests arriving
+    together (their padded prefills, what a first batch's first tokens wait for) on the
+    owner thread, the rest (a batch decoded at every size) aside.
     """
     options = dict(options)
-    elsewhere = options.pop("warm_elsewhere", False)
-    on_owner = options.pop("warm_batch_on_owner", False)
-    if elsewhere and on_owner:
-        raise ValueError("warm_elsewhere and warm_batch_on_owner are two probes: give one")
+    chosen = [probe for probe in PROBES if options.pop(probe, False)]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} are {len(chosen)} probes: give one")
     engine = cls(path, **fixed, **options)
     warm_up = engine._warm_up
-    if elsewhere:
+    if chosen == ["warm_elsewhere"]:
         # Its errors reach the owner thread's load through the future, as they would.
         engine._warm_up = lambda: side_thread("warm-elsewhere").submit(warm_up).result()
-    if on_owner:  # the batch warm-up on the owner thread, as before run_aside
+    elif chosen == ["warm_batch_on_owner"]:  # as before run_aside
         engine._warm_up = lambda: as_side_thread(warm_up)
+    elif chosen == ["warm_groups_on_owner"]:
+        engine._warm_up = lambda: groups_on_owner(engine, warm_up)
     return engine
+
+
+def groups_on_owner(engine: Any, warm_up: Any) -> None:
+    """``engine``'s load warm-up with the batch part's groups taken out of it (aside)
+    and met on the calling thread, the owner's, after it."""
+    import functools
+    import logging
+    import time
+
+    from mlx_integrations.engine.batched import engine as batched
+    from mlx_integrations.engine.batched import warmup
+
+    whole = batched.warm_batch
+    batched.warm_batch = functools.partial(whole, groups=False)  # engines load one at a time
+    try:
+        warm_up()
+    finally:
+        batched.warm_batch = whole
+    if engine.warmup_seconds is None:  # no warm-up (warmup_shapes off)
+        return
+    began = time.perf_counter()
+    try:
+        warmup.warm_groups(
+            engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs
+        )
+    except Exception:  # as in warm_batch: the first batch then meets them itself
+        logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
+    engine.warmup_seconds += time.perf_counter() - began
 
 
 def as_side_thread(fn: Any) -> None:

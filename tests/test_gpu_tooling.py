@@ -362,21 +362,23 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
 
 
 @pytest.mark.parametrize(
-    ("probe", "shapes_on", "batch_on"),
+    ("probe", "shapes_on", "batch_on", "groups_on"),
     [
-        ("warm_elsewhere", "warm-elsewhere", "mlxi-aside"),
-        ("warm_batch_on_owner", "owner", "owner"),
-        (None, "owner", "mlxi-aside"),
+        ("warm_elsewhere", "warm-elsewhere", "mlxi-aside", "mlxi-aside"),
+        ("warm_batch_on_owner", "owner", "owner", "owner"),
+        ("warm_groups_on_owner", "owner", "mlxi-aside", "owner"),
+        (None, "owner", "mlxi-aside", "mlxi-aside"),
     ],
 )
 def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
-    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on
+    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on, groups_on
 ):
     """bench_gpu.variant_engine's probes: ``warm_elsewhere`` runs the load's whole
     warm-up on a kept side thread of the bench's (its batch part then goes to the
     package's side thread, as in the default engine); ``warm_batch_on_owner`` runs both
-    parts on the owner thread, as the package did before. Either way the warm-up is
-    timed and the engine then serves on its owner thread."""
+    parts on the owner thread, as the package did before; ``warm_groups_on_owner`` meets
+    the batch part's groups on the owner thread and the rest aside. Either way the
+    warm-up is timed and the engine then serves on its owner thread."""
     import asyncio
     import importlib
     import threading
@@ -386,7 +388,7 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench_gpu = importlib.import_module("bench_gpu")
-    threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": []}
+    threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": [], "groups": []}
 
     def recorded(part, real):
         def run(*args, **kwargs):
@@ -398,6 +400,7 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     monkeypatch.setattr(mlx_engine, "warm_shapes", recorded("shapes", mlx_engine.warm_shapes))
     # The package's engine and the bench's probe both import it from its module.
     monkeypatch.setattr(warmup, "warm_batch", recorded("batch", warmup.warm_batch))
+    monkeypatch.setattr(warmup, "warm_groups", recorded("groups", warmup.warm_groups))
     from mlx_integrations.engine.batched import engine as batched
 
     monkeypatch.setattr(batched, "warm_batch", warmup.warm_batch)
@@ -419,6 +422,7 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
 
     assert [where(t) for t in threads["shapes"]] == [shapes_on]
     assert [where(t) for t in threads["batch"]] == [batch_on]
+    assert [where(t) for t in threads["groups"]] == [groups_on]  # met once, there
     assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
     assert reply.completion_tokens == 3
 

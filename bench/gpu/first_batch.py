@@ -42,7 +42,8 @@ model object, and in the engine.
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
 pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's whole warm-up on a
 thread other than the owner's], ``engine-ownerwarm`` [the batch warm-up on the owner
-thread, as before the package ran it aside], ``raw``, with ``--orders``; ``engine@32``: the engine
+thread, as before the package ran it aside], ``engine-groupsowner`` [the batch
+warm-up's groups on the owner thread, the rest aside], ``raw``, with ``--orders``; ``engine@32``: the engine
 with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
@@ -863,6 +864,7 @@ ENGINE_ALONE = (
     "engine-nobuckets",
     "engine-elsewhere",
     "engine-ownerwarm",
+    "engine-groupsowner",
 )
 TRACE_KINDS = ("engine-first", "raw-first", "raw", *ENGINE_ALONE)
 
@@ -913,6 +915,7 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
             "prefill_buckets": buckets,
             "warm_elsewhere": kind == "engine-elsewhere",
             "warm_batch_on_owner": kind == "engine-ownerwarm",
+            "warm_groups_on_owner": kind == "engine-groupsowner",
         },
     )
     loop = asyncio.new_event_loop()

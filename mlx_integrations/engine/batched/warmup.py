@@ -31,7 +31,9 @@ GROUP_TOKENS = 256
 short prompts, whose prefill costs less than its set-up on CUDA."""
 
 
-def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int) -> float:
+def warm_batch(
+    model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: int, groups: bool = True
+) -> float:
     """Run small batches through mlx-lm's ``BatchGenerator``, as the engine runs them.
 
     Two rows of unequal length are prefilled together (left padding: the masked
@@ -42,7 +44,7 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
     ``max_num_seqs``), so every batch size the engine can run has decoded once. Where
     pieces are padded, groups of requests arriving together are prefilled at the
     buckets up to :data:`GROUP_TOKENS` and at each row count the engine pads a group to,
-    with the spare placeholder row (:func:`warm_groups`).
+    with the spare placeholder row (:func:`warm_groups`; left out with ``groups=False``).
 
     A failure (a cache type that cannot join a batch, say) is logged and the load goes
     on: the warm-up only moves work earlier.
@@ -73,7 +75,8 @@ def warm_batch(model: Any, prefill_step_size: int, shapes: PrefillShapes, rows: 
         generator.insert([[0] * 8], max_tokens=[rows + extra])
         _run(generator, 1, joining, model, shapes)
         generator.close()
-        warm_groups(model, prefill_step_size, shapes, rows)
+        if groups:
+            warm_groups(model, prefill_step_size, shapes, rows)
     except Exception:  # the first batch served then meets its kernels itself
         logger.warning("The batch warm-up failed; the model loads without it", exc_info=True)
     finally:

@@ -523,3 +523,28 @@ def test_ttft_variants_are_more_sides_timed_against_the_default_engine(tmp_path)
                 assert row[f"{kind}_{name}_vs_default"]["ratio"] > 0
     assert all(row["same"] and row["ours_elsewhere"] for row in ttft["same_greedy_tokens"])
     assert "elsewhere_vs_default cold" in done.stdout
+
+
+def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tmp_path):
+    """bench/gpu/first_batch.py --probes provenance: every scenario (what a new thread
+    runs before the timed batch) is timed each repetition, on the CPU too."""
+    import json
+
+    script = [sys.executable, str(ROOT / "bench/gpu/first_batch.py"), "--probes", "provenance"]
+    args = ["--shapes", "tiny", "--tokens", "4", "--host-reps", "2", "--provenance-c", "4"]
+    done = subprocess.run(
+        [*script, *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "first_batch.jsonl").open()]
+    scenarios = ["fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes"]
+    assert sorted((r["rep"], r["scenario"]) for r in records) == sorted(
+        (rep, name) for rep in range(2) for name in scenarios
+    )
+    for r in records:
+        assert r["probe"] == "provenance" and r["c"] == 4
+        assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps

@@ -1,6 +1,6 @@
 """Where the first batches of a process spend their time on a GPU.
 
-Nine probes, each printing JSON lines (also written to ``--out``):
+Ten probes, each printing JSON lines (also written to ``--out``):
 
 ``sdpa``: the attention call alone, at the shapes a decode batch meets. For each model
 shape, batch size and mask kind (none; an array mask as mlx-lm's ``BatchKVCache``
@@ -38,6 +38,11 @@ submitting it, waiting for the GPU, the thread's CPU time) in ``batch_generate``
 main thread, on a thread of its own, on the engine's owner thread, with the engine's
 model object, and in the engine.
 
+``provenance``: whether what a thread met before slows its batch of c (64; ``--provenance-c``):
+``batch_generate`` timed on new threads that first ran nothing, a batch of half the
+size, the engine's batch warm-up, a batch of c and then that warm-up, or the prefill
+shapes' warm-up (MLX keeps CUDA graphs per thread, keyed by their topology only).
+
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
 pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's whole warm-up on a
@@ -54,7 +59,7 @@ same four sets, in the scenario's order.
 Prints per run: seconds, slowest first token, the steps slower than 3x the run's
 median step and their key lengths.
 
-Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,pool,owner,trace] [--shapes qwen2.5-0.5b]
+Usage: python bench/gpu/first_batch.py [--probes sdpa,graphs,prefix,turns,host,neighbour,pool,owner,provenance,trace] [--shapes qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import bench_gpu  # noqa: E402  (the model shapes and builder; the BLAS preload)
-from _gpu_owners import retire  # noqa: E402
+from _gpu_owners import retire, side_thread  # noqa: E402
 from _gpu_steps import StepTracer  # noqa: E402
 
 HEADS = {
@@ -835,6 +840,88 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
 # ------------------------------------------------------------------ trace
 
 
+# ------------------------------------------------------------------ provenance
+
+PROVENANCE_SCENARIOS = ("fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes")
+
+
+def provenance_probe(
+    shape: str, out: Path | None, tokens: int = 128, reps: int = 3, c: int = 64
+) -> None:
+    """What a thread met before slows its batch of ``c``? MLX's CUDA backend keys the
+    CUDA graphs it keeps per thread and stream by their node types and edges only, not
+    by the kernels' shapes, and updates a kept graph to each new one of the same key:
+    a batch of ``c`` may then run on graphs first made for another shape. Each
+    scenario runs on a new thread, ``batch_generate`` on ``c`` prompts timed last:
+    ``fresh`` (nothing before), ``after-half`` (a batch of ``c // 2`` first),
+    ``after-warm-batch`` (the engine's batch warm-up, every size up to ``c``),
+    ``largest-first`` (a batch of ``c`` first, then that warm-up) and ``after-shapes``
+    (the engine's prefill-shape warm-up of a lone request). Every scenario runs once
+    first on a thread of its own, untimed, so that MLX compiled every kernel for the
+    process; the scenarios then rotate, ``reps`` times. Per run: the decode steps'
+    median and per-step parts (:class:`StepClock`)."""
+    import functools
+
+    from mlx_integrations.engine import BatchedEngine
+    from mlx_integrations.engine.batched.warmup import warm_batch
+    from mlx_integrations.engine.decoding import warm_shapes
+
+    clock = StepClock()
+    loop = asyncio.new_event_loop()
+    # The engine's model, buckets and piece size, with no warm-up of its own.
+    engine = BatchedEngine(
+        model_path(shape), max_num_seqs=c, cache_memory_mb=0, warmup_shapes=False
+    )
+    loop.run_until_complete(engine.start())
+    model, tokenizer = engine._model, engine._tokenizer
+    shapes, step = engine._shapes, engine._prefill_step_size
+
+    def batch(n: int, length: int = tokens) -> None:
+        ids = [tokenizer.encode(bench_gpu.words(20 + (i % 9), offset=i)) for i in range(n)]
+        raw_batch(model, tokenizer, ids, length, n)
+
+    warm = functools.partial(warm_batch, model, step, shapes, c)
+    before = {
+        "fresh": [],
+        "after-half": [functools.partial(batch, max(c // 2, 1), 8)],
+        "after-warm-batch": [warm],
+        "largest-first": [functools.partial(batch, c, 8), warm],
+        "after-shapes": [functools.partial(warm_shapes, model, shapes, step)],
+    }
+
+    def scenario(name: str) -> dict[str, Any]:
+        for prepare in before[name]:
+            prepare()
+        clock.reset()
+        began = time.perf_counter()
+        batch(c)
+        return {"ms": round((time.perf_counter() - began) * 1000, 1), **clock.report()}
+
+    try:
+        for name in PROVENANCE_SCENARIOS:  # kernels compiled for the process
+            side_thread(f"prov-setup-{name}").submit(scenario, name).result()
+        names = list(PROVENANCE_SCENARIOS)
+        for rep in range(reps):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                record = side_thread(f"prov-{name}").submit(scenario, name).result()
+                emit(
+                    {
+                        "probe": "provenance",
+                        "shape": shape,
+                        "card": bench_gpu.card(),
+                        "c": c,
+                        "scenario": name,
+                        "rep": rep,
+                        **record,
+                    },
+                    out,
+                )
+    finally:
+        retire(engine, loop)
+        loop.close()
+        clock.close()
+
+
 def summarize(
     name: str, seconds: float, events: list[Any], first_token: float | None
 ) -> dict[str, Any]:
@@ -978,6 +1065,9 @@ def main() -> None:
         "--owner-sizes", default="8,32,64", help="batch sizes of the owner probe, commas"
     )
     parser.add_argument("--orders", default="engine-first,raw-first")
+    parser.add_argument(
+        "--provenance-c", type=int, default=64, help="batch size the provenance probe times"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1004,6 +1094,8 @@ def main() -> None:
             neighbour_probe(shape, args.out, args.tokens)
         if "pool" in probes:
             pool_probe(shape, args.out, args.tokens)
+        if "provenance" in probes:
+            provenance_probe(shape, args.out, args.tokens, args.host_reps, args.provenance_c)
         if "owner" in probes:
             sizes = tuple(int(c) for c in args.owner_sizes.split(","))
             owner_probe(shape, args.out, args.tokens, args.host_reps, sizes)

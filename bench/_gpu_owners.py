@@ -50,6 +50,7 @@ def side_thread(name: str) -> Any:
 
 # Probes: options a bench variant may name beside the engine's own (never engine options).
 PROBES = ("warm_elsewhere", "warm_batch_on_owner", "warm_groups_on_owner")
+"""Where the load's warm-up runs: one at most."""
 
 
 def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) -> Any:
@@ -61,13 +62,24 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     part on the owner thread, as the package did before it moved it aside;
     ``"warm_groups_on_owner": true`` splits that part: the groups of requests arriving
     together (their padded prefills, what a first batch's first tokens wait for) on the
-    owner thread, the rest (a batch decoded at every size) aside.
+    owner thread, the rest (a batch decoded at every size) aside. With any of them or
+    none, ``"largest_first": true`` first decodes a full batch (``max_num_seqs`` rows)
+    on the owner thread (:func:`full_batch`).
     """
     options = dict(options)
     chosen = [probe for probe in PROBES if options.pop(probe, False)]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} are {len(chosen)} probes: give one")
+    largest_first = options.pop("largest_first", False)
     engine = cls(path, **fixed, **options)
+    if largest_first:
+        later = engine._warm_up
+
+        def first_the_full_batch() -> None:
+            full_batch(engine)
+            later()
+
+        engine._warm_up = first_the_full_batch
     warm_up = engine._warm_up
     if chosen == ["warm_elsewhere"]:
         # Its errors reach the owner thread's load through the future, as they would.
@@ -117,3 +129,32 @@ def as_side_thread(fn: Any) -> None:
         fn()
     finally:
         owner._here.aside = False
+
+
+def full_batch(engine: Any, tokens: int = 4) -> None:
+    """Decode a batch of ``engine``'s ``max_num_seqs`` rows on the calling thread, as its
+    generator would: MLX's CUDA backend keys the graphs it keeps per thread by their
+    nodes' kinds and edges only, and updates a kept graph to each later one of the same
+    key, so the first batch size a thread decodes makes the graphs later sizes reuse."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlx_integrations.engine.batched.arrivals import SPARE
+
+    rows = engine._max_num_seqs
+    generator = BatchGenerator(
+        engine._model,
+        completion_batch_size=rows + SPARE,
+        prefill_batch_size=rows + SPARE,
+        prefill_step_size=engine._prefill_step_size,
+    )
+    try:
+        generator.insert([[0] * 8] * rows, max_tokens=[tokens] * rows)
+        ended = 0
+        for _ in range(4 * tokens + 8):
+            _, responses = generator.next()
+            ended += sum(r.finish_reason is not None for r in responses)
+            if ended == rows:
+                return
+        raise RuntimeError(f"the full batch of {rows} rows did not end")
+    finally:
+        generator.close()

@@ -548,3 +548,49 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
     for r in records:
         assert r["probe"] == "provenance" and r["c"] == 4
         assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps
+
+
+def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
+    tiny_qwen2, monkeypatch
+):
+    """bench_gpu.variant_engine's ``largest_first`` probe: before the load's warm-up, the
+    owner thread decodes one batch of ``max_num_seqs`` rows; it combines with the probes
+    that move the warm-up."""
+    import asyncio
+    import importlib
+    import threading
+
+    from mlx_lm.generate import BatchGenerator
+
+    from mlx_integrations.engine import mlx_engine
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench_gpu = importlib.import_module("bench_gpu")
+    events: list[tuple[str, threading.Thread, int]] = []
+    real_next, real_shapes = BatchGenerator.next, mlx_engine.warm_shapes
+
+    def next_recorded(self, *args, **kwargs):
+        out = real_next(self, *args, **kwargs)
+        events.append(("step", threading.current_thread(), len(out[1])))
+        return out
+
+    def shapes_recorded(*args, **kwargs):
+        events.append(("shapes", threading.current_thread(), 0))
+        return real_shapes(*args, **kwargs)
+
+    monkeypatch.setattr(BatchGenerator, "next", next_recorded)
+    monkeypatch.setattr(mlx_engine, "warm_shapes", shapes_recorded)
+    options = {"warmup_shapes": True, "warm_batch_on_owner": True, "largest_first": True}
+    engine = bench_gpu.variant_engine(tiny_qwen2, 3, options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(engine.start())
+        owner = engine._executor.submit(threading.current_thread).result()
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()
+    first_shapes = next(i for i, e in enumerate(events) if e[0] == "shapes")
+    before = events[:first_shapes]
+    assert before and all(thread is owner for _, thread, _ in before)
+    assert max(rows for _, _, rows in before) == 3  # the full batch, decoded
+    assert any(rows for _, thread, rows in events[first_shapes:])  # then the warm-up's batches

@@ -48,7 +48,9 @@ alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` 
 pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's whole warm-up on a
 thread other than the owner's], ``engine-ownerwarm`` [the batch warm-up on the owner
 thread, as before the package ran it aside], ``engine-groupsowner`` [the batch
-warm-up's groups on the owner thread, the rest aside], ``raw``, with ``--orders``; ``engine@32``: the engine
+warm-up's groups on the owner thread, the rest aside], ``engine-largest`` [a full batch
+decoded on the owner thread before the load's warm-up], ``engine-ownerwarm-largest``
+[that, and the batch warm-up on the owner thread], ``raw``, with ``--orders``; ``engine@32``: the engine
 with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
 every prefill call and decode step of mlx-lm's batch classes (the engine runs them
 too) for: ``BatchedEngine`` on 8 requests at once, twice, then on 8 prompts of new
@@ -945,14 +947,25 @@ def summarize(
 
 
 # Trace orders that run the engine alone (no raw side): the default engine and its probes.
-ENGINE_ALONE = (
-    "engine",
-    "engine-nowarm",
-    "engine-nobuckets",
-    "engine-elsewhere",
-    "engine-ownerwarm",
-    "engine-groupsowner",
-)
+# Trace orders that run the engine alone (no raw side): the default engine and its
+# probes, each with the options it is made with (_gpu_owners.probed_engine).
+ENGINE_ALONE: dict[str, dict[str, Any]] = {
+    "engine": {},
+    # no warm-up at load (neither a lone request's shapes nor a batch's)
+    "engine-nowarm": {"warmup_shapes": False},
+    # no padded pieces at all (nor placeholder rows, nor a warm-up)
+    "engine-nobuckets": {"prefill_buckets": False},
+    # the load's whole warm-up on a thread of its own, not the owner thread that serves
+    "engine-elsewhere": {"warm_elsewhere": True},
+    # the batch warm-up on the owner thread too, as before the package ran it aside
+    "engine-ownerwarm": {"warm_batch_on_owner": True},
+    # the batch warm-up's groups on the owner thread, the rest aside
+    "engine-groupsowner": {"warm_groups_on_owner": True},
+    # a full batch decoded on the owner thread before the load's warm-up
+    "engine-largest": {"largest_first": True},
+    # that, then the whole warm-up on the owner thread
+    "engine-ownerwarm-largest": {"warm_batch_on_owner": True, "largest_first": True},
+}
 TRACE_KINDS = ("engine-first", "raw-first", "raw", *ENGINE_ALONE)
 
 
@@ -987,24 +1000,8 @@ def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> Non
         # for the engine (the same buckets), new shapes for raw.
         "other-lengths": [bench_gpu.words(42 + 3 * i, offset=i + 9) for i in range(8)],
     }
-    # engine-nowarm: no warm-up at load (neither a lone request's shapes nor a batch's).
-    warm = False if kind == "engine-nowarm" else None
-    # engine-nobuckets: no padded pieces at all (nor placeholder rows, nor a warm-up).
-    buckets = False if kind == "engine-nobuckets" else None
     # Room for 16: a group of 8 is padded (with placeholder rows) as a server's would be.
-    # engine-elsewhere: the default engine whose load's warm-up runs on a thread of its
-    # own, not on the owner thread that then serves.
-    engine = bench_gpu.variant_engine(
-        path,
-        int(seqs or 16),
-        {
-            "warmup_shapes": warm,
-            "prefill_buckets": buckets,
-            "warm_elsewhere": kind == "engine-elsewhere",
-            "warm_batch_on_owner": kind == "engine-ownerwarm",
-            "warm_groups_on_owner": kind == "engine-groupsowner",
-        },
-    )
+    engine = bench_gpu.variant_engine(path, int(seqs or 16), ENGINE_ALONE.get(kind, {}))
     loop = asyncio.new_event_loop()
     began = time.perf_counter()
     loop.run_until_complete(engine.start())

@@ -51,6 +51,8 @@ def side_thread(name: str) -> Any:
 # Probes: options a bench variant may name beside the engine's own (never engine options).
 PROBES = ("warm_elsewhere", "warm_batch_on_owner", "warm_groups_on_owner")
 """Where the load's warm-up runs: one at most."""
+BATCH_PROBES = ("warm_batch_on_owner", "warm_groups_on_owner", "largest_first")
+"""Probes of a ``BatchedEngine``'s own warm-up: on another engine they would do nothing."""
 
 
 def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) -> Any:
@@ -64,22 +66,24 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     together (their padded prefills, what a first batch's first tokens wait for) on the
     owner thread, the rest (a batch decoded at every size) aside. With any of them or
     none, ``"largest_first": true`` first decodes a full batch (``max_num_seqs`` rows)
-    on the owner thread (:func:`full_batch`).
+    on the owner thread (:func:`full_batch`). A probe that cannot apply to ``cls`` (the
+    batch probes on a ``SimpleEngine``), or two placements, raise ``ValueError``.
     """
+    from mlx_integrations.engine import BatchedEngine
+
     options = dict(options)
     chosen = [probe for probe in PROBES if options.pop(probe, False)]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} are {len(chosen)} probes: give one")
     largest_first = options.pop("largest_first", False)
+    batch_only = [
+        p for p in BATCH_PROBES if p in chosen or (p == "largest_first" and largest_first)
+    ]
+    if batch_only and not issubclass(cls, BatchedEngine):
+        raise ValueError(
+            f"{', '.join(batch_only)}: a probe of BatchedEngine's warm-up, not {cls.__name__}'s"
+        )
     engine = cls(path, **fixed, **options)
-    if largest_first:
-        later = engine._warm_up
-
-        def first_the_full_batch() -> None:
-            full_batch(engine)
-            later()
-
-        engine._warm_up = first_the_full_batch
     warm_up = engine._warm_up
     if chosen == ["warm_elsewhere"]:
         # Its errors reach the owner thread's load through the future, as they would.
@@ -88,6 +92,14 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
         engine._warm_up = lambda: as_side_thread(warm_up)
     elif chosen == ["warm_groups_on_owner"]:
         engine._warm_up = lambda: groups_on_owner(engine, warm_up)
+    if largest_first:  # on the owner thread, whichever thread the warm-up then takes
+        placed = engine._warm_up
+
+        def first_the_full_batch() -> None:
+            full_batch(engine)
+            placed()
+
+        engine._warm_up = first_the_full_batch
     return engine
 
 
@@ -109,11 +121,10 @@ def groups_on_owner(engine: Any, warm_up: Any) -> None:
         batched.warm_batch = whole
     if engine.warmup_seconds is None:  # no warm-up (warmup_shapes off)
         return
+    parts = (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
     began = time.perf_counter()
     try:
-        warmup.warm_groups(
-            engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs
-        )
+        warmup.warm_groups(*parts)
     except Exception:  # as in warm_batch: the first batch then meets them itself
         logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
     engine.warmup_seconds += time.perf_counter() - began

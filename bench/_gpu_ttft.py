@@ -146,9 +146,14 @@ def bench_ttft(
     if unpadded:
         engines["ours_unpadded"] = SimpleEngine(path, **plain_options)
     for name, extra in (variants or {}).items():
+        if not name.isalnum() or name == "unpadded":  # its keys would meet others'
+            raise ValueError(
+                f"ttft variant name {name!r}: use letters and digits, other than 'unpadded'"
+            )
         engines[f"ours_{name}"] = probed_engine(SimpleEngine, path, options | extra)
     loop = asyncio.new_event_loop()
     out: dict[str, Any] = {"card": card, "engine_options": options, "reps": reps, "lengths": {}}
+    out["variants"] = variants or {}
     for name, engine in engines.items():
         began = time.perf_counter()
         loop.run_until_complete(engine.start())

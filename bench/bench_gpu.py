@@ -525,6 +525,7 @@ def batched_at(
                 "raw_encode_ms_median": statistics.median(encode_ms),
                 "load_s": load_s,
                 "warmup_s": engine.warmup_seconds,
+                "variants": json.loads(args.batched_variants),
                 "variants_warmup_s": {
                     f"ours-{name}": served.warmup_seconds for name, served in variants.items()
                 },

@@ -477,7 +477,11 @@ def test_every_trace_order_runs_its_sides_on_the_cpu(tmp_path):
         for order in orders
     }
     bad = subprocess.run(
-        [*script, "--orders", "engine,engine-owner"], capture_output=True, text=True, cwd=ROOT
+        [*script, "--orders", "engine,engine-owner"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert bad.returncode != 0
     assert "unknown trace order 'engine-owner': use one of engine-first" in bad.stderr
@@ -550,12 +554,15 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
         assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps
 
 
+@pytest.mark.parametrize(
+    ("placement", "warm_up_on"), [("warm_batch_on_owner", "owner"), ("warm_elsewhere", "other")]
+)
 def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
-    tiny_qwen2, monkeypatch
+    tiny_qwen2, monkeypatch, placement, warm_up_on
 ):
     """bench_gpu.variant_engine's ``largest_first`` probe: before the load's warm-up, the
-    owner thread decodes one batch of ``max_num_seqs`` rows; it combines with the probes
-    that move the warm-up."""
+    owner thread decodes one batch of ``max_num_seqs`` rows; the warm-up then runs where
+    the probe it goes with puts it."""
     import asyncio
     import importlib
     import threading
@@ -580,7 +587,7 @@ def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
 
     monkeypatch.setattr(BatchGenerator, "next", next_recorded)
     monkeypatch.setattr(mlx_engine, "warm_shapes", shapes_recorded)
-    options = {"warmup_shapes": True, "warm_batch_on_owner": True, "largest_first": True}
+    options = {"warmup_shapes": True, placement: True, "largest_first": True}
     engine = bench_gpu.variant_engine(tiny_qwen2, 3, options)
     loop = asyncio.new_event_loop()
     try:
@@ -590,7 +597,61 @@ def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
         loop.run_until_complete(engine.stop())
         loop.close()
     first_shapes = next(i for i, e in enumerate(events) if e[0] == "shapes")
-    before = events[:first_shapes]
+    before, after = events[:first_shapes], events[first_shapes:]
     assert before and all(thread is owner for _, thread, _ in before)
     assert max(rows for _, _, rows in before) == 3  # the full batch, decoded
-    assert any(rows for _, thread, rows in events[first_shapes:])  # then the warm-up's batches
+    # then the warm-up (its shapes, and its batches of 1 to 3 rows), where it was put
+    assert max(rows for _, _, rows in after) == 3
+    assert {"owner" if thread is owner else "other" for _, thread, _ in after} == {warm_up_on}
+
+
+def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen2, monkeypatch):
+    """Two placements of the warm-up, or a probe of BatchedEngine's warm-up on a
+    SimpleEngine (where it would do nothing), stop the bench with the probes named; so
+    does a ttft variant whose name its keys would share with other sides'."""
+    import importlib
+
+    from mlx_integrations.engine import BatchedEngine, SimpleEngine
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    owners = importlib.import_module("_gpu_owners")
+    ttft = importlib.import_module("_gpu_ttft")
+    both = {"warm_elsewhere": True, "warm_groups_on_owner": True}
+    with pytest.raises(ValueError, match="warm_elsewhere and warm_groups_on_owner are 2 probes"):
+        owners.probed_engine(BatchedEngine, tiny_qwen2, both)
+    for probe in ("warm_batch_on_owner", "warm_groups_on_owner", "largest_first"):
+        with pytest.raises(ValueError, match=f"{probe}: a probe of BatchedEngine's warm-up"):
+            owners.probed_engine(SimpleEngine, tiny_qwen2, {probe: True})
+    assert owners.probed_engine(SimpleEngine, tiny_qwen2, {"warm_elsewhere": True})
+    for name in ("unpadded", "padded_vs_unpadded"):
+        with pytest.raises(ValueError, match=f"ttft variant name '{name}'"):
+            ttft.bench_ttft(tiny_qwen2, None, None, [32], 1, {}, "cpu", True, {name: {}})
+
+
+def test_the_groups_probe_gives_the_batch_warm_up_back_when_the_load_fails(tiny_qwen2, monkeypatch):
+    """``warm_groups_on_owner`` swaps the package's ``warm_batch`` for the load's
+    warm-up; a warm-up that fails leaves the package's own in place."""
+    import asyncio
+    import importlib
+
+    from mlx_integrations.engine import mlx_engine
+    from mlx_integrations.engine.batched import engine as batched
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench_gpu = importlib.import_module("bench_gpu")
+    own = batched.warm_batch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a warm-up that fails")
+
+    monkeypatch.setattr(mlx_engine, "warm_shapes", broken)
+    options = {"warmup_shapes": True, "warm_groups_on_owner": True}
+    engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(RuntimeError, match="a warm-up that fails"):
+            loop.run_until_complete(engine.start())
+        assert batched.warm_batch is own
+    finally:
+        loop.run_until_complete(engine.stop())
+        loop.close()

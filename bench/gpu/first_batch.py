@@ -839,9 +839,6 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
         clock.close()
 
 
-# ------------------------------------------------------------------ trace
-
-
 # ------------------------------------------------------------------ provenance
 
 PROVENANCE_SCENARIOS = ("fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes")
@@ -924,6 +921,9 @@ def provenance_probe(
         clock.close()
 
 
+# ------------------------------------------------------------------ trace
+
+
 def summarize(
     name: str, seconds: float, events: list[Any], first_token: float | None
 ) -> dict[str, Any]:
@@ -946,7 +946,6 @@ def summarize(
     }
 
 
-# Trace orders that run the engine alone (no raw side): the default engine and its probes.
 # Trace orders that run the engine alone (no raw side): the default engine and its
 # probes, each with the options it is made with (_gpu_owners.probed_engine).
 ENGINE_ALONE: dict[str, dict[str, Any]] = {
@@ -983,11 +982,11 @@ def check_orders(orders: list[str]) -> None:
 def trace_scenario(shape: str, order: str, tokens: int, out: Path | None) -> None:
     from mlx_lm import load
 
+    check_orders([order])
     path = model_path(shape)
     # engine@N: the default engine with room for N; its warm-up meets the row counts of
     # N + 1 places (a group of 8 is padded to 12 rows at 16 or 32: only the load differs).
     kind, _, seqs = order.partition("@")
-    check_orders([order])
     tracer = StepTracer()
     tracer.install()
     # mlx-lm's own model only where raw runs (not for the engine alone).
@@ -1057,7 +1056,12 @@ def main() -> None:
     parser.add_argument("--probes", default="sdpa,trace")
     parser.add_argument("--shapes", default="qwen2.5-0.5b")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--host-reps", type=int, default=3, help="runs a side (host, owner)")
+    parser.add_argument(
+        "--host-reps",
+        type=int,
+        default=3,
+        help="runs a side (host, owner), repetitions (provenance)",
+    )
     parser.add_argument(
         "--owner-sizes", default="8,32,64", help="batch sizes of the owner probe, commas"
     )

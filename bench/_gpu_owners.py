@@ -76,9 +76,9 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} are {len(chosen)} probes: give one")
     largest_first = options.pop("largest_first", False)
-    batch_only = [
-        p for p in BATCH_PROBES if p in chosen or (p == "largest_first" and largest_first)
-    ]
+    batch_only = [p for p in chosen if p in BATCH_PROBES]
+    if largest_first:
+        batch_only.append("largest_first")
     if batch_only and not issubclass(cls, BatchedEngine):
         raise ValueError(
             f"{', '.join(batch_only)}: a probe of BatchedEngine's warm-up, not {cls.__name__}'s"

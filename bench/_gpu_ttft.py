@@ -200,12 +200,11 @@ def bench_ttft(
                 for kind in ("cold", "repeat"):
                     mine = [r[kind] for r in row[name]]
                     entry[kind + suffix] = _ratios(mine, [r[kind] for r in row["raw"]])
-            for name in engines:  # each variant against the default engine, side by side
-                if name not in ("ours", "ours_unpadded"):
-                    for kind in ("cold", "repeat"):
-                        entry[f"{kind}_{name.removeprefix('ours_')}_vs_default"] = _ratios(
-                            [r[kind] for r in row[name]], [r[kind] for r in row["ours"]]
-                        )
+            for name in out["variants"]:  # each against the default engine, side by side
+                for kind in ("cold", "repeat"):
+                    entry[f"{kind}_{name}_vs_default"] = _ratios(
+                        [r[kind] for r in row[f"ours_{name}"]], [r[kind] for r in row["ours"]]
+                    )
             if unpadded:  # padded against unpadded, both ours
                 for kind in ("cold", "repeat"):
                     entry[f"{kind}_padded_vs_unpadded"] = _ratios(
@@ -253,9 +252,8 @@ def brief_ttft(r: dict[str, Any]) -> str:
                 f", unpadded engine cold {plain['ratio']:.2f} ({plain['ours_median'] * 1e3:.0f} "
                 f"ms; padded/unpadded {row['cold_padded_vs_unpadded']['ratio']:.2f})"
             )
-        for key, ratio in row.items():
-            if key.startswith("cold_") and key.endswith("_vs_default"):
-                cell += f", {key.removeprefix('cold_')} cold {ratio['ratio']:.2f}"
+        for name in r.get("variants", {}):
+            cell += f", {name}_vs_default cold {row[f'cold_{name}_vs_default']['ratio']:.2f}"
         cells.append(cell)
     same = r.get("same_greedy_tokens", [])
     cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")

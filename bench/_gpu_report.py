@@ -50,7 +50,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def brief(part: str, r: dict[str, Any]) -> str:
     """One line for the log."""
     if "error" in r:
-        return "ERROR " + r["error"].strip().splitlines()[-1][:300]
+        error = "ERROR " + r["error"].strip().splitlines()[-1][:300]
+        if part == "ttft" and r.get("reps_done"):  # what it saved before it stopped
+            from _gpu_ttft import brief_ttft
+
+            return f"{error}; after {r['reps_done']} repetition(s): {brief_ttft(r)}"
+        return error
     if part == "ttft":
         from _gpu_ttft import brief_ttft
 

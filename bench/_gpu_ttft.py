@@ -25,6 +25,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,36 @@ def _ratios(ours: list[float], raw: list[float]) -> dict[str, Any]:
     }
 
 
+def _summary(
+    rows: dict[int, dict[str, list[Any]]],
+    engines: list[str],
+    variants: dict[str, Any],
+    unpadded: bool,
+) -> dict[str, Any]:
+    """Each length class's timings and ratios (cold and repeat), from ``rows``."""
+    lengths: dict[str, Any] = {}
+    for target, row in rows.items():
+        entry: dict[str, Any] = dict(row)
+        for name in engines:
+            suffix = "" if name == "ours" else f"_{name.removeprefix('ours_')}"
+            for kind in ("cold", "repeat"):
+                mine = [r[kind] for r in row[name]]
+                entry[kind + suffix] = _ratios(mine, [r[kind] for r in row["raw"]])
+        for name in variants:  # each against the default engine, side by side
+            for kind in ("cold", "repeat"):
+                entry[f"{kind}_{name}_vs_default"] = _ratios(
+                    [r[kind] for r in row[f"ours_{name}"]], [r[kind] for r in row["ours"]]
+                )
+        if unpadded:  # padded against unpadded, both ours
+            for kind in ("cold", "repeat"):
+                entry[f"{kind}_padded_vs_unpadded"] = _ratios(
+                    [r[kind] for r in row["ours"]], [r[kind] for r in row["ours_unpadded"]]
+                )
+        entry["raw_new_thread_median"] = statistics.median(r["ttft"] for r in row["raw_new_thread"])
+        lengths[str(target)] = entry
+    return lengths
+
+
 def bench_ttft(
     path: Path,
     model: Any,
@@ -126,6 +157,7 @@ def bench_ttft(
     card: str,
     unpadded: bool = True,
     variants: dict[str, dict[str, Any]] | None = None,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Cold, repeat and new-thread time to first token per length class (see the module).
 
@@ -133,7 +165,8 @@ def bench_ttft(
     ``warmup_shapes`` off, on an owner thread of its own, interleaved with the others.
     ``variants`` ({name: options}) add more: ``ours_NAME``, the engine with
     ``engine_options`` and these, the warm-up probes among them
-    (``_gpu_owners.probed_engine``).
+    (``_gpu_owners.probed_engine``). ``save`` is given the results so far after each
+    repetition (``reps_done``): a part stopped by its deadline keeps them.
     """
     from mlx_lm import stream_generate
 
@@ -193,27 +226,11 @@ def bench_ttft(
                     rows[target][side].append(
                         {"tokens": len(ids), "cold": cold, "repeat": repeat, "rep": rep}
                     )
-        for target, row in rows.items():
-            entry: dict[str, Any] = dict(row)
-            for name in engines:
-                suffix = "" if name == "ours" else f"_{name.removeprefix('ours_')}"
-                for kind in ("cold", "repeat"):
-                    mine = [r[kind] for r in row[name]]
-                    entry[kind + suffix] = _ratios(mine, [r[kind] for r in row["raw"]])
-            for name in out["variants"]:  # each against the default engine, side by side
-                for kind in ("cold", "repeat"):
-                    entry[f"{kind}_{name}_vs_default"] = _ratios(
-                        [r[kind] for r in row[f"ours_{name}"]], [r[kind] for r in row["ours"]]
-                    )
-            if unpadded:  # padded against unpadded, both ours
-                for kind in ("cold", "repeat"):
-                    entry[f"{kind}_padded_vs_unpadded"] = _ratios(
-                        [r[kind] for r in row["ours"]], [r[kind] for r in row["ours_unpadded"]]
-                    )
-            entry["raw_new_thread_median"] = statistics.median(
-                r["ttft"] for r in row["raw_new_thread"]
-            )
-            out["lengths"][str(target)] = entry
+            if save is not None:
+                so_far = _summary(rows, list(engines), out["variants"], unpadded)
+                save(out | {"lengths": so_far, "reps_done": rep + 1})
+        out["lengths"] = _summary(rows, list(engines), out["variants"], unpadded)
+        out["reps_done"] = reps
         out["distinct_lengths"] = len(prompts.seen)
         # After the timing: the greedy replies of every side to the same new prompts
         # (padded prefill pieces must not change them).

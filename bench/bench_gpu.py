@@ -901,6 +901,8 @@ def run_part(args: Any) -> None:
             card(),
             not args.no_ttft_unpadded,
             json.loads(args.ttft_variants),
+            # After each repetition: a part stopped by its deadline keeps them.
+            lambda r: save_part(args.part_out, r | {"partial": True}),
         ),
         "single": functools.partial(bench_single, path, model, tokenizer, args),
         "profile": functools.partial(bench_profile, model, tokenizer, path, args),

@@ -655,3 +655,36 @@ def test_the_groups_probe_gives_the_batch_warm_up_back_when_the_load_fails(tiny_
     finally:
         loop.run_until_complete(engine.stop())
         loop.close()
+
+
+def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, monkeypatch):
+    """A ttft part stopped by its deadline keeps the repetitions it finished: each one
+    hands the summary so far (every side's timings, ratios per length) to ``save``, and
+    the log line gives them beside the error."""
+    import importlib
+    import json
+
+    from mlx_lm import load
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    ttft = importlib.import_module("_gpu_ttft")
+    report = importlib.import_module("_gpu_report")
+    model, tokenizer = load(str(tiny_qwen2))
+    saved: list[dict] = []
+    final = ttft.bench_ttft(
+        tiny_qwen2, model, tokenizer, [12, 30], 2, {}, "cpu", True, None,
+        lambda r: saved.append(json.loads(json.dumps(r))),
+    )  # fmt: skip
+    assert [s["reps_done"] for s in saved] == [1, 2]
+    for s in saved:
+        assert set(s["lengths"]) == {"12", "30"}
+        for row in s["lengths"].values():
+            for side in ("raw", "ours", "ours_unpadded", "raw_new_thread"):
+                assert len(row[side]) == s["reps_done"]
+            assert row["cold"]["ratio"] > 0 and row["cold_padded_vs_unpadded"]["ratio"] > 0
+    assert final["reps_done"] == 2 and final["same_greedy_tokens"]
+    assert final["lengths"]["30"]["cold"] == saved[-1]["lengths"]["30"]["cold"]
+    line = report.brief("ttft", saved[0] | {"error": "timed out"})
+    assert line.startswith("ERROR timed out; after 1 repetition(s): [cpu] load")
+    assert "30: cold" in line
+    assert report.brief("ttft", {"error": "timed out"}) == "ERROR timed out"

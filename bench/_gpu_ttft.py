@@ -203,7 +203,9 @@ def bench_ttft(
         for name, engine in engines.items():
             first[name] = loop.run_until_complete(_ours_ttft(engine, prompts.new(9)[0]))
         out["first_request"] = first
-        rows = {L: {name: [] for name in [*names, "raw_new_thread"]} for L in lengths}
+        rows: dict[int, dict[str, list[Any]]] = {
+            L: {name: [] for name in [*names, "raw_new_thread"]} for L in lengths
+        }
         for rep in range(reps):
             sides = names[rep % len(names) :] + names[: rep % len(names)]
             for target in lengths:

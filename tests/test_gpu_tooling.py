@@ -546,12 +546,28 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "first_batch.jsonl").open()]
     scenarios = ["fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes"]
+    scenarios += ["after-growth", "after-groups"]  # the batch warm-up's halves
     assert sorted((r["rep"], r["scenario"]) for r in records) == sorted(
         (rep, name) for rep in range(2) for name in scenarios
     )
     for r in records:
         assert r["probe"] == "provenance" and r["c"] == 4
         assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps
+    picked = tmp_path / "picked"
+    args += ["--provenance-scenarios", "fresh,after-groups", "--out", str(picked)]
+    done = subprocess.run([*script, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (picked / "first_batch.jsonl").open()]
+    assert sorted(r["scenario"] for r in records) == ["after-groups"] * 2 + ["fresh"] * 2
+    bad = subprocess.run(
+        [*script, "--provenance-scenarios", "fresh,after-everything"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert bad.returncode != 0
+    assert "unknown provenance scenario 'after-everything': use one of fresh" in bad.stderr
 
 
 @pytest.mark.parametrize(

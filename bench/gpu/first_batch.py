@@ -40,8 +40,9 @@ model object, and in the engine.
 
 ``provenance``: whether what a thread met before slows its batch of c (64; ``--provenance-c``):
 ``batch_generate`` timed on new threads that first ran nothing, a batch of half the
-size, the engine's batch warm-up, a batch of c and then that warm-up, or the prefill
-shapes' warm-up (MLX keeps CUDA graphs per thread, keyed by their topology only).
+size, the engine's batch warm-up, a batch of c and then that warm-up, the prefill
+shapes' warm-up, or one half of the batch warm-up (its growing batch, its padded
+groups); ``--provenance-scenarios`` picks them.
 
 ``trace``: a fresh process per scenario (``engine-first``, ``raw-first``; or one side
 alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` [no padded
@@ -841,11 +842,32 @@ def pool_probe(shape: str, out: Path | None, tokens: int = 128, runs: int = 5) -
 
 # ------------------------------------------------------------------ provenance
 
-PROVENANCE_SCENARIOS = ("fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes")
+PROVENANCE_SCENARIOS = (
+    "fresh",
+    "after-half",
+    "after-warm-batch",
+    "largest-first",
+    "after-shapes",
+    "after-growth",
+    "after-groups",
+)
+
+
+def check_scenarios(names: list[str]) -> None:
+    """Stop at a provenance scenario the probe does not know, before anything runs."""
+    for name in names:
+        if name not in PROVENANCE_SCENARIOS:
+            known = ", ".join(PROVENANCE_SCENARIOS)
+            raise SystemExit(f"unknown provenance scenario {name!r}: use one of {known}")
 
 
 def provenance_probe(
-    shape: str, out: Path | None, tokens: int = 128, reps: int = 3, c: int = 64
+    shape: str,
+    out: Path | None,
+    tokens: int = 128,
+    reps: int = 3,
+    c: int = 64,
+    names: tuple[str, ...] = PROVENANCE_SCENARIOS,
 ) -> None:
     """What a thread met before slows its batch of ``c``? MLX's CUDA backend keys the
     CUDA graphs it keeps per thread and stream by their node types and edges only, not
@@ -855,14 +877,17 @@ def provenance_probe(
     ``fresh`` (nothing before), ``after-half`` (a batch of ``c // 2`` first),
     ``after-warm-batch`` (the engine's batch warm-up, every size up to ``c``),
     ``largest-first`` (a batch of ``c`` first, then that warm-up) and ``after-shapes``
-    (the engine's prefill-shape warm-up of a lone request). Every scenario runs once
+    (the engine's prefill-shape warm-up of a lone request); the batch warm-up's two
+    halves apart: ``after-growth`` (its batches growing a row a step to ``c``, and the
+    joining and shrinking rows) and ``after-groups`` (its padded groups, at each bucket
+    and row count). ``names`` picks the scenarios. Every scenario runs once
     first on a thread of its own, untimed, so that MLX compiled every kernel for the
     process; the scenarios then rotate, ``reps`` times. Per run: the decode steps'
     median and per-step parts (:class:`StepClock`)."""
     import functools
 
     from mlx_integrations.engine import BatchedEngine
-    from mlx_integrations.engine.batched.warmup import warm_batch
+    from mlx_integrations.engine.batched.warmup import warm_batch, warm_groups
     from mlx_integrations.engine.decoding import warm_shapes
 
     clock = StepClock()
@@ -886,6 +911,8 @@ def provenance_probe(
         "after-warm-batch": [warm],
         "largest-first": [functools.partial(batch, c, 8), warm],
         "after-shapes": [functools.partial(warm_shapes, model, shapes, step)],
+        "after-growth": [functools.partial(warm_batch, model, step, shapes, c, groups=False)],
+        "after-groups": [functools.partial(warm_groups, model, step, shapes, c)],
     }
 
     def scenario(name: str) -> dict[str, Any]:
@@ -897,9 +924,8 @@ def provenance_probe(
         return {"ms": round((time.perf_counter() - began) * 1000, 1), **clock.report()}
 
     try:
-        for name in PROVENANCE_SCENARIOS:  # kernels compiled for the process
+        for name in names:  # kernels compiled for the process
             side_thread(f"prov-setup-{name}").submit(scenario, name).result()
-        names = list(PROVENANCE_SCENARIOS)
         for rep in range(reps):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 record = side_thread(f"prov-{name}").submit(scenario, name).result()
@@ -1069,6 +1095,11 @@ def main() -> None:
     parser.add_argument(
         "--provenance-c", type=int, default=64, help="batch size the provenance probe times"
     )
+    parser.add_argument(
+        "--provenance-scenarios",
+        default=",".join(PROVENANCE_SCENARIOS),
+        help="the provenance probe's scenarios, commas",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1080,6 +1111,9 @@ def main() -> None:
     probes = args.probes.split(",")
     if "trace" in probes:
         check_orders(args.orders.split(","))
+    scenarios = tuple(args.provenance_scenarios.split(","))
+    if "provenance" in probes:
+        check_scenarios(list(scenarios))
     for shape in args.shapes.split(","):
         if "sdpa" in probes:
             sdpa_probe(shape, args.out)
@@ -1096,7 +1130,9 @@ def main() -> None:
         if "pool" in probes:
             pool_probe(shape, args.out, args.tokens)
         if "provenance" in probes:
-            provenance_probe(shape, args.out, args.tokens, args.host_reps, args.provenance_c)
+            provenance_probe(
+                shape, args.out, args.tokens, args.host_reps, args.provenance_c, scenarios
+            )
         if "owner" in probes:
             sizes = tuple(int(c) for c in args.owner_sizes.split(","))
             owner_probe(shape, args.out, args.tokens, args.host_reps, sizes)

@@ -135,19 +135,32 @@ def table(results: dict[str, Any]) -> str:
             [_cell(x.get("decode")) for x in single],
         )
     )
+    # A ttft part stopped by its budget keeps the repetitions it finished: said so.
+    stopped = [
+        f" (stopped after {t['reps_done']} of {t.get('reps')} repetitions)"
+        if "error" in t and t.get("reps_done")
+        else ""
+        for t in (g.get("ttft") or {} for g in got)
+    ]
     for length in (results["shapes"][shapes[0]].get("ttft") or {}).get("lengths", {}):
         rows = [((g.get("ttft") or {}).get("lengths") or {}).get(length, {}) for g in got]
         lines.append(
             row(
                 f"TTFT, new prompt of about {int(length):,} tokens (no length twice in a process), "
                 "`SimpleEngine` / `stream_generate`",
-                [_cell(ms(x.get("cold")), "ms", 1) for x in rows],
+                [
+                    _cell(ms(x.get("cold")), "ms", 1) + why
+                    for x, why in zip(rows, stopped, strict=True)
+                ],
             )
         )
         lines.append(
             row(
                 "the same, a second prompt of that length",
-                [_cell(ms(x.get("repeat")), "ms", 1) for x in rows],
+                [
+                    _cell(ms(x.get("repeat")), "ms", 1) + why
+                    for x, why in zip(rows, stopped, strict=True)
+                ],
             )
         )
         if any("cold_unpadded" in x for x in rows):
@@ -155,7 +168,10 @@ def table(results: dict[str, Any]) -> str:
                 row(
                     "new prompt, `SimpleEngine(prefill_buckets=False, warmup_shapes=False)` / "
                     "`stream_generate`",
-                    [_cell(ms(x.get("cold_unpadded")), "ms", 1) for x in rows],
+                    [
+                        _cell(ms(x.get("cold_unpadded")), "ms", 1) + why
+                        for x, why in zip(rows, stopped, strict=True)
+                    ],
                 )
             )
     lines.append(

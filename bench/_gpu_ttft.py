@@ -21,6 +21,7 @@ sides alternate, the first one rotating each repetition.
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import statistics
 import threading
@@ -230,7 +231,7 @@ def bench_ttft(
                     )
             if save is not None:
                 so_far = _summary(rows, list(engines), out["variants"], unpadded)
-                save(out | {"lengths": so_far, "reps_done": rep + 1})
+                save(copy.deepcopy(out | {"lengths": so_far, "reps_done": rep + 1}))
         out["lengths"] = _summary(rows, list(engines), out["variants"], unpadded)
         out["reps_done"] = reps
         out["distinct_lengths"] = len(prompts.seen)
@@ -274,8 +275,9 @@ def brief_ttft(r: dict[str, Any]) -> str:
         for name in r.get("variants", {}):
             cell += f", {name}_vs_default cold {row[f'cold_{name}_vs_default']['ratio']:.2f}"
         cells.append(cell)
-    same = r.get("same_greedy_tokens", [])
-    cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")
+    if "same_greedy_tokens" in r:  # checked once the timing is done
+        same = r["same_greedy_tokens"]
+        cells.append(f"same greedy tokens {sum(x['same'] for x in same)}/{len(same)}")
     warm = r.get("warmup_s")
     head = f"[{r.get('card')}] load {r.get('load_s', 0):.2f} s" + (
         f" (warm-up {warm:.2f} s)" if warm is not None else " (no warm-up)"

@@ -517,6 +517,7 @@ def test_ttft_variants_are_more_sides_timed_against_the_default_engine(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ttft = json.loads((tmp_path / "bench_gpu.json").read_text())["shapes"]["tiny"]["ttft"]
     assert "error" not in ttft, ttft["error"]
+    assert "partial" not in ttft and ttft["reps_done"] == 2  # the last save is the whole part
     assert ttft["ours_elsewhere"]["warmup_s"] > 0  # the probe kept the warm-up, elsewhere
     assert ttft["ours_plain"]["warmup_s"] is None
     for row in ttft["lengths"].values():
@@ -550,8 +551,18 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
     assert sorted((r["rep"], r["scenario"]) for r in records) == sorted(
         (rep, name) for rep in range(2) for name in scenarios
     )
+    history = {
+        "fresh": [],
+        "after-half": ["batch of 2"],
+        "after-warm-batch": ["warm_batch"],
+        "largest-first": ["batch of 4", "warm_batch"],
+        "after-shapes": ["warm_shapes"],
+        "after-growth": ["warm_batch(groups=False)"],
+        "after-groups": ["warm_groups"],
+    }
     for r in records:
         assert r["probe"] == "provenance" and r["c"] == 4
+        assert r["history"] == history[r["scenario"]]  # what the thread ran before
         assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps
     picked = tmp_path / "picked"
     args += ["--provenance-scenarios", "fresh,after-groups", "--out", str(picked)]
@@ -559,15 +570,22 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (picked / "first_batch.jsonl").open()]
     assert sorted(r["scenario"] for r in records) == ["after-groups"] * 2 + ["fresh"] * 2
-    bad = subprocess.run(
-        [*script, "--provenance-scenarios", "fresh,after-everything"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert bad.returncode != 0
-    assert "unknown provenance scenario 'after-everything': use one of fresh" in bad.stderr
+    refused = {
+        "fresh,after-everything": "unknown provenance scenario 'after-everything': use one of fresh",
+        "fresh,after-half,fresh": "provenance scenario 'fresh' given twice: name each once",
+    }
+    for i, (names, message) in enumerate(refused.items()):
+        bad_out = tmp_path / f"bad{i}"
+        bad = subprocess.run(
+            [*script, "--provenance-scenarios", names, "--out", str(bad_out)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=600,
+        )
+        assert bad.returncode != 0
+        assert message in bad.stderr
+        assert not (bad_out / "first_batch.jsonl").exists()  # refused before anything ran
 
 
 @pytest.mark.parametrize(
@@ -698,9 +716,16 @@ def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, monke
             for side in ("raw", "ours", "ours_unpadded", "raw_new_thread"):
                 assert len(row[side]) == s["reps_done"]
             assert row["cold"]["ratio"] > 0 and row["cold_padded_vs_unpadded"]["ratio"] > 0
-    assert final["reps_done"] == 2 and final["same_greedy_tokens"]
+    assert final["reps_done"] == 2 and "same greedy tokens" not in report.brief("ttft", saved[0])
+    assert len(final["same_greedy_tokens"]) == 2  # checked after the timing, per length
+    assert all(row["same"] for row in final["same_greedy_tokens"])
     assert final["lengths"]["30"]["cold"] == saved[-1]["lengths"]["30"]["cold"]
     line = report.brief("ttft", saved[0] | {"error": "timed out"})
     assert line.startswith("ERROR timed out; after 1 repetition(s): [cpu] load")
     assert "30: cold" in line
     assert report.brief("ttft", {"error": "timed out"}) == "ERROR timed out"
+    # The README's table says which cells come from a part stopped early.
+    stopped = saved[0] | {"error": "timed out"}
+    table = report.table({"shapes": {"tiny": {"ttft": stopped}}, "concurrency": []})
+    assert "(stopped after 1 of 2 repetitions)" in table
+    assert "stopped" not in report.table({"shapes": {"tiny": {"ttft": final}}, "concurrency": []})

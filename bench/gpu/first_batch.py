@@ -78,6 +78,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -855,10 +856,12 @@ PROVENANCE_SCENARIOS = (
 
 def check_scenarios(names: list[str]) -> None:
     """Stop at a provenance scenario the probe does not know, before anything runs."""
-    for name in names:
+    for i, name in enumerate(names):
         if name not in PROVENANCE_SCENARIOS:
             known = ", ".join(PROVENANCE_SCENARIOS)
             raise SystemExit(f"unknown provenance scenario {name!r}: use one of {known}")
+        if name in names[:i]:
+            raise SystemExit(f"provenance scenario {name!r} given twice: name each once")
 
 
 def provenance_probe(
@@ -886,6 +889,8 @@ def provenance_probe(
     median and per-step parts (:class:`StepClock`)."""
     import functools
 
+    import mlx.core as mx
+
     from mlx_integrations.engine import BatchedEngine
     from mlx_integrations.engine.batched.warmup import warm_batch, warm_groups
     from mlx_integrations.engine.decoding import warm_shapes
@@ -904,24 +909,38 @@ def provenance_probe(
         ids = [tokenizer.encode(bench_gpu.words(20 + (i % 9), offset=i)) for i in range(n)]
         raw_batch(model, tokenizer, ids, length, n)
 
-    warm = functools.partial(warm_batch, model, step, shapes, c)
-    before = {
+    def groups() -> None:  # as warm_batch ends: MLX's buffer cache emptied
+        warm_groups(model, step, shapes, c)
+        mx.clear_cache()
+
+    half, full = f"batch of {max(c // 2, 1)}", f"batch of {c}"
+    warm = ("warm_batch", functools.partial(warm_batch, model, step, shapes, c))
+    before: dict[str, list[tuple[str, Callable[[], Any]]]] = {
         "fresh": [],
-        "after-half": [functools.partial(batch, max(c // 2, 1), 8)],
+        "after-half": [(half, functools.partial(batch, max(c // 2, 1), 8))],
         "after-warm-batch": [warm],
-        "largest-first": [functools.partial(batch, c, 8), warm],
-        "after-shapes": [functools.partial(warm_shapes, model, shapes, step)],
-        "after-growth": [functools.partial(warm_batch, model, step, shapes, c, groups=False)],
-        "after-groups": [functools.partial(warm_groups, model, step, shapes, c)],
+        "largest-first": [(full, functools.partial(batch, c, 8)), warm],
+        "after-shapes": [("warm_shapes", functools.partial(warm_shapes, model, shapes, step))],
+        "after-growth": [
+            (
+                "warm_batch(groups=False)",
+                functools.partial(warm_batch, model, step, shapes, c, groups=False),
+            )
+        ],
+        "after-groups": [("warm_groups", groups)],
     }
 
     def scenario(name: str) -> dict[str, Any]:
-        for prepare in before[name]:
+        for _, prepare in before[name]:
             prepare()
         clock.reset()
         began = time.perf_counter()
         batch(c)
-        return {"ms": round((time.perf_counter() - began) * 1000, 1), **clock.report()}
+        return {
+            "history": [label for label, _ in before[name]],
+            "ms": round((time.perf_counter() - began) * 1000, 1),
+            **clock.report(),
+        }
 
     try:
         for name in names:  # kernels compiled for the process

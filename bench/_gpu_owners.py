@@ -10,6 +10,7 @@ interpreter exit.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 _RETIRED: list[Any] = []
@@ -49,9 +50,14 @@ def side_thread(name: str) -> Any:
 
 
 # Probes: options a bench variant may name beside the engine's own (never engine options).
-PROBES = ("warm_elsewhere", "warm_batch_on_owner", "warm_groups_on_owner")
+PROBES = ("warm_elsewhere", "warm_batch_on_owner", "warm_groups_on_owner", "warm_growth_on_owner")
 """Where the load's warm-up runs: one at most."""
-BATCH_PROBES = ("warm_batch_on_owner", "warm_groups_on_owner", "largest_first")
+BATCH_PROBES = (
+    "warm_batch_on_owner",
+    "warm_groups_on_owner",
+    "warm_growth_on_owner",
+    "largest_first",
+)
 """Probes of a ``BatchedEngine``'s own warm-up: on another engine they would do nothing."""
 
 
@@ -64,7 +70,9 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     part on the owner thread, as the package did before it moved it aside;
     ``"warm_groups_on_owner": true`` splits that part: the groups of requests arriving
     together (their padded prefills, what a first batch's first tokens wait for) on the
-    owner thread, the rest (a batch decoded at every size) aside. With any of them or
+    owner thread, the rest (a batch decoded at every size) aside;
+    ``"warm_growth_on_owner": true`` the other way round: the batch growing a row a step
+    to every size on the owner thread, the groups aside. With any of them or
     none, ``"largest_first": true`` first decodes a full batch (``max_num_seqs`` rows)
     on the owner thread (:func:`full_batch`). A probe that cannot apply to ``cls`` (the
     batch probes on a ``SimpleEngine``), or two placements, raise ``ValueError``.
@@ -92,6 +100,8 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
         engine._warm_up = lambda: as_side_thread(warm_up)
     elif chosen == ["warm_groups_on_owner"]:
         engine._warm_up = lambda: groups_on_owner(engine, warm_up)
+    elif chosen == ["warm_growth_on_owner"]:
+        engine._warm_up = lambda: growth_on_owner(engine, warm_up)
     if largest_first:  # on the owner thread, whichever thread the warm-up then takes
         placed = engine._warm_up
 
@@ -128,6 +138,41 @@ def groups_on_owner(engine: Any, warm_up: Any) -> None:
     except Exception:  # as in warm_batch: the first batch then meets them itself
         logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
     engine.warmup_seconds += time.perf_counter() - began
+
+
+def growth_on_owner(engine: Any, warm_up: Any) -> None:
+    """``engine``'s load warm-up with only the batch part's groups left aside, and the
+    rest of that part (the batch growing to every size, rows joining and ending) met on
+    the calling thread, the owner's, after it."""
+    import time
+
+    import mlx.core as mx
+
+    from mlx_integrations.engine.batched import engine as batched
+    from mlx_integrations.engine.batched import warmup
+
+    def groups_only(
+        model: Any, prefill_step_size: int, shapes: Any, rows: int, groups: bool = True
+    ) -> float:  # warm_batch's signature, the groups alone
+        began = time.perf_counter()
+        try:
+            warmup.warm_groups(model, prefill_step_size, shapes, rows)
+        except Exception:  # as in warm_batch: the first batch then meets them itself
+            logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
+        finally:
+            mx.clear_cache()
+        return time.perf_counter() - began
+
+    whole = batched.warm_batch
+    batched.warm_batch = groups_only  # engines load one at a time
+    try:
+        warm_up()
+    finally:
+        batched.warm_batch = whole
+    if engine.warmup_seconds is None:  # no warm-up (warmup_shapes off)
+        return
+    parts = (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
+    engine.warmup_seconds += whole(*parts, groups=False)
 
 
 def as_side_thread(fn: Any) -> None:

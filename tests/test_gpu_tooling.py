@@ -367,6 +367,7 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
         ("warm_elsewhere", "warm-elsewhere", "mlxi-aside", "mlxi-aside"),
         ("warm_batch_on_owner", "owner", "owner", "owner"),
         ("warm_groups_on_owner", "owner", "mlxi-aside", "owner"),
+        ("warm_growth_on_owner", "owner", "owner", "mlxi-aside"),
         (None, "owner", "mlxi-aside", "mlxi-aside"),
     ],
 )
@@ -377,7 +378,8 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     warm-up on a kept side thread of the bench's (its batch part then goes to the
     package's side thread, as in the default engine); ``warm_batch_on_owner`` runs both
     parts on the owner thread, as the package did before; ``warm_groups_on_owner`` meets
-    the batch part's groups on the owner thread and the rest aside. Either way the
+    the batch part's groups on the owner thread and the rest aside;
+    ``warm_growth_on_owner`` the rest on the owner thread and the groups aside. Either way the
     warm-up is timed and the engine then serves on its owner thread."""
     import asyncio
     import importlib
@@ -653,7 +655,12 @@ def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen
     both = {"warm_elsewhere": True, "warm_groups_on_owner": True}
     with pytest.raises(ValueError, match="warm_elsewhere and warm_groups_on_owner are 2 probes"):
         owners.probed_engine(BatchedEngine, tiny_qwen2, both)
-    for probe in ("warm_batch_on_owner", "warm_groups_on_owner", "largest_first"):
+    for probe in (
+        "warm_batch_on_owner",
+        "warm_groups_on_owner",
+        "warm_growth_on_owner",
+        "largest_first",
+    ):
         with pytest.raises(ValueError, match=f"{probe}: a probe of BatchedEngine's warm-up"):
             owners.probed_engine(SimpleEngine, tiny_qwen2, {probe: True})
     assert owners.probed_engine(SimpleEngine, tiny_qwen2, {"warm_elsewhere": True})

@@ -49,7 +49,8 @@ alone: ``engine``, ``engine-nowarm`` [no warm-up at load], ``engine-nobuckets`` 
 pieces, placeholder rows or warm-up], ``engine-elsewhere`` [the load's whole warm-up on a
 thread other than the owner's], ``engine-ownerwarm`` [the batch warm-up on the owner
 thread, as before the package ran it aside], ``engine-groupsowner`` [the batch
-warm-up's groups on the owner thread, the rest aside], ``engine-largest`` [a full batch
+warm-up's groups on the owner thread, the rest aside], ``engine-growthowner`` [the
+other way round], ``engine-largest`` [a full batch
 decoded on the owner thread before the load's warm-up], ``engine-ownerwarm-largest``
 [that, and the batch warm-up on the owner thread], ``raw``, with ``--orders``; ``engine@32``: the engine
 with room for 32 requests instead of 16, whose load's warm-up meets more). Each times
@@ -1005,6 +1006,8 @@ ENGINE_ALONE: dict[str, dict[str, Any]] = {
     "engine-ownerwarm": {"warm_batch_on_owner": True},
     # the batch warm-up's groups on the owner thread, the rest aside
     "engine-groupsowner": {"warm_groups_on_owner": True},
+    # the batch warm-up's growth to every size on the owner thread, its groups aside
+    "engine-growthowner": {"warm_growth_on_owner": True},
     # a full batch decoded on the owner thread before the load's warm-up
     "engine-largest": {"largest_first": True},
     # that, then the whole warm-up on the owner thread

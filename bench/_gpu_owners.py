@@ -71,8 +71,9 @@ def probed_engine(cls: Any, path: Any, options: dict[str, Any], **fixed: Any) ->
     ``"warm_groups_on_owner": true`` splits that part: the groups of requests arriving
     together (their padded prefills, what a first batch's first tokens wait for) on the
     owner thread, the rest (a batch decoded at every size) aside;
-    ``"warm_growth_on_owner": true`` the other way round: the batch growing a row a step
-    to every size on the owner thread, the groups aside. With any of them or
+    ``"warm_growth_on_owner": true`` the other way round: the batch part without its
+    groups (a batch prefilled, joined, grown to every size and shrinking) on the owner
+    thread, then the groups aside. With any of them or
     none, ``"largest_first": true`` first decodes a full batch (``max_num_seqs`` rows)
     on the owner thread (:func:`full_batch`). A probe that cannot apply to ``cls`` (the
     batch probes on a ``SimpleEngine``), or two placements, raise ``ValueError``.
@@ -117,7 +118,6 @@ def groups_on_owner(engine: Any, warm_up: Any) -> None:
     """``engine``'s load warm-up with the batch part's groups taken out of it (aside)
     and met on the calling thread, the owner's, after it."""
     import functools
-    import logging
     import time
 
     from mlx_integrations.engine.batched import engine as batched
@@ -141,19 +141,20 @@ def groups_on_owner(engine: Any, warm_up: Any) -> None:
 
 
 def growth_on_owner(engine: Any, warm_up: Any) -> None:
-    """``engine``'s load warm-up with only the batch part's groups left aside, and the
-    rest of that part (the batch growing to every size, rows joining and ending) met on
-    the calling thread, the owner's, after it."""
+    """``engine``'s load warm-up with the batch part split, in the package's order: the
+    part without its groups (two rows of unequal length prefilled together, a row
+    joining a running batch, the batch growing a row a step to every size and rows
+    ending) on the calling thread, the owner's; then the groups aside."""
+    import functools
     import time
 
     import mlx.core as mx
 
     from mlx_integrations.engine.batched import engine as batched
     from mlx_integrations.engine.batched import warmup
+    from mlx_integrations.runtime.owner import run_aside
 
-    def groups_only(
-        model: Any, prefill_step_size: int, shapes: Any, rows: int, groups: bool = True
-    ) -> float:  # warm_batch's signature, the groups alone
+    def groups_only(model: Any, prefill_step_size: int, shapes: Any, rows: int) -> float:
         began = time.perf_counter()
         try:
             warmup.warm_groups(model, prefill_step_size, shapes, rows)
@@ -163,8 +164,11 @@ def growth_on_owner(engine: Any, warm_up: Any) -> None:
             mx.clear_cache()
         return time.perf_counter() - began
 
+    def later(*args: Any, **kwargs: Any) -> float:  # the load's batch part, met below
+        return 0.0
+
     whole = batched.warm_batch
-    batched.warm_batch = groups_only  # engines load one at a time
+    batched.warm_batch = later  # engines load one at a time
     try:
         warm_up()
     finally:
@@ -173,6 +177,7 @@ def growth_on_owner(engine: Any, warm_up: Any) -> None:
         return
     parts = (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
     engine.warmup_seconds += whole(*parts, groups=False)
+    engine.warmup_seconds += run_aside(functools.partial(groups_only, *parts))
 
 
 def as_side_thread(fn: Any) -> None:

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -391,11 +392,25 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench_gpu = importlib.import_module("bench_gpu")
     threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": [], "groups": []}
+    # Each part's time, a part inside another counted once: the seconds warm_shapes and
+    # warm_batch return, and the time of a warm_groups run on its own (which returns none;
+    # the probe that runs it times it around this).
+    seconds: list[float] = []
+    inside: list[str] = []
 
     def recorded(part, real):
         def run(*args, **kwargs):
             threads[part].append(threading.current_thread())
-            return real(*args, **kwargs)
+            outer = not inside
+            inside.append(part)
+            began = time.perf_counter()
+            try:
+                result = real(*args, **kwargs)
+            finally:
+                inside.pop()
+            if outer:
+                seconds.append(time.perf_counter() - began if result is None else result)
+            return result
 
         return run
 
@@ -413,6 +428,7 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(engine.start())
+        assert batched.warm_batch is warmup.warm_batch  # the package's own, given back
         reply = loop.run_until_complete(engine.generate("hello", max_tokens=3, temperature=0))
         owner = engine._executor.submit(threading.current_thread).result()
     finally:
@@ -425,7 +441,8 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     assert [where(t) for t in threads["shapes"]] == [shapes_on]
     assert [where(t) for t in threads["batch"]] == [batch_on]
     assert [where(t) for t in threads["groups"]] == [groups_on]  # met once, there
-    assert engine.warmup_seconds is not None and engine.warmup_seconds > 0
+    assert engine.warmup_seconds is not None
+    assert engine.warmup_seconds >= sum(seconds) - 1e-6 > 0  # every part it ran, timed
     assert reply.completion_tokens == 3
 
 
@@ -669,9 +686,13 @@ def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen
             ttft.bench_ttft(tiny_qwen2, None, None, [32], 1, {}, "cpu", True, {name: {}})
 
 
-def test_the_groups_probe_gives_the_batch_warm_up_back_when_the_load_fails(tiny_qwen2, monkeypatch):
-    """``warm_groups_on_owner`` swaps the package's ``warm_batch`` for the load's
-    warm-up; a warm-up that fails leaves the package's own in place."""
+@pytest.mark.parametrize("probe", ["warm_groups_on_owner", "warm_growth_on_owner"])
+def test_the_split_probes_give_the_batch_warm_up_back_when_the_load_fails(
+    tiny_qwen2, monkeypatch, probe
+):
+    """``warm_groups_on_owner`` and ``warm_growth_on_owner`` swap the package's
+    ``warm_batch`` for the load's warm-up; a warm-up that fails leaves the package's own
+    in place."""
     import asyncio
     import importlib
 
@@ -686,7 +707,7 @@ def test_the_groups_probe_gives_the_batch_warm_up_back_when_the_load_fails(tiny_
         raise RuntimeError("a warm-up that fails")
 
     monkeypatch.setattr(mlx_engine, "warm_shapes", broken)
-    options = {"warmup_shapes": True, "warm_groups_on_owner": True}
+    options = {"warmup_shapes": True, probe: True}
     engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
     loop = asyncio.new_event_loop()
     try:

@@ -118,26 +118,12 @@ def groups_on_owner(engine: Any, warm_up: Any) -> None:
     """``engine``'s load warm-up with the batch part's groups taken out of it (aside)
     and met on the calling thread, the owner's, after it."""
     import functools
-    import time
 
     from mlx_integrations.engine.batched import engine as batched
-    from mlx_integrations.engine.batched import warmup
 
-    whole = batched.warm_batch
-    batched.warm_batch = functools.partial(whole, groups=False)  # engines load one at a time
-    try:
-        warm_up()
-    finally:
-        batched.warm_batch = whole
-    if engine.warmup_seconds is None:  # no warm-up (warmup_shapes off)
-        return
-    parts = (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
-    began = time.perf_counter()
-    try:
-        warmup.warm_groups(*parts)
-    except Exception:  # as in warm_batch: the first batch then meets them itself
-        logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
-    engine.warmup_seconds += time.perf_counter() - began
+    parts = _load_with(engine, warm_up, functools.partial(batched.warm_batch, groups=False))
+    if parts is not None:
+        engine.warmup_seconds += _timed_groups(parts, empty_cache=False)
 
 
 def growth_on_owner(engine: Any, warm_up: Any) -> None:
@@ -146,38 +132,58 @@ def growth_on_owner(engine: Any, warm_up: Any) -> None:
     joining a running batch, the batch growing a row a step to every size and rows
     ending) on the calling thread, the owner's; then the groups aside."""
     import functools
-    import time
-
-    import mlx.core as mx
 
     from mlx_integrations.engine.batched import engine as batched
-    from mlx_integrations.engine.batched import warmup
     from mlx_integrations.runtime.owner import run_aside
-
-    def groups_only(model: Any, prefill_step_size: int, shapes: Any, rows: int) -> float:
-        began = time.perf_counter()
-        try:
-            warmup.warm_groups(model, prefill_step_size, shapes, rows)
-        except Exception:  # as in warm_batch: the first batch then meets them itself
-            logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
-        finally:
-            mx.clear_cache()
-        return time.perf_counter() - began
 
     def later(*args: Any, **kwargs: Any) -> float:  # the load's batch part, met below
         return 0.0
 
     whole = batched.warm_batch
-    batched.warm_batch = later  # engines load one at a time
+    parts = _load_with(engine, warm_up, later)
+    if parts is not None:
+        engine.warmup_seconds += whole(*parts, groups=False)
+        engine.warmup_seconds += run_aside(
+            functools.partial(_timed_groups, parts, empty_cache=True)
+        )
+
+
+def _load_with(engine: Any, warm_up: Any, batch_part: Any) -> tuple[Any, int, Any, int] | None:
+    """Run the load's ``warm_up`` with ``batch_part`` standing in for the package's
+    ``warm_batch`` (given back after, whatever happens); ``warm_batch``'s arguments, or
+    ``None`` where the load warmed nothing up (``warmup_shapes`` off)."""
+    from mlx_integrations.engine.batched import engine as batched
+
+    whole = batched.warm_batch
+    batched.warm_batch = batch_part  # engines load one at a time
     try:
         warm_up()
     finally:
         batched.warm_batch = whole
-    if engine.warmup_seconds is None:  # no warm-up (warmup_shapes off)
-        return
-    parts = (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
-    engine.warmup_seconds += whole(*parts, groups=False)
-    engine.warmup_seconds += run_aside(functools.partial(groups_only, *parts))
+    if engine.warmup_seconds is None:
+        return None
+    return (engine._model, engine._prefill_step_size, engine._shapes, engine._max_num_seqs)
+
+
+def _timed_groups(parts: tuple[Any, int, Any, int], empty_cache: bool) -> float:
+    """``warm_groups(*parts)``'s seconds; a failure is logged, as in ``warm_batch`` (the
+    first batch then meets them itself). ``empty_cache``: MLX's buffer cache emptied
+    after, as ``warm_batch`` ends."""
+    import time
+
+    import mlx.core as mx
+
+    from mlx_integrations.engine.batched import warmup
+
+    began = time.perf_counter()
+    try:
+        warmup.warm_groups(*parts)
+    except Exception:
+        logging.getLogger(__name__).warning("The groups' warm-up failed", exc_info=True)
+    finally:
+        if empty_cache:
+            mx.clear_cache()
+    return time.perf_counter() - began
 
 
 def as_side_thread(fn: Any) -> None:

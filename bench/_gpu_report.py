@@ -144,34 +144,26 @@ def table(results: dict[str, Any]) -> str:
     ]
     for length in (results["shapes"][shapes[0]].get("ttft") or {}).get("lengths", {}):
         rows = [((g.get("ttft") or {}).get("lengths") or {}).get(length, {}) for g in got]
+
+        def cells(key: str, rows: list[dict[str, Any]] = rows) -> list[str]:
+            return [
+                _cell(ms(x.get(key)), "ms", 1) + why for x, why in zip(rows, stopped, strict=True)
+            ]
+
         lines.append(
             row(
                 f"TTFT, new prompt of about {int(length):,} tokens (no length twice in a process), "
                 "`SimpleEngine` / `stream_generate`",
-                [
-                    _cell(ms(x.get("cold")), "ms", 1) + why
-                    for x, why in zip(rows, stopped, strict=True)
-                ],
+                cells("cold"),
             )
         )
-        lines.append(
-            row(
-                "the same, a second prompt of that length",
-                [
-                    _cell(ms(x.get("repeat")), "ms", 1) + why
-                    for x, why in zip(rows, stopped, strict=True)
-                ],
-            )
-        )
+        lines.append(row("the same, a second prompt of that length", cells("repeat")))
         if any("cold_unpadded" in x for x in rows):
             lines.append(
                 row(
                     "new prompt, `SimpleEngine(prefill_buckets=False, warmup_shapes=False)` / "
                     "`stream_generate`",
-                    [
-                        _cell(ms(x.get("cold_unpadded")), "ms", 1) + why
-                        for x, why in zip(rows, stopped, strict=True)
-                    ],
+                    cells("cold_unpadded"),
                 )
             )
     lines.append(

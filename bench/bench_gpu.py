@@ -401,10 +401,8 @@ def batched_at(
 
     prompts = [words(20 + (i % 9), offset=i) for i in range(c)]
     engine = BatchedEngine(path, max_num_seqs=c, cache_memory_mb=0)
-    variants = {
-        name: variant_engine(path, c, options)
-        for name, options in json.loads(args.batched_variants).items()
-    }
+    asked = json.loads(args.batched_variants)
+    variants = {name: variant_engine(path, c, options) for name, options in asked.items()}
     loop = asyncio.new_event_loop()
     thread = ThreadPoolExecutor(1, thread_name_prefix="raw-thread")
     encode_ms: list[float] = []  # raw's tokenizing, inside its timed run
@@ -525,7 +523,7 @@ def batched_at(
                 "raw_encode_ms_median": statistics.median(encode_ms),
                 "load_s": load_s,
                 "warmup_s": engine.warmup_seconds,
-                "variants": json.loads(args.batched_variants),
+                "variants": asked,
                 "variants_warmup_s": {
                     f"ours-{name}": served.warmup_seconds for name, served in variants.items()
                 },

@@ -17,8 +17,21 @@ def summary(s: dict[str, Any]) -> str:
     )
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    """Aggregate tokens/s against concurrency, ours and raw, one line pair per shape."""
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Aggregate tokens/s against concurrency, ours and raw, one line pair per shape.
+
+    A run without a batched part has nothing to draw: no file then (False)."""
+    series = []  # (shape, concurrency, ours, raw)
+    for shape, r in results["shapes"].items():
+        batched = r.get("batched") or {}
+        cs = sorted(int(c) for c in batched if isinstance(batched[c], dict))
+        if cs:
+            ours, raw = (
+                [batched[str(c)][f"{side}_median"] for c in cs] for side in ("ours", "raw")
+            )
+            series.append((shape, cs, ours, raw))
+    if not series:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,15 +39,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     colors = ["tab:blue", "tab:orange", "tab:green"]
-    for color, (shape, r) in zip(colors, results["shapes"].items(), strict=False):
-        batched = r.get("batched") or {}
-        cs = sorted(int(c) for c in batched if isinstance(batched[c], dict))
-        if not cs:
-            continue
-        for side, style in (("ours", "-"), ("raw", "--")):
-            values = [batched[str(c)][f"{side}_median"] for c in cs]
-            label = f"{shape} {'BatchedEngine' if side == 'ours' else 'mlx-lm batch_generate'}"
-            ax.plot(cs, values, style, marker="o", color=color, label=label)
+    for color, (shape, cs, ours, raw) in zip(colors, series, strict=False):
+        ax.plot(cs, ours, "-", marker="o", color=color, label=f"{shape} BatchedEngine")
+        ax.plot(cs, raw, "--", marker="o", color=color, label=f"{shape} mlx-lm batch_generate")
     ax.set_xscale("log", base=2)
     ax.set_xticks(results.get("concurrency", [1, 8, 32, 64]))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -45,6 +52,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
+    return True
 
 
 def brief(part: str, r: dict[str, Any]) -> str:
@@ -145,7 +153,7 @@ def table(results: dict[str, Any]) -> str:
     for length in (results["shapes"][shapes[0]].get("ttft") or {}).get("lengths", {}):
         rows = [((g.get("ttft") or {}).get("lengths") or {}).get(length, {}) for g in got]
 
-        def cells(key: str, rows: list[dict[str, Any]] = rows) -> list[str]:
+        def ttft_cells(key: str, rows: list[dict[str, Any]] = rows) -> list[str]:
             return [
                 _cell(ms(x.get(key)), "ms", 1) + why for x, why in zip(rows, stopped, strict=True)
             ]
@@ -154,16 +162,16 @@ def table(results: dict[str, Any]) -> str:
             row(
                 f"TTFT, new prompt of about {int(length):,} tokens (no length twice in a process), "
                 "`SimpleEngine` / `stream_generate`",
-                cells("cold"),
+                ttft_cells("cold"),
             )
         )
-        lines.append(row("the same, a second prompt of that length", cells("repeat")))
+        lines.append(row("the same, a second prompt of that length", ttft_cells("repeat")))
         if any("cold_unpadded" in x for x in rows):
             lines.append(
                 row(
                     "new prompt, `SimpleEngine(prefill_buckets=False, warmup_shapes=False)` / "
                     "`stream_generate`",
-                    cells("cold_unpadded"),
+                    ttft_cells("cold_unpadded"),
                 )
             )
     lines.append(

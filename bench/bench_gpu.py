@@ -990,14 +990,16 @@ def main() -> None:
     if args.graph_decode:
         return graph_decode_only(args.graph_decode, args)
     if args.plot:
-        return plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+        plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+        return
     if args.table:
         return print(table(json.loads(args.table.read_text())))
     if args.merge:
         args.out.mkdir(parents=True, exist_ok=True)
         joined = merge([json.loads(p.read_text()) for p in args.merge])
         (args.out / "bench_gpu.json").write_text(json.dumps(joined, indent=1))
-        return plot(joined, args.out / "bench_gpu.png")
+        plot(joined, args.out / "bench_gpu.png")
+        return
     if args.quick:
         args.shapes, args.tokens, args.reps, args.batched_reps = ["tiny"], 24, 2, 1
         args.concurrency, args.prefix_tokens = [1, 4], 128

@@ -757,3 +757,29 @@ def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, monke
     table = report.table({"shapes": {"tiny": {"ttft": stopped}}, "concurrency": []})
     assert "(stopped after 1 of 2 repetitions)" in table
     assert "stopped" not in report.table({"shapes": {"tiny": {"ttft": final}}, "concurrency": []})
+
+
+def _report(monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module("_gpu_report")
+
+
+def test_a_run_without_a_batched_part_draws_no_plot(tmp_path, monkeypatch):
+    """The plot is of batched tokens/s: a ttft-only run (this one, from an H100) leaves
+    no empty figure behind."""
+    import json
+
+    ttft_only = json.loads((GPU / "h100-2026-12-07-0803-ttft-0.5b.json").read_text())
+    assert not _report(monkeypatch).plot(ttft_only, tmp_path / "ttft.png")
+    assert not (tmp_path / "ttft.png").exists()
+
+
+def test_a_batched_run_is_plotted(tmp_path, monkeypatch):
+    import json
+
+    pytest.importorskip("matplotlib")
+    batched = json.loads((GPU / "h100-2026-12-07-0800-batched-1.5b.json").read_text())
+    assert _report(monkeypatch).plot(batched, tmp_path / "batched.png")
+    assert (tmp_path / "batched.png").stat().st_size > 0

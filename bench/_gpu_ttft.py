@@ -229,11 +229,10 @@ def bench_ttft(
                     rows[target][side].append(
                         {"tokens": len(ids), "cold": cold, "repeat": repeat, "rep": rep}
                     )
-            if save is not None:
-                so_far = _summary(rows, list(engines), out["variants"], unpadded)
-                save(copy.deepcopy(out | {"lengths": so_far, "reps_done": rep + 1}))
-        out["lengths"] = _summary(rows, list(engines), out["variants"], unpadded)
-        out["reps_done"] = reps
+            out["lengths"] = _summary(rows, list(engines), out["variants"], unpadded)
+            out["reps_done"] = rep + 1
+            if save is not None:  # a part stopped by its deadline keeps what it finished
+                save(copy.deepcopy(out))
         out["distinct_lengths"] = len(prompts.seen)
         # After the timing: the greedy replies of every side to the same new prompts
         # (padded prefill pieces must not change them).

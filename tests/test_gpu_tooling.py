@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -33,6 +34,14 @@ def pack() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def bench(monkeypatch) -> Callable[[str], ModuleType]:
+    """bench/'s modules by name, imported as its scripts import one another (bench/ on
+    ``sys.path`` for the test)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module
 
 
 def fake_wheels(folder: Path) -> dict[str, bytes]:
@@ -373,7 +382,7 @@ def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen
     ],
 )
 def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
-    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on, groups_on
+    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on, groups_on, bench
 ):
     """bench_gpu.variant_engine's probes: ``warm_elsewhere`` runs the load's whole
     warm-up on a kept side thread of the bench's (its batch part then goes to the
@@ -383,14 +392,12 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     ``warm_growth_on_owner`` the rest on the owner thread and the groups aside. Either way the
     warm-up is timed and the engine then serves on its owner thread."""
     import asyncio
-    import importlib
     import threading
 
     from mlx_integrations.engine import mlx_engine
     from mlx_integrations.engine.batched import warmup
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    bench_gpu = importlib.import_module("bench_gpu")
+    bench_gpu = bench("bench_gpu")
     threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": [], "groups": []}
     # Each part's time, a part inside another counted once: the seconds warm_shapes and
     # warm_batch return, and the time of a warm_groups run on its own (which returns none;
@@ -446,14 +453,12 @@ def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
     assert reply.completion_tokens == 3
 
 
-def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, monkeypatch):
+def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, bench):
     """bench_gpu keeps what a part saved before it failed or timed out: saves replace the
     file whole (no half-written JSON for the next read), and a file that is not JSON
     reads as nothing saved instead of ending the run."""
-    import importlib
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    bench_gpu = importlib.import_module("bench_gpu")
+    bench_gpu = bench("bench_gpu")
     path = tmp_path / "part.json"
     assert bench_gpu.read_part(path) == {}
     bench_gpu.save_part(path, {"8": {"ratio": 1.0}, "partial": True})
@@ -611,21 +616,19 @@ def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tm
     ("placement", "warm_up_on"), [("warm_batch_on_owner", "owner"), ("warm_elsewhere", "other")]
 )
 def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
-    tiny_qwen2, monkeypatch, placement, warm_up_on
+    tiny_qwen2, monkeypatch, placement, warm_up_on, bench
 ):
     """bench_gpu.variant_engine's ``largest_first`` probe: before the load's warm-up, the
     owner thread decodes one batch of ``max_num_seqs`` rows; the warm-up then runs where
     the probe it goes with puts it."""
     import asyncio
-    import importlib
     import threading
 
     from mlx_lm.generate import BatchGenerator
 
     from mlx_integrations.engine import mlx_engine
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    bench_gpu = importlib.import_module("bench_gpu")
+    bench_gpu = bench("bench_gpu")
     events: list[tuple[str, threading.Thread, int]] = []
     real_next, real_shapes = BatchGenerator.next, mlx_engine.warm_shapes
 
@@ -658,17 +661,15 @@ def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
     assert {"owner" if thread is owner else "other" for _, thread, _ in after} == {warm_up_on}
 
 
-def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen2, monkeypatch):
+def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen2, bench):
     """Two placements of the warm-up, or a probe of BatchedEngine's warm-up on a
     SimpleEngine (where it would do nothing), stop the bench with the probes named; so
     does a ttft variant whose name its keys would share with other sides'."""
-    import importlib
 
     from mlx_integrations.engine import BatchedEngine, SimpleEngine
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    owners = importlib.import_module("_gpu_owners")
-    ttft = importlib.import_module("_gpu_ttft")
+    owners = bench("_gpu_owners")
+    ttft = bench("_gpu_ttft")
     both = {"warm_elsewhere": True, "warm_groups_on_owner": True}
     with pytest.raises(ValueError, match="warm_elsewhere and warm_groups_on_owner are 2 probes"):
         owners.probed_engine(BatchedEngine, tiny_qwen2, both)
@@ -688,19 +689,17 @@ def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen
 
 @pytest.mark.parametrize("probe", ["warm_groups_on_owner", "warm_growth_on_owner"])
 def test_the_split_probes_give_the_batch_warm_up_back_when_the_load_fails(
-    tiny_qwen2, monkeypatch, probe
+    tiny_qwen2, monkeypatch, probe, bench
 ):
     """``warm_groups_on_owner`` and ``warm_growth_on_owner`` swap the package's
     ``warm_batch`` for the load's warm-up; a warm-up that fails leaves the package's own
     in place."""
     import asyncio
-    import importlib
 
     from mlx_integrations.engine import mlx_engine
     from mlx_integrations.engine.batched import engine as batched
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    bench_gpu = importlib.import_module("bench_gpu")
+    bench_gpu = bench("bench_gpu")
     own = batched.warm_batch
 
     def broken(*args, **kwargs):
@@ -719,18 +718,16 @@ def test_the_split_probes_give_the_batch_warm_up_back_when_the_load_fails(
         loop.close()
 
 
-def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, monkeypatch):
+def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, bench):
     """A ttft part stopped by its deadline keeps the repetitions it finished: each one
     hands the summary so far (every side's timings, ratios per length) to ``save``, and
     the log line gives them beside the error."""
-    import importlib
     import json
 
     from mlx_lm import load
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    ttft = importlib.import_module("_gpu_ttft")
-    report = importlib.import_module("_gpu_report")
+    ttft = bench("_gpu_ttft")
+    report = bench("_gpu_report")
     model, tokenizer = load(str(tiny_qwen2))
     saved: list[dict] = []
     final = ttft.bench_ttft(
@@ -759,27 +756,20 @@ def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, monke
     assert "stopped" not in report.table({"shapes": {"tiny": {"ttft": final}}, "concurrency": []})
 
 
-def _report(monkeypatch):
-    import importlib
-
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    return importlib.import_module("_gpu_report")
-
-
-def test_a_run_without_a_batched_part_draws_no_plot(tmp_path, monkeypatch):
+def test_a_run_without_a_batched_part_draws_no_plot(tmp_path, bench):
     """The plot is of batched tokens/s: a ttft-only run (this one, from an H100) leaves
     no empty figure behind."""
     import json
 
     ttft_only = json.loads((GPU / "h100-2026-12-07-0803-ttft-0.5b.json").read_text())
-    assert not _report(monkeypatch).plot(ttft_only, tmp_path / "ttft.png")
+    assert not bench("_gpu_report").plot(ttft_only, tmp_path / "ttft.png")
     assert not (tmp_path / "ttft.png").exists()
 
 
-def test_a_batched_run_is_plotted(tmp_path, monkeypatch):
+def test_a_batched_run_is_plotted(tmp_path, bench):
     import json
 
     pytest.importorskip("matplotlib")
     batched = json.loads((GPU / "h100-2026-12-07-0800-batched-1.5b.json").read_text())
-    assert _report(monkeypatch).plot(batched, tmp_path / "batched.png")
+    assert bench("_gpu_report").plot(batched, tmp_path / "batched.png")
     assert (tmp_path / "batched.png").stat().st_size > 0

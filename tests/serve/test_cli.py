@@ -31,8 +31,10 @@ def mlxi(*args: str, env: dict[str, str] | None = None):
 
 @pytest.fixture
 def serve_process(long_model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``mlxi serve MODEL --port 0``, and the URL it prints once it serves."""
-    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
+    """``mlxi serve MODEL --port 0``, and the URL it prints once it serves. Should the
+    process abort, Python's fault handler writes every thread's stack to the stderr that
+    the tests' messages end with."""
+    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home"), "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         [
             sys.executable,

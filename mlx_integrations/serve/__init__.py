@@ -5,16 +5,19 @@ Each wire format is translated into the chat-core call the adapters make
 ``tool_choice`` enforced by constrained decoding), JSON schemas, reasoning and usage
 behave the same in-process and over HTTP.
 
+- :mod:`.protocol`: each endpoint's request and reply as Pydantic models (the
+  OpenAPI schema is generated from them);
 - :mod:`.config`: the server's settings and each model's engine (a TOML/JSON file);
 - :mod:`.registry`: a request's model name to its pooled engine;
 - :mod:`.state`: what the handlers share, and the chat turn every format ends in;
-- :mod:`.openai_chat`, :mod:`.openai_other`, :mod:`.responses`: OpenAI's endpoints;
-- :mod:`.anthropic`: Anthropic's Messages API;
+- :mod:`.openai_chat`, :mod:`.completions`, :mod:`.embeddings`, :mod:`.models`,
+  :mod:`.responses`: OpenAI's endpoints; :mod:`.anthropic`: Anthropic's Messages API;
 - :mod:`.app`: routes, the API key, body limits, draining; :mod:`.server`: uvicorn;
-- :mod:`.sse`, :mod:`.wire`, :mod:`.errors`, :mod:`.metrics`: events, request fields,
-  error shapes, Prometheus figures.
+- :mod:`.paths`, :mod:`.errors`, :mod:`.replies`, :mod:`.sse`, :mod:`.metrics`: field
+  paths in each API's names, error shapes, replies and the ignored-fields header,
+  events, Prometheus figures.
 
-Needs the ``[serve]`` extra (Starlette and uvicorn); importing this package imports
+Needs the ``[serve]`` extra (FastAPI and uvicorn); importing this package imports
 neither until a name below is used.
 """
 

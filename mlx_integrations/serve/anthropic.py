@@ -8,7 +8,9 @@ event sequence strict clients check: ``message_start``, per block
 ``content_block_start``/``_delta``/``_stop``, ``message_delta`` (stop reason, usage),
 ``message_stop``. ``thinking`` turns thinking on or off where the chat template
 allows, and ``budget_tokens`` caps it on a model that thinks (the model writes its end
-of thinking after that many tokens); a model that does not think ignores it.
+of thinking after that many tokens); a model that does not think ignores it. Fields
+Claude Code sends that change nothing here (``cache_control``,
+``context_management``, ``metadata``...) are accepted and reported.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from mlx_integrations.chat.completion import (
     Finished,
@@ -31,65 +33,55 @@ from mlx_integrations.chat.completion import (
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.chat.reasoning import reasoning_switch
 from mlx_integrations.serve.errors import APIError, anthropic_error_body, api_error
-from mlx_integrations.serve.openai_chat import stream_response
+from mlx_integrations.serve.paths import WirePaths
+from mlx_integrations.serve.protocol import anthropic as wire
+from mlx_integrations.serve.replies import Accepted, json_reply, new_id, stream_reply
 from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
-from mlx_integrations.serve.state import ChatParts, ServerState
-from mlx_integrations.serve.wire import Body, new_id, parse_json, sampling_options
+from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = ["count_tokens", "messages"]
+
+# The chat core's names of the fields this API names otherwise.
+_FIELDS = {
+    "stop": "stop_sequences",
+    "response_format.json_schema": "output_config.format",
+    "response_format": "output_config.format",
+    "thinking_budget": "thinking.budget_tokens",
+    "enable_thinking": "thinking.type",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+}
+_TOOL_FIELDS = {
+    "function.parameters": "input_schema",
+    "function.name": "name",
+    "function.description": "description",
+    "function": "",
+}
+_CALL_FIELDS = {"function.name": "name", "function.arguments": "input", "function": ""}
 
 
 # ------------------------------------------------------------------ request
 
 
-def _image_source(block: dict[str, Any], where: str) -> str:
-    source = block.get("source")
-    if not isinstance(source, dict):
-        raise APIError(400, f"{where}.source must be an object", param=f"{where}.source")
-    kind = source.get("type")
-    if kind == "base64":
-        media_type, data = source.get("media_type"), source.get("data")
-        if not isinstance(media_type, str) or not isinstance(data, str) or not data:
-            raise APIError(
-                400,
-                f"{where}.source of type 'base64' needs 'media_type' and 'data'",
-                param=f"{where}.source",
-            )
-        return f"data:{media_type};base64,{data}"
-    if kind == "url" and isinstance(source.get("url"), str):
-        return str(source["url"])
-    raise APIError(
-        400,
-        f"{where}.source has type {kind!r}; use 'base64' (with media_type and data) or 'url'",
-        param=f"{where}.source",
-    )
+def _image(source: Any) -> str:
+    if isinstance(source, wire.Base64Source):
+        return f"data:{source.media_type};base64,{source.data}"
+    return str(source.url)
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise APIError(400, f"{where} must be a string or an array of blocks", param=where)
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise APIError(400, f"{where}[{i}] must be a block with a 'type'", param=where)
-    return content
-
-
-def _parts(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+def _parts(blocks: list[Any], where: str) -> list[dict[str, Any]]:
     """Text and image blocks as neutral parts."""
     parts: list[dict[str, Any]] = []
     for i, block in enumerate(blocks):
-        kind = block["type"]
-        if kind == "text":
-            parts.append({"type": "text", "text": str(block.get("text", ""))})
-        elif kind == "image":
-            parts.append({"type": "image", "image": _image_source(block, f"{where}[{i}]")})
+        if isinstance(block, wire.TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, wire.ImageBlock):
+            parts.append({"type": "image", "image": _image(block.source)})
         else:
             raise APIError(
                 400,
-                f"{where}[{i}] has type {kind!r}; here only 'text' and 'image' blocks are taken",
-                param=where,
+                f"'{where}[{i}].type' is {block.type!r}; here only 'text' and 'image' "
+                "blocks are taken",
+                param=f"{where}[{i}].type",
             )
     return parts
 
@@ -100,194 +92,167 @@ def _content(parts: list[dict[str, Any]]) -> Any:
     return parts
 
 
-def read_messages(body: Body) -> list[dict[str, Any]]:
-    """Anthropic's system and messages as chat-core messages."""
+def _blocks(content: str | list[Any]) -> list[Any]:
+    return [wire.TextBlock(type="text", text=content)] if isinstance(content, str) else content
+
+
+def read_messages(body: wire.MessagesRequest, paths: WirePaths) -> list[dict[str, Any]]:
+    """Anthropic's system and messages as chat-core messages; where each message and
+    each tool call came from goes in ``paths``."""
     out: list[dict[str, Any]] = []
-    system = body.raw("system")
-    if system is not None:
-        text = _content(_parts(_blocks(system, "system"), "system"))
-        if not isinstance(text, str):
-            raise body.error("system", "must hold text blocks only")
+    origins: list[str] = []
+    paths.messages = origins
+    if body.system is not None:
+        system = body.system
+        text = system if isinstance(system, str) else "".join(b.text for b in system)
         if text:
             out.append({"role": "system", "content": text})
-    for m, message in enumerate(body.required("messages", list)):
+            origins.append("system")
+    for m, message in enumerate(body.messages):
         where = f"messages[{m}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise APIError(
-                400, f"{where} must have role 'user' or 'assistant'", param=f"{where}.role"
-            )
-        blocks = _blocks(message.get("content"), f"{where}.content")
-        if message["role"] == "user":
-            out += _user_messages(blocks, f"{where}.content")
+        blocks = _blocks(message.content)
+        if message.role == "user":
+            for made, origin in _user_messages(blocks, f"{where}.content"):
+                out.append(made)
+                origins.append(origin or where)
         else:
-            out.append(_assistant_message(blocks, f"{where}.content"))
+            made, calls = _assistant_message(blocks, f"{where}.content")
+            if calls:
+                paths.calls[len(out)] = calls
+            out.append(made)
+            origins.append(where)
     return out
 
 
-def _user_messages(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    rest: list[dict[str, Any]] = []
+def _user_messages(blocks: list[Any], where: str) -> list[tuple[dict[str, Any], str | None]]:
+    out: list[tuple[dict[str, Any], str | None]] = []
+    rest: list[Any] = []
     for i, block in enumerate(blocks):
-        if block["type"] != "tool_result":
+        if not isinstance(block, wire.ToolResultBlock):
             rest.append(block)
             continue
-        content = block.get("content", "")
-        parts = _parts(_blocks(content, f"{where}[{i}].content"), f"{where}[{i}].content")
-        value = _content(parts)
-        if block.get("is_error") and isinstance(value, str):
+        at = f"{where}[{i}]"
+        value = _content(_parts(_blocks(block.content), f"{at}.content"))
+        if block.is_error and isinstance(value, str):
             value = f"Error: {value}"
-        out.append(
-            {"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": value}
-        )
+        out.append(({"role": "tool", "tool_call_id": block.tool_use_id, "content": value}, at))
     if rest:
-        out.append({"role": "user", "content": _content(_parts(rest, where))})
+        out.append(({"role": "user", "content": _content(_parts(rest, where))}, None))
     return out
 
 
-def _assistant_message(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    text, reasoning, calls = [], [], []
+def _assistant_message(blocks: list[Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """The assistant's message, and the path of the block of each of its calls."""
+    text, reasoning, calls, origins = [], [], [], []
     for i, block in enumerate(blocks):
-        kind = block["type"]
-        if kind == "text":
-            text.append(str(block.get("text", "")))
-        elif kind == "thinking":
-            reasoning.append(str(block.get("thinking", "")))
-        elif kind == "redacted_thinking":
+        if isinstance(block, wire.TextBlock):
+            text.append(block.text)
+        elif isinstance(block, wire.ThinkingBlock):
+            reasoning.append(block.thinking)
+        elif isinstance(block, wire.RedactedThinkingBlock):
             continue  # nothing a local model can read
-        elif kind == "tool_use":
-            arguments = block.get("input") or {}
-            if not isinstance(arguments, dict):
-                raise APIError(400, f"{where}[{i}].input must be an object", param=where)
+        elif isinstance(block, wire.ToolUseBlock):
             calls.append(
                 {
-                    "id": str(block.get("id") or ""),
+                    "id": block.id,
                     "type": "function",
-                    "function": {"name": block.get("name"), "arguments": arguments},
+                    "function": {"name": block.name, "arguments": block.input},
                 }
             )
+            origins.append(f"{where}[{i}]")
         else:
             raise APIError(
                 400,
-                f"{where}[{i}] has type {kind!r}; assistant turns hold 'text', 'thinking' "
-                "and 'tool_use' blocks",
-                param=where,
+                f"'{where}[{i}].type' is {block.type!r}; assistant turns hold 'text', "
+                "'thinking' and 'tool_use' blocks",
+                param=f"{where}[{i}].type",
             )
     message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
     if calls:
         message["tool_calls"] = calls
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
-    return message
+    return message, origins
 
 
-def read_tools(body: Body) -> list[dict[str, Any]] | None:
-    tools = body.array("tools")
-    if not tools:
+def read_tools(body: wire.MessagesRequest) -> list[dict[str, Any]] | None:
+    if not body.tools:
         return None
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise body.error(f"tools[{i}]", "must be an object with a 'name'")
-        kind = tool.get("type")
-        if kind not in (None, "custom"):
-            raise body.error(
-                f"tools[{i}]",
-                f"has type {kind!r}: server tools are not run here; give client tools "
-                "(name, description, input_schema)",
+    for i, tool in enumerate(body.tools):
+        if tool.type not in (None, "custom"):
+            raise APIError(
+                400,
+                f"'tools[{i}].type' is {tool.type!r}: server tools are not run here; give "
+                "client tools (name, description, input_schema)",
+                param=f"tools[{i}].type",
             )
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description") or "",
-            "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
+        function: dict[str, Any] = {
+            "name": tool.name,
+            "description": tool.description or "",
+            "parameters": tool.input_schema or {"type": "object", "properties": {}},
         }
         out.append({"type": "function", "function": function})
     return out
 
 
-def read_tool_choice(body: Body) -> tuple[Any, bool | None]:
+def read_tool_choice(choice: wire.ToolChoice | None) -> tuple[Any, bool | None]:
     """Anthropic's tool choice as the chat core's, and whether calls may be parallel."""
-    choice = body.obj("tool_choice")
     if choice is None:
         return None, None
-    kind = choice.get("type")
     parallel = (
-        None
-        if "disable_parallel_tool_use" not in choice
-        else not choice["disable_parallel_tool_use"]
+        None if choice.disable_parallel_tool_use is None else not choice.disable_parallel_tool_use
     )
-    if kind == "auto":
-        return "auto", parallel
-    if kind == "any":
-        return "required", parallel
-    if kind == "none":
-        return "none", parallel
-    if kind == "tool" and isinstance(choice.get("name"), str):
-        return choice["name"], parallel
-    raise body.error(
-        "tool_choice",
-        "must be {'type': 'auto'}, {'type': 'any'}, {'type': 'none'} or "
-        "{'type': 'tool', 'name': ...}",
-    )
-
-
-def read_parts(body: Body) -> tuple[ChatParts, bool]:
-    model = body.raw("model")
-    stream = bool(body.flag("stream", False))
-    options = sampling_options(body)
-    thinking = body.obj("thinking")
-    if thinking is not None:
-        options["enable_thinking"] = thinking.get("type") in ("enabled", "adaptive")
-        budget = thinking.get("budget_tokens")
-        if thinking.get("type") == "enabled" and budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-                raise body.error(
-                    "thinking.budget_tokens",
-                    f"must be an integer number of tokens >= 1, got {budget!r}",
-                )
-            options["thinking_budget"] = budget
-    output = body.obj("output_config") or {}
-    response_format = None
-    fmt = output.get("format")
-    if fmt is not None:
-        if (
-            not isinstance(fmt, dict)
-            or fmt.get("type") != "json_schema"
-            or not isinstance(fmt.get("schema"), dict)
-        ):
-            raise body.error(
-                "output_config.format", "must be {'type': 'json_schema', 'schema': {...}}"
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError(
+                400,
+                "'tool_choice.name' is required with type 'tool': the tool to call",
+                param="tool_choice.name",
             )
-        response_format = {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
-    if output.get("effort") is not None:  # templates that take it read it
-        options["chat_template_kwargs"] = {
-            **options.get("chat_template_kwargs", {}),
-            "reasoning_effort": output["effort"],
+        return choice.name, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
+
+
+def read_parts(body: wire.MessagesRequest) -> ChatParts:
+    sampling = sampling_fields(body)
+    thinking = body.thinking
+    enable_thinking = None
+    if thinking is not None:
+        enable_thinking = thinking.type in ("enabled", "adaptive")
+        if thinking.type == "enabled" and thinking.budget_tokens is not None:
+            sampling["thinking_budget"] = thinking.budget_tokens
+    output = body.output_config
+    response_format = None
+    if output is not None and output.format is not None:
+        response_format = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}
+    if output is not None and output.effort is not None:  # templates that take it read it
+        sampling["chat_template_kwargs"] = {
+            **(body.chat_template_kwargs or {}),
+            "reasoning_effort": output.effort,
         }
     tools = read_tools(body)
-    tool_choice, parallel = read_tool_choice(body)
-    stops = body.array("stop_sequences")
-    if stops is not None and not all(isinstance(s, str) and s for s in stops):
-        raise body.error("stop_sequences", "must be an array of non-empty strings")
-    parts = ChatParts(
-        model=model,
-        messages=read_messages(body),
+    tool_choice, parallel = read_tool_choice(body.tool_choice)
+    paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
+    return ChatParts(
+        model=body.model,
+        messages=read_messages(body, paths),
+        paths=paths,
         tools=tools,
         tool_choice=tool_choice if tools else None,
         parallel_tool_calls=parallel,
         response_format=response_format,
-        max_tokens=body.integer("max_tokens", low=1),
-        temperature=body.number("temperature"),
-        top_p=body.number("top_p"),
-        stop=stops or None,
-        options=options,
+        max_tokens=body.max_tokens,
+        stop=body.stop_sequences or None,
+        enable_thinking=enable_thinking,
+        **sampling,
     )
-    return parts, stream
 
 
 # ----------------------------------------------------------------- response
 
 
-def stop_reason(finished: Finished) -> str:
+def stop_reason(finished: Finished) -> Any:
     if finished.finish_reason == "tool_calls":
         return "tool_use"
     if finished.finish_reason == "length":
@@ -295,58 +260,52 @@ def stop_reason(finished: Finished) -> str:
     return "stop_sequence" if finished.stop_sequence else "end_turn"
 
 
-def anthropic_usage(finished: Finished) -> dict[str, Any]:
+def anthropic_usage(finished: Finished) -> wire.Usage:
     # Anthropic's input_tokens leaves out the tokens read from the cache.
-    return {
-        "input_tokens": finished.prompt_tokens - finished.cached_tokens,
-        "output_tokens": finished.completion_tokens,
-        "cache_read_input_tokens": finished.cached_tokens,
-        "cache_creation_input_tokens": 0,
-    }
+    return wire.Usage(
+        input_tokens=finished.prompt_tokens - finished.cached_tokens,
+        output_tokens=finished.completion_tokens,
+        cache_read_input_tokens=finished.cached_tokens,
+        cache_creation_input_tokens=0,
+    )
 
 
-def _tool_use(call: ParsedToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+def _tool_use(call: ParsedToolCall, arguments: bool = True) -> wire.ToolUseOut:
+    return wire.ToolUseOut(id=call.id, name=call.name, input=call.arguments if arguments else {})
 
 
-def _message(message_id: str, model: str) -> dict[str, Any]:
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0},
-    }
+def _message(message_id: str, model: str) -> wire.Message:
+    return wire.Message(
+        id=message_id, model=model, usage=wire.Usage(input_tokens=0, output_tokens=0)
+    )
 
 
 async def whole_message(
     events: AsyncIterator[Event | Finished], message_id: str, model: str
-) -> dict[str, Any]:
+) -> wire.Message:
     """The non-streamed message: its blocks in the order the model wrote them."""
     body = _message(message_id, model)
-    blocks: list[dict[str, Any]] = body["content"]
+    blocks = body.content
     async with closing(events):
         async for event in events:
+            last = blocks[-1] if blocks else None
             if isinstance(event, (TextDelta, InvalidToolCall)):
                 text = event.text if isinstance(event, TextDelta) else event.raw
-                if blocks and blocks[-1]["type"] == "text":
-                    blocks[-1]["text"] += text
+                if isinstance(last, wire.TextOut):
+                    last.text += text
                 else:
-                    blocks.append({"type": "text", "text": text})
+                    blocks.append(wire.TextOut(text=text))
             elif isinstance(event, ReasoningDelta):
-                if blocks and blocks[-1]["type"] == "thinking":
-                    blocks[-1]["thinking"] += event.text
+                if isinstance(last, wire.ThinkingOut):
+                    last.thinking += event.text
                 else:
-                    blocks.append({"type": "thinking", "thinking": event.text, "signature": ""})
+                    blocks.append(wire.ThinkingOut(thinking=event.text))
             elif isinstance(event, ParsedToolCall):
                 blocks.append(_tool_use(event))
             elif isinstance(event, Finished):
-                body["stop_reason"] = stop_reason(event)
-                body["stop_sequence"] = event.stop_sequence
-                body["usage"] = anthropic_usage(event)
+                body.stop_reason = stop_reason(event)
+                body.stop_sequence = event.stop_sequence
+                body.usage = anthropic_usage(event)
     return body
 
 
@@ -354,29 +313,28 @@ async def message_frames(
     events: AsyncIterator[Event | Finished], message_id: str, model: str
 ) -> AsyncIterator[bytes]:
     """The streamed message, event by event."""
-    yield sse({"type": "message_start", "message": _message(message_id, model)}, "message_start")
-    yield sse({"type": "ping"}, "ping")
+
+    def frame(kind: str, **fields: Any) -> bytes:
+        return sse(wire.StreamEvent(type=kind, **fields), kind)
+
+    yield frame("message_start", message=_message(message_id, model))
+    yield frame("ping")
     index = -1
     open_kind: str | None = None
 
-    def start(kind: str, block: dict[str, Any]) -> bytes:
+    def start(block: Any) -> bytes:
         nonlocal index, open_kind
         index += 1
-        open_kind = kind
-        return sse(
-            {"type": "content_block_start", "index": index, "content_block": block},
-            "content_block_start",
-        )
+        open_kind = block.type
+        return frame("content_block_start", index=index, content_block=block)
 
-    def delta(delta: dict[str, Any]) -> bytes:
-        return sse(
-            {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
-        )
+    def delta(delta: Any) -> bytes:
+        return frame("content_block_delta", index=index, delta=delta)
 
     def stop() -> bytes:
         nonlocal open_kind
         open_kind = None
-        return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+        return frame("content_block_stop", index=index)
 
     async with closing(events):
         async for event in events:
@@ -384,37 +342,33 @@ async def message_frames(
                 if open_kind != "text":
                     if open_kind is not None:
                         yield stop()
-                    yield start("text", {"type": "text", "text": ""})
+                    yield start(wire.TextOut(text=""))
                 text = event.text if isinstance(event, TextDelta) else event.raw
-                yield delta({"type": "text_delta", "text": text})
+                yield delta(wire.TextDeltaOut(text=text))
             elif isinstance(event, ReasoningDelta):
                 if open_kind != "thinking":
                     if open_kind is not None:
                         yield stop()
-                    yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                yield delta({"type": "thinking_delta", "thinking": event.text})
+                    yield start(wire.ThinkingOut(thinking=""))
+                yield delta(wire.ThinkingDeltaOut(thinking=event.text))
             elif isinstance(event, ParsedToolCall):
                 if open_kind is not None:
                     yield stop()
-                yield start("tool_use", {**_tool_use(event), "input": {}})
+                yield start(_tool_use(event, arguments=False))
                 arguments = json.dumps(event.arguments, ensure_ascii=False)
-                yield delta({"type": "input_json_delta", "partial_json": arguments})
+                yield delta(wire.InputJSONDelta(partial_json=arguments))
                 yield stop()
             elif isinstance(event, Finished):
                 if open_kind is not None:
                     yield stop()
-                yield sse(
-                    {
-                        "type": "message_delta",
-                        "delta": {
-                            "stop_reason": stop_reason(event),
-                            "stop_sequence": event.stop_sequence,
-                        },
-                        "usage": anthropic_usage(event),
-                    },
+                yield frame(
                     "message_delta",
+                    delta=wire.MessageDelta(
+                        stop_reason=stop_reason(event), stop_sequence=event.stop_sequence
+                    ),
+                    usage=anthropic_usage(event),
                 )
-    yield sse({"type": "message_stop"}, "message_stop")
+    yield frame("message_stop")
 
 
 def anthropic_error_frame(exc: BaseException) -> bytes:
@@ -424,25 +378,25 @@ def anthropic_error_frame(exc: BaseException) -> bytes:
 # ----------------------------------------------------------------- handlers
 
 
-async def messages(state: ServerState, request: Request) -> Response:
+async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     """Answer ``POST /v1/messages``."""
-    body = Body(parse_json(await request.body()))
-    parts, stream = read_parts(body)
+    state: ServerState = request.app.state.server
+    accepted = Accepted(request, body)
+    parts = read_parts(body)
     served = await state.served(parts.model)
-    chat = state.chat_request(served, parts)
-    if "thinking_budget" in chat.options and not await asyncio.to_thread(thinks, served.engine):
-        del chat.options["thinking_budget"]  # nothing to cap (Anthropic's clients send it)
+    if parts.thinking_budget is not None and not await asyncio.to_thread(thinks, served.engine):
+        parts.thinking_budget = None  # nothing to cap (Anthropic's clients send it)
     message_id = new_id("msg_")
-    chat.options["request_id"] = message_id
-    events = state.turn(served, chat, stream)
-    if not stream:
+    chat = state.chat_request(served, parts, request_id=message_id)
+    events = state.turn(served, chat, body.stream, parts.paths)
+    if not body.stream:
         reply = await until_disconnected(
             request.receive, whole_message(events, message_id, parts.model)
         )
-        return JSONResponse(reply)
+        return json_reply(reply, accepted)
     _, events = await until_disconnected(request.receive, prime(events))
     frames = message_frames(events, message_id, parts.model)
-    return stream_response(state, frames, anthropic_error_frame, request)
+    return stream_reply(request, frames, anthropic_error_frame, accepted)
 
 
 def thinks(engine: Any) -> bool:
@@ -450,30 +404,14 @@ def thinks(engine: Any) -> bool:
     return reasoning_switch(engine.tokenizer).thinks
 
 
-async def count_tokens(state: ServerState, request: Request) -> Response:
+async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Response:
     """Answer ``POST /v1/messages/count_tokens``: the prompt's tokens through the model's
     chat template, tools included (what ``usage.input_tokens`` of a call reports,
     cached tokens included)."""
-    body = Body(parse_json(await request.body()))
-    parts, _ = read_parts(body)
+    state: ServerState = request.app.state.server
+    accepted = Accepted(request, body)
+    parts = read_parts(body)
     served = await state.served(parts.model)
-    engine = served.engine
-    render = getattr(engine, "render_prompt", None)
-    if render is None:
-        raise APIError(
-            400, f"The engine of {parts.model!r} cannot render prompts to count them", param="model"
-        )
     chat = state.chat_request(served, parts)
-    template_kwargs = dict(chat.options.get("chat_template_kwargs") or {})
-    if "enable_thinking" in chat.options:
-        template_kwargs["enable_thinking"] = chat.options["enable_thinking"]
-
-    def count() -> int:
-        prompt = render(chat.messages, tools=chat.tool_request.openai_tools(), **template_kwargs)
-        return len(engine.tokenizer.encode(prompt, add_special_tokens=False))
-
-    try:
-        tokens = await asyncio.to_thread(count)
-    except (TypeError, ValueError) as exc:
-        raise api_error(exc) from None
-    return JSONResponse({"input_tokens": tokens})
+    tokens = await state.prompt_tokens(served, chat, parts.paths)
+    return json_reply(wire.CountTokensReply(input_tokens=tokens), accepted)

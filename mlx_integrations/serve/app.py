@@ -12,25 +12,40 @@
 ``GET  /metrics``                          Prometheus text format
 ``GET  /api/ps``                           models in memory (``mlxi ps``)
 ``POST /api/stop``                         unload a model (``mlxi stop``)
+``GET  /openapi.json``, ``/docs``          the schema, generated from the protocol models
 =========================================  =============================================
+
+FastAPI rather than Starlette alone: the same Pydantic models that check a request
+give the OpenAPI schema and its interactive page, so the schema cannot drift from
+what the server takes.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import mlx_integrations
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.serve import anthropic, openai_chat, openai_other, responses
+from mlx_integrations.serve import (
+    anthropic,
+    completions,
+    embeddings,
+    models,
+    openai_chat,
+    responses,
+)
 from mlx_integrations.serve.config import (
     ServeConfig,
     apply_memory_budget,
@@ -42,14 +57,15 @@ from mlx_integrations.serve.errors import (
     anthropic_error_body,
     api_error,
     openai_error_body,
+    validation_error,
 )
+from mlx_integrations.serve.protocol import anthropic as anthropic_wire
+from mlx_integrations.serve.protocol import openai as openai_wire
+from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, field_errors
 from mlx_integrations.serve.sse import ClientGone
 from mlx_integrations.serve.state import ServerState
-from mlx_integrations.serve.wire import Body, parse_json
 
 __all__ = ["create_app"]
-
-Handler = Callable[[ServerState, Request], Awaitable[Response]]
 
 # Endpoints that generate: the ones --max-concurrent-requests counts.
 _GENERATING = {
@@ -59,35 +75,77 @@ _GENERATING = {
     "/v1/responses",
     "/v1/messages",
 }
-_OPEN = {"/health"}  # answered without the API key
+# Answered without the API key: health, and the schema and its pages (no secrets there).
+_OPEN = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# Counted under their own path in the figures (any other path counts as "other").
+_KNOWN = {"/health", "/metrics", "/v1/models", "/api/ps", "/api/stop"}
 
 
 def _flavor(path: str) -> str:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
-def error_response(error: APIError, flavor: str) -> JSONResponse:
+def error_response(error: APIError, flavor: str) -> Response:
     """An error in the shape the endpoint's clients read."""
     body = anthropic_error_body(error) if flavor == "anthropic" else openai_error_body(error)
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return Response(
+        body.model_dump_json(),
+        status_code=error.status,
+        headers=error.headers,
+        media_type="application/json",
+    )
 
 
-def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    async def run(request: Request) -> Response:
-        state: ServerState = request.app.state.server
-        path = request.url.path
-        try:
-            return await handler(state, request)
-        except ClientGone:
-            state.metrics.add("client_disconnects_total", endpoint=path)
-            return Response(status_code=499)  # nobody reads it: the client has gone
-        except Exception as exc:
-            error = api_error(exc)
+async def _invalid(exc: RequestValidationError, request: Request) -> APIError:
+    """A 400 for a body its protocol model refused, naming the first bad field's path."""
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return APIError(400, f"The request body is not valid JSON: {detail}".rstrip(": "))
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "missing":
+        return APIError(400, "The request body is empty; send a JSON object")
+    try:
+        data = await request.json()
+    except ValueError:
+        data = None
+    body_errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in errors]
+    return validation_error(field_errors(body_errors, data))
+
+
+class _Route(APIRoute):
+    """A route whose every failure answers in its API's error shape: a refused body
+    names the field's path, other errors go through :func:`api_error`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        flavor = _flavor(self.path)
+        path = self.path
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ClientGone:
+                state: ServerState = request.app.state.server
+                state.metrics.add("client_disconnects_total", endpoint=path)
+                return Response(status_code=499)  # nobody reads it: the client has gone
+            except RequestValidationError as exc:
+                error = await _invalid(exc, request)
+            except HTTPException as exc:  # FastAPI's own, e.g. reading the body failed
+                cause = exc.__cause__
+                error = (
+                    cause
+                    if isinstance(cause, APIError)
+                    else APIError(exc.status_code, str(exc.detail))
+                )
+            except Exception as exc:
+                error = api_error(exc)
             if error.status in (429, 503):
+                state = request.app.state.server
                 state.metrics.add("rejected_requests_total", reason=error.code or str(error.status))
-            return error_response(error, _flavor(path))
+            return error_response(error, flavor)
 
-    return run
+        return run
 
 
 class _Gate:
@@ -136,6 +194,8 @@ class _Gate:
                     raise _too_large(state.config.max_body_mb)
             return message
 
+        if scope["method"] == "POST":
+            scope = _as_json(scope)
         generating = path in _GENERATING
         if generating:
             state.metrics.in_flight += 1
@@ -178,6 +238,14 @@ class _Gate:
         return None
 
 
+def _as_json(scope: Scope) -> Scope:
+    """The request with ``Content-Type: application/json``: every body here is JSON,
+    whatever the client says (``curl -d`` says form-encoded, some say nothing)."""
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    headers.append((b"content-type", b"application/json"))
+    return {**scope, "headers": headers}
+
+
 def _key_matches(headers: dict[str, str], key: str) -> bool:
     given = headers.get("x-api-key") or ""
     auth = headers.get("authorization") or ""
@@ -198,45 +266,121 @@ def _too_large(max_mb: float) -> APIError:
 # ------------------------------------------------------------ small endpoints
 
 
-async def _health(state: ServerState, request: Request) -> Response:
+class Health(ReplyModel):
+    status: str
+    """``ok`` while serving, ``draining`` while shutting down (then 503)."""
+
+
+class StopRequest(WireModel):
+    model: str
+    """The model to unload, by the name requests give it."""
+
+
+class StopReply(ReplyModel):
+    model: str
+    unloaded: bool
+    """Unloaded now."""
+    pending: bool
+    """Busy: unloaded when its last request ends."""
+
+
+async def _health(request: Request) -> Response:
+    state: ServerState = request.app.state.server
     if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
-async def _metrics(state: ServerState, request: Request) -> Response:
+async def _metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.server
     text = state.metrics.render(state.registry.served())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-async def _ps(state: ServerState, request: Request) -> Response:
+async def _ps(request: Request) -> Response:
+    state: ServerState = request.app.state.server
     return JSONResponse({"models": state.registry.running()})
 
 
-async def _stop(state: ServerState, request: Request) -> Response:
-    name = request.path_params.get("model")
-    if name is None:
-        body = Body(parse_json(await request.body()))
-        name = body.required("model", str)
-    return JSONResponse(await state.registry.stop(name))
+async def _stop(body: StopRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse(await state.registry.stop(body.model))
 
 
-_ROUTES: list[tuple[str, Handler, list[str]]] = [
-    ("/health", _health, ["GET"]),
-    ("/metrics", _metrics, ["GET"]),
-    ("/v1/chat/completions", openai_chat.chat_completions, ["POST"]),
-    ("/v1/completions", openai_other.completions, ["POST"]),
-    ("/v1/embeddings", openai_other.embeddings, ["POST"]),
-    ("/v1/responses", responses.responses, ["POST"]),
-    ("/v1/models", openai_other.list_models, ["GET"]),
-    ("/v1/models/{model:path}/unload", _stop, ["POST"]),
-    ("/v1/models/{model:path}", openai_other.get_model, ["GET"]),
-    ("/v1/messages", anthropic.messages, ["POST"]),
-    ("/v1/messages/count_tokens", anthropic.count_tokens, ["POST"]),
-    ("/api/ps", _ps, ["GET"]),
-    ("/api/stop", _stop, ["POST"]),
-]
-_KNOWN = {path for path, _, _ in _ROUTES if "{" not in path}
+async def _unload(model: str, request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse(await state.registry.stop(model))
+
+
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": openai_wire.ErrorBody, "description": "An error"} for status in ("4XX", "5XX")
+}
+_ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": anthropic_wire.ErrorBody, "description": "An error"}
+    for status in ("4XX", "5XX")
+}
+_STREAMS = "; with `stream: true`, server-sent events of"
+
+
+def _add_routes(app: FastAPI) -> None:
+    def route(
+        path: str, handler: Any, method: str, tag: str, reply: Any = None, **extra: Any
+    ) -> None:
+        errors = _ANTHROPIC_ERRORS if _flavor(path) == "anthropic" else _OPENAI_ERRORS
+        answers: dict[int | str, dict[str, Any]] = dict(errors)
+        if reply is not None:
+            answers[200] = {"model": reply, **extra}
+        app.add_api_route(
+            path, handler, methods=[method], tags=[tag], responses=answers, response_model=None
+        )
+
+    route("/health", _health, "GET", "server", Health)
+    route("/metrics", _metrics, "GET", "server", None)
+    route(
+        "/v1/chat/completions",
+        openai_chat.chat_completions,
+        "POST",
+        "OpenAI",
+        openai_wire.ChatCompletion,
+        description=f"The completion{_STREAMS} `ChatCompletionChunk`, then `[DONE]`.",
+    )
+    route(
+        "/v1/completions",
+        completions.completions,
+        "POST",
+        "OpenAI",
+        openai_wire.Completion,
+        description=f"The completion{_STREAMS} `Completion`, then `[DONE]`.",
+    )
+    route("/v1/embeddings", embeddings.embeddings, "POST", "OpenAI", openai_wire.EmbeddingList)
+    route(
+        "/v1/responses",
+        responses.responses,
+        "POST",
+        "OpenAI",
+        responses.wire.Response,
+        description=f"The response{_STREAMS} `ResponseEvent`.",
+    )
+    route("/v1/models", models.list_models, "GET", "OpenAI", openai_wire.ModelList)
+    route("/v1/models/{model:path}/unload", _unload, "POST", "server", StopReply)
+    route("/v1/models/{model:path}", models.get_model, "GET", "OpenAI", openai_wire.Model)
+    route(
+        "/v1/messages",
+        anthropic.messages,
+        "POST",
+        "Anthropic",
+        anthropic_wire.Message,
+        description=f"The message{_STREAMS} `StreamEvent`.",
+    )
+    route(
+        "/v1/messages/count_tokens",
+        anthropic.count_tokens,
+        "POST",
+        "Anthropic",
+        anthropic_wire.CountTokensReply,
+    )
+    route("/api/ps", _ps, "GET", "server", None)
+    route("/api/stop", _stop, "POST", "server", StopReply)
 
 
 def create_app(
@@ -245,8 +389,11 @@ def create_app(
     state: ServerState | None = None,
     engines: dict[str, BaseEngine] | None = None,
     preload: bool = True,
-) -> Starlette:
+) -> FastAPI:
     """The server's ASGI application (run it with uvicorn, or :func:`~.server.serve`).
+
+    Its OpenAPI schema (``/openapi.json``, with pages at ``/docs`` and ``/redoc``) is
+    generated from the protocol models.
 
     Args:
         config: The settings; the defaults when None.
@@ -259,14 +406,15 @@ def create_app(
     Examples:
         >>> from mlx_integrations.serve import ServeConfig, create_app
         >>> app = create_app(ServeConfig(api_key="secret"))
-        >>> # uvicorn.run(app, host="127.0.0.1", port=8000)
+        >>> app.openapi()["paths"]["/v1/chat/completions"]["post"]["tags"]
+        ['OpenAI']
     """
     if state is None:
         state = ServerState(config or ServeConfig(), engines=engines)
     served_state = state
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         budget = apply_memory_budget(served_state.config) if preload else (False, None)
         try:
             if preload:
@@ -276,14 +424,26 @@ def create_app(
             served_state.registry.close()
             restore_memory_budget(budget)
 
-    routes = [
-        Route(path, _endpoint(handler), methods=methods) for path, handler, methods in _ROUTES
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = FastAPI(
+        title="mlxi serve",
+        version=mlx_integrations.__version__,
+        summary="Local MLX models behind OpenAI- and Anthropic-compatible endpoints.",
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.router.route_class = _Route
+    _add_routes(app)
     app.state.server = state
     app.add_middleware(_Gate, state=state)
     app.router.default = _not_found
     return app
+
+
+_DESCRIPTION = """Each endpoint speaks its API's format into the chat core the LangChain and
+LlamaIndex adapters use. Fields the server uses are strict: a wrong type is a 400
+whose `param` is the field's path (`tools[2].function.parameters`). Fields it does not
+use are accepted, never refused, and named in the response header
+`x-mlxi-ignored-fields` (comma-separated paths)."""
 
 
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,7 +2,10 @@
 
 Handlers raise :class:`APIError`; any other exception is mapped by
 :func:`api_error` (bad input is 400 naming the field, a full engine 503 with
-Retry-After, a missing model 404...). The body takes OpenAI's shape
+Retry-After, a missing model 404...). The field at fault (``param``) is the path the
+error carries: a protocol model's validation error, or the chat core's
+``RequestError``, whose path the endpoint's translator turns into its API's names;
+never read from the message. The body takes OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``) or, on ``/v1/messages``,
 Anthropic's (``{"type": "error", "error": {"type", "message"}}``).
 """
@@ -10,12 +13,21 @@ Anthropic's (``{"type": "error", "error": {"type", "message"}}``).
 from __future__ import annotations
 
 import logging
-import re
-from typing import Any
+from collections.abc import Callable
+
+from mlx_integrations.serve.protocol import anthropic, openai
+from mlx_integrations.serve.protocol.base import FieldError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["APIError", "anthropic_error_body", "api_error", "openai_error_body"]
+__all__ = [
+    "APIError",
+    "PathMap",
+    "anthropic_error_body",
+    "api_error",
+    "openai_error_body",
+    "validation_error",
+]
 
 RETRY_AFTER_S = 1
 """Seconds a client told to come back (429/503) waits."""
@@ -80,66 +92,55 @@ class APIError(Exception):
         return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
 
 
-def openai_error_body(error: APIError) -> dict[str, Any]:
+def openai_error_body(error: APIError) -> openai.ErrorBody:
     """``{"error": {...}}`` as OpenAI's API answers."""
-    return {
-        "error": {
-            "message": error.message,
-            "type": _OPENAI_TYPES.get(error.status, "server_error"),
-            "param": error.param,
-            "code": error.code,
-        }
-    }
+    return openai.ErrorBody(
+        error=openai.ErrorDetail(
+            message=error.message,
+            type=_OPENAI_TYPES.get(error.status, "server_error"),
+            param=error.param,
+            code=error.code,
+        )
+    )
 
 
-def anthropic_error_body(error: APIError) -> dict[str, Any]:
+def anthropic_error_body(error: APIError) -> anthropic.ErrorBody:
     """``{"type": "error", "error": {...}}`` as Anthropic's API answers."""
-    return {
-        "type": "error",
-        "error": {
-            "type": _ANTHROPIC_TYPES.get(error.status, "api_error"),
-            "message": error.message,
-        },
-    }
+    return anthropic.ErrorBody(
+        error=anthropic.ErrorDetail(
+            type=_ANTHROPIC_TYPES.get(error.status, "api_error"), message=error.message
+        )
+    )
 
 
-# Where the chat core's and the engines' messages name the field at fault.
-_PARAMS: list[tuple[str, str]] = [
-    (r"^messages\[|messages is empty|^messages must", "messages"),
-    (r"^prompt\b", "prompt"),
-    (r"^tools\[|^tools must|^Tool '|^The parameters of tool", "tools"),
-    (r"^tool_choice\b", "tool_choice"),
-    (r"^parallel_tool_calls\b", "parallel_tool_calls"),
-    (r"response_format|json_schema|^The schema|^schema", "response_format"),
-    (r"^max_tokens\b", "max_tokens"),
-    (r"^temperature\b", "temperature"),
-    (r"^top_p\b", "top_p"),
-    (r"^top_k\b", "top_k"),
-    (r"^min_p\b", "min_p"),
-    (r"^repetition_penalty\b", "repetition_penalty"),
-    (r"^presence_penalty\b", "presence_penalty"),
-    (r"^frequency_penalty\b", "frequency_penalty"),
-    (r"^logit_bias\b", "logit_bias"),
-    (r"^seed\b", "seed"),
-    (r"^stop\b", "stop"),
-    (r"^chat_template_kwargs\b", "chat_template_kwargs"),
-    (r"\b(image|video)\b|^local file|^there is no file", "messages"),
-    (r"context window|context length|shorten the conversation", "messages"),
-]
+def validation_error(errors: list[FieldError]) -> APIError:
+    """A 400 for a request its protocol model refused: the first bad field's path in
+    ``param``, every bad field in the message."""
+    first = errors[0]
+    message = "; ".join(e.message for e in errors[:5])
+    if len(errors) > 5:
+        message += f" (and {len(errors) - 5} more)"
+    return APIError(400, message, param=first.path or None)
 
 
-def guess_param(message: str) -> str | None:
-    """The request field a validation message is about, where it says."""
-    for pattern, param in _PARAMS:
-        if re.search(pattern, message):
-            return param
-    return None
+PathMap = Callable[[str], str]
+"""A chat-core field path to the path of the same field in an API's request."""
 
 
-def api_error(exc: BaseException, *, param: str | None = None) -> APIError:
-    """The HTTP error for an exception raised while serving a request."""
+def api_error(
+    exc: BaseException, *, param: str | None = None, paths: PathMap | None = None
+) -> APIError:
+    """The HTTP error for an exception raised while serving a request.
+
+    Args:
+        exc: What was raised.
+        param: The field at fault when the error carries no path of its own.
+        paths: Turns the chat core's path (OpenAI chat-completion names) into the
+            endpoint's (``max_tokens`` is ``max_output_tokens`` in the Responses API).
+    """
     if isinstance(exc, APIError):
         return exc
+    from mlx_integrations.chat.errors import RequestError
     from mlx_integrations.engine.base import EngineBusy
     from mlx_integrations.runtime.residency import (
         MemoryBudgetExceeded,
@@ -172,7 +173,10 @@ def api_error(exc: BaseException, *, param: str | None = None) -> APIError:
     if isinstance(exc, TimeoutError):
         return APIError(504, message or "The request timed out", code="timeout")
     if isinstance(exc, (ValueError, TypeError)):
-        return APIError(400, message, param=param or guess_param(message))
+        path = exc.path if isinstance(exc, RequestError) else None
+        if path and paths is not None:
+            path = paths(path)
+        return APIError(400, message, param=path or param)
     if isinstance(exc, FileNotFoundError):
         return APIError(404, message, param="model", code="model_not_found")
     logger.error("Request failed", exc_info=(type(exc), exc, exc.__traceback__))

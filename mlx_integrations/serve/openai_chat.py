@@ -1,12 +1,12 @@
 """``POST /v1/chat/completions``: OpenAI's chat format to the chat core and back.
 
-What the engines do not do is refused with 400 naming the field rather than
-ignored: ``n`` above 1, ``logprobs``/``top_logprobs`` (the engines return no token
-probabilities), audio output, the legacy ``functions``. Sampling extensions that vLLM
-also takes (``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``)
-are read; fields that change nothing here (``user``, ``metadata``, ``store``,
-``service_tier``) are ignored. ``reasoning_effort`` goes to the chat template's own
-switch, and the ``thinking_budget`` extension caps the thinking at N tokens.
+The request is a :class:`~.protocol.openai.ChatCompletionRequest`: what the engines do
+not do (``n`` above 1, ``logprobs``, audio, the legacy ``functions``) is refused there
+with a 400 naming the field; fields that change nothing here (``user``, ``metadata``,
+``store``, ``service_tier``...) are accepted and reported. Sampling extensions that
+vLLM also takes (``top_k``, ``min_p``, ``repetition_penalty``,
+``chat_template_kwargs``) are read; ``reasoning_effort`` goes to the chat template's
+own switch, and the ``thinking_budget`` extension caps the thinking at N tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from mlx_integrations.chat.completion import (
     Finished,
@@ -27,106 +27,125 @@ from mlx_integrations.chat.completion import (
     Turn,
 )
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.chat.reasoning import check_effort
 from mlx_integrations.serve.errors import api_error, openai_error_body
-from mlx_integrations.serve.sse import EventStream, closing, prime, sse, until_disconnected
-from mlx_integrations.serve.state import ChatParts, ServerState
-from mlx_integrations.serve.wire import Body, new_id, now, parse_json, sampling_options, stop_list
+from mlx_integrations.serve.paths import WirePaths
+from mlx_integrations.serve.protocol import openai as wire
+from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
+from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
+from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
-__all__ = ["chat_completions", "collect", "openai_finish_reason", "openai_usage"]
+__all__ = [
+    "chat_completions",
+    "collect",
+    "core_response_format",
+    "openai_error_frame",
+    "openai_finish_reason",
+    "openai_usage",
+]
 
-_NO_LOGPROBS = "is not supported: the engines return no token probabilities; leave it out"
+
+# ------------------------------------------------------------------ request
 
 
-def read_messages(body: Body) -> list[dict[str, Any]]:
-    """OpenAI messages as the chat core takes them (``developer`` becomes ``system``:
+def _text(content: str | list[wire.TextPart] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+def _part(part: Any) -> dict[str, Any]:
+    """A content part as the chat core takes it (its unused fields left out)."""
+    if isinstance(part, wire.TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, wire.ImageURLPart):
+        return {"type": "image_url", "image_url": {"url": part.image_url.url}}
+    if isinstance(part, wire.VideoURLPart):
+        return {"type": "video_url", "video_url": {"url": part.video_url.url}}
+    if isinstance(part, wire.MediaPart):
+        return {"type": part.type, part.type: getattr(part, part.type)}
+    return {"type": part.type}  # the chat core names the type it does not take
+
+
+def _content(content: str | list[Any]) -> Any:
+    return content if isinstance(content, str) else [_part(p) for p in content]
+
+
+def core_message(message: Any) -> dict[str, Any]:
+    """One OpenAI message as the chat core takes it (``developer`` becomes ``system``:
     chat templates know no developer role)."""
-    messages = body.required("messages", list)
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise body.error(f"messages[{i}]", "must be an object with 'role' and 'content'")
-        if message.get("role") == "developer":
-            message = {**message, "role": "system"}
-        out.append(message)
+    if isinstance(message, (wire.SystemMessage, wire.DeveloperMessage)):
+        return {"role": "system", "content": _text(message.content)}
+    if isinstance(message, wire.UserMessage):
+        return {"role": "user", "content": _content(message.content)}
+    if isinstance(message, wire.ToolMessage):
+        return {
+            "role": "tool",
+            "tool_call_id": message.tool_call_id,
+            "content": _content(message.content),
+        }
+    out: dict[str, Any] = {"role": "assistant", "content": _text(message.content)}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.reasoning_content:
+        out["reasoning_content"] = message.reasoning_content
     return out
 
 
-def read_response_format(body: Body, name: str = "response_format") -> dict[str, Any] | None:
+def core_tool(tool: wire.Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.function.name}
+    if tool.function.description is not None:
+        function["description"] = tool.function.description
+    if tool.function.parameters is not None:
+        function["parameters"] = tool.function.parameters
+    return {"type": tool.type, "function": function}
+
+
+def core_response_format(value: Any) -> dict[str, Any] | None:
     """``text`` (no constraint), ``json_object`` or ``json_schema``."""
-    value = body.obj(name)
-    if value is None:
+    if value is None or isinstance(value, wire.TextFormat):
         return None
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+    if isinstance(value, wire.JSONObjectFormat):
         return {"type": "json_object"}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise body.error(
-                name,
-                "of type 'json_schema' needs json_schema.schema, e.g. "
-                '{"type": "json_schema", "json_schema": {"name": "x", "schema": {...}}}',
-            )
-        return {"type": "json_schema", "json_schema": spec}
-    raise body.error(name, f"has type {kind!r}; use 'text', 'json_object' or 'json_schema'")
+    spec = value.json_schema
+    return {"type": "json_schema", "json_schema": {"name": spec.name, "schema": spec.schema_}}
 
 
-def reasoning_options(body: Body, name: str, effort: Any) -> dict[str, Any]:
-    """``reasoning_effort`` (at ``name``) and the ``thinking_budget`` extension as engine
-    options: the effort goes to the chat template's own switch (a level the template
-    does not take is a 400 naming those it takes), the budget caps the thinking tokens."""
-    options: dict[str, Any] = {}
-    if effort is not None:
-        try:
-            options["reasoning_effort"] = check_effort(effort)
-        except ValueError as exc:
-            raise body.error(name, str(exc).removeprefix("reasoning_effort ")) from None
-    budget = body.integer("thinking_budget", low=0)
-    if budget is not None:
-        options["thinking_budget"] = budget
-    return options
-
-
-def read_chat(body: Body) -> tuple[ChatParts, bool, bool]:
-    """The chat parts of a request, whether it streams, whether usage is streamed."""
-    model = body.raw("model")
-    body.refuse("n", "must be 1: one choice per request (send several requests)", (1,))
-    body.refuse("logprobs", _NO_LOGPROBS)
-    body.refuse("top_logprobs", _NO_LOGPROBS, (0,))
-    body.refuse("functions", "(legacy) is not supported; pass 'tools' instead", ())
-    body.refuse("function_call", "(legacy) is not supported; pass 'tool_choice' instead", ())
-    body.refuse("audio", "is not supported: the reply is text", ())
-    modalities = body.array("modalities")
-    if modalities and modalities != ["text"]:
-        raise body.error("modalities", "must be ['text']: the reply is text")
-    stream = bool(body.flag("stream", False))
-    stream_options = body.obj("stream_options") or {}
-    include_usage = bool(stream_options.get("include_usage", False))
-    max_tokens = body.integer("max_completion_tokens", low=1)
+def chat_parts(body: wire.ChatCompletionRequest) -> ChatParts:
+    """The chat-core pieces of a request."""
+    choice: Any = body.tool_choice
+    if isinstance(choice, wire.NamedToolChoice):
+        choice = {"type": "function", "function": {"name": choice.function.name}}
+    if not body.tools and choice in ("none", "auto"):
+        choice = None  # clients send it with an empty tool list
+    max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
     if max_tokens is None:
-        max_tokens = body.integer("max_tokens", low=1)
-    options = sampling_options(body)
-    options.update(reasoning_options(body, "reasoning_effort", body.text("reasoning_effort")))
-    tools = body.array("tools")
-    parts = ChatParts(
-        model=model,
-        messages=read_messages(body),
-        tools=tools or None,
-        tool_choice=body.raw("tool_choice"),
-        parallel_tool_calls=body.flag("parallel_tool_calls"),
-        response_format=read_response_format(body),
+        max_tokens, max_name = body.max_tokens, "max_tokens"
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    return ChatParts(
+        model=body.model,
+        messages=[core_message(m) for m in body.messages],
+        paths=WirePaths(fields={"max_tokens": max_name}),
+        tools=[core_tool(t) for t in body.tools] if body.tools else None,
+        tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=core_response_format(body.response_format),
         max_tokens=max_tokens,
-        temperature=body.number("temperature"),
-        top_p=body.number("top_p"),
-        stop=stop_list(body, "stop"),
-        options=options,
+        stop=stop or None,
+        reasoning_effort=body.reasoning_effort,
+        **sampling_fields(body),
     )
-    if not parts.tools and parts.tool_choice in ("none", "auto"):
-        parts.tool_choice = None  # clients send it with an empty tool list
-    return parts, stream, include_usage
+
+
+# ----------------------------------------------------------------- response
 
 
 async def collect(events: AsyncIterator[Event | Finished]) -> Turn:
@@ -138,59 +157,45 @@ async def collect(events: AsyncIterator[Event | Finished]) -> Turn:
     return turn
 
 
-def openai_finish_reason(finished: Finished) -> str:
+def openai_finish_reason(finished: Finished) -> Any:
     reason = finished.finish_reason
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def openai_usage(finished: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-    }
+def openai_usage(finished: Finished) -> wire.Usage:
+    return wire.Usage(
+        prompt_tokens=finished.prompt_tokens,
+        completion_tokens=finished.completion_tokens,
+        total_tokens=finished.prompt_tokens + finished.completion_tokens,
+        prompt_tokens_details=wire.PromptTokensDetails(cached_tokens=finished.cached_tokens),
+    )
 
 
-def tool_call_body(call: ParsedToolCall) -> dict[str, Any]:
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {
-            "name": call.name,
-            "arguments": json.dumps(call.arguments, ensure_ascii=False),
-        },
-    }
+def _function(call: ParsedToolCall) -> wire.ToolCallFunction:
+    return wire.ToolCallFunction(
+        name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)
+    )
 
 
-def completion_body(turn: Turn, completion_id: str, model: str) -> dict[str, Any]:
+def completion_body(turn: Turn, completion_id: str, model: str) -> wire.ChatCompletion:
     """The non-streamed answer (``object: chat.completion``)."""
     assert turn.finished is not None
     content = turn.content + "".join(c.raw for c in turn.invalid_tool_calls)
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": content if content or not turn.tool_calls else None,
-    }
-    if turn.reasoning:
-        message["reasoning_content"] = turn.reasoning
-    if turn.tool_calls:
-        message["tool_calls"] = [tool_call_body(c) for c in turn.tool_calls]
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": now(),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": openai_finish_reason(turn.finished),
-                "logprobs": None,
-            }
+    message = wire.AssistantReply(
+        content=content if content or not turn.tool_calls else None,
+        reasoning_content=turn.reasoning or None,
+        tool_calls=[wire.ToolCallOut(id=c.id, function=_function(c)) for c in turn.tool_calls]
+        or None,
+    )
+    return wire.ChatCompletion(
+        id=completion_id,
+        created=now(),
+        model=model,
+        choices=[
+            wire.Choice(index=0, message=message, finish_reason=openai_finish_reason(turn.finished))
         ],
-        "usage": openai_usage(turn.finished),
-    }
+        usage=openai_usage(turn.finished),
+    )
 
 
 async def chunk_frames(
@@ -202,46 +207,41 @@ async def chunk_frames(
     deltas joined are the call of the non-streamed answer.
     """
     created = now()
+    usage: dict[str, Any] = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
+    def chunk(delta: wire.Delta, finish: Any = None) -> bytes:
+        choice = wire.ChunkChoice(delta=delta, finish_reason=finish)
+        return sse(
+            wire.ChatCompletionChunk(
+                id=completion_id, created=created, model=model, choices=[choice], **usage
+            )
+        )
 
-    yield chunk({"role": "assistant", "content": ""})
+    yield chunk(wire.Delta(role="assistant", content=""))
     calls = 0
     async with closing(events):
         async for event in events:
             if isinstance(event, TextDelta):
-                yield chunk({"content": event.text})
+                yield chunk(wire.Delta(content=event.text))
             elif isinstance(event, ReasoningDelta):
-                yield chunk({"reasoning_content": event.text})
+                yield chunk(wire.Delta(reasoning_content=event.text))
             elif isinstance(event, ParsedToolCall):
-                yield chunk({"tool_calls": [{"index": calls, **tool_call_body(event)}]})
+                call = wire.ToolCallDelta(index=calls, id=event.id, function=_function(event))
+                yield chunk(wire.Delta(tool_calls=[call]))
                 calls += 1
             elif isinstance(event, InvalidToolCall):
-                yield chunk({"content": event.raw})
+                yield chunk(wire.Delta(content=event.raw))
             elif isinstance(event, Finished):
-                yield chunk({}, openai_finish_reason(event))
+                yield chunk(wire.Delta(), openai_finish_reason(event))
                 if include_usage:
                     yield sse(
-                        {
-                            "id": completion_id,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "system_fingerprint": None,
-                            "choices": [],
-                            "usage": openai_usage(event),
-                        }
+                        wire.ChatCompletionChunk(
+                            id=completion_id,
+                            created=created,
+                            model=model,
+                            choices=[],
+                            usage=openai_usage(event),
+                        )
                     )
     yield sse("[DONE]")
 
@@ -251,34 +251,19 @@ def openai_error_frame(exc: BaseException) -> bytes:
     return sse(openai_error_body(api_error(exc))) + sse("[DONE]")
 
 
-async def chat_completions(state: ServerState, request: Request) -> Response:
+async def chat_completions(body: wire.ChatCompletionRequest, request: Request) -> Response:
     """Answer ``POST /v1/chat/completions``."""
-    body = Body(parse_json(await request.body()))
-    parts, stream, include_usage = read_chat(body)
+    state: ServerState = request.app.state.server
+    accepted = Accepted(request, body)
+    parts = chat_parts(body)
     served = await state.served(parts.model)
-    chat = state.chat_request(served, parts)
     completion_id = new_id("chatcmpl-")
-    chat.options["request_id"] = completion_id
-    events = state.turn(served, chat, stream)
-    if not stream:
+    chat = state.chat_request(served, parts, request_id=completion_id)
+    events = state.turn(served, chat, body.stream, parts.paths)
+    if not body.stream:
         turn = await until_disconnected(request.receive, collect(events))
-        return JSONResponse(completion_body(turn, completion_id, parts.model))
+        return json_reply(completion_body(turn, completion_id, parts.model), accepted)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     _, events = await until_disconnected(request.receive, prime(events))
-    return stream_response(
-        state,
-        chunk_frames(events, completion_id, parts.model, include_usage),
-        openai_error_frame,
-        request,
-    )
-
-
-def stream_response(
-    state: ServerState, frames: AsyncIterator[bytes], on_error: Any, request: Request
-) -> Response:
-    """An :class:`EventStream` that counts a client gone mid-stream."""
-    endpoint = request.url.path
-
-    def gone() -> None:
-        state.metrics.add("client_disconnects_total", endpoint=endpoint)
-
-    return EventStream(frames, on_error=on_error, on_disconnect=gone)  # type: ignore[return-value]
+    frames = chunk_frames(events, completion_id, parts.model, include_usage)
+    return stream_reply(request, frames, openai_error_frame, accepted)

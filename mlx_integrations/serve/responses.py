@@ -1,11 +1,11 @@
 """``POST /v1/responses``: OpenAI's Responses API, for clients that speak only it.
 
 Stateless: each request carries its whole conversation in ``input`` (messages,
-``function_call`` and ``function_call_output`` items); ``previous_response_id`` and
-``store=true`` are refused, since nothing is kept between requests. Text, images
-(``input_image``), function tools with ``tool_choice`` enforced, ``text.format``
-(JSON object or schema) and streaming are served; reasoning comes back as a
-``reasoning`` item.
+``function_call`` and ``function_call_output`` items); ``previous_response_id`` is
+refused, since nothing is kept between requests, and ``store`` is accepted and
+reported. Text, images (``input_image``), function tools with ``tool_choice``
+enforced, ``text.format`` (JSON object or schema) and streaming are served; reasoning
+comes back as a ``reasoning`` item.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from mlx_integrations.chat.completion import (
     Finished,
@@ -25,270 +25,239 @@ from mlx_integrations.chat.completion import (
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.serve.errors import api_error, openai_error_body
-from mlx_integrations.serve.openai_chat import reasoning_options, stream_response
+from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
+from mlx_integrations.serve.openai_chat import core_response_format
+from mlx_integrations.serve.paths import WirePaths
+from mlx_integrations.serve.protocol import responses as wire
+from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
 from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
-from mlx_integrations.serve.state import ChatParts, ServerState
-from mlx_integrations.serve.wire import Body, new_id, now, parse_json, sampling_options
+from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = ["responses"]
+
+# The chat core's names of the fields this API names otherwise.
+_FIELDS = {
+    "max_tokens": "max_output_tokens",
+    "response_format.json_schema": "text.format",
+    "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
+}
+_TOOL_FIELDS = {
+    "function.parameters": "parameters",
+    "function.name": "name",
+    "function.description": "description",
+    "function": "",
+}
+_CALL_FIELDS = {"function.name": "name", "function.arguments": "arguments", "function": ""}
 
 
 # ------------------------------------------------------------------ request
 
 
-def _content(content: Any, where: str, body: Body) -> Any:
+def _content(content: str | list[Any], where: str) -> Any:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise body.error(where, "must be a string or an array of content parts")
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str):
-                raise body.error(f"{where}[{i}]", "needs 'image_url' (a URL or data: URL)")
-            parts.append({"type": "image", "image": url})
+        if isinstance(part, wire.InputText):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, wire.InputImage):
+            if part.image_url is None:
+                raise APIError(
+                    400,
+                    f"'{where}[{i}].image_url' is required: give the image as a URL or a "
+                    "data: URL (file_id is not served)",
+                    param=f"{where}[{i}].image_url",
+                )
+            parts.append({"type": "image", "image": part.image_url})
         else:
-            raise body.error(
-                f"{where}[{i}]",
-                f"has type {kind!r}; use 'input_text' or 'input_image' (files are not supported)",
+            raise APIError(
+                400,
+                f"'{where}[{i}].type' is {part.type!r}; use 'input_text' or 'input_image' "
+                "(files are not served)",
+                param=f"{where}[{i}].type",
             )
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
 
 
-def read_input(body: Body) -> list[dict[str, Any]]:
-    """``instructions`` and ``input`` as chat-core messages."""
+def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, Any]]:
+    """``instructions`` and ``input`` as chat-core messages; where each message and
+    each call came from goes in ``paths``."""
     messages: list[dict[str, Any]] = []
-    instructions = body.text("instructions")
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    value = body.raw("input")
-    if isinstance(value, str):
-        return [*messages, {"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise body.error("input", "is required: a string or an array of input items")
-    for i, item in enumerate(value):
+    origins: list[str] = []
+    paths.messages = origins
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+        origins.append("instructions")
+    if isinstance(body.input, str):
+        origins.append("input")
+        return [*messages, {"role": "user", "content": body.input}]
+    for i, item in enumerate(body.input):
         where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise body.error(where, "must be an object")
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise body.error(
-                    f"{where}.role", f"must be user, assistant, system or developer, got {role!r}"
-                )
-            role = "system" if role == "developer" else role
-            messages.append(
-                {"role": role, "content": _content(item.get("content"), f"{where}.content", body)}
-            )
-        elif kind == "function_call":
+        if isinstance(item, wire.MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            messages.append({"role": role, "content": _content(item.content, f"{where}.content")})
+            origins.append(where)
+        elif isinstance(item, wire.FunctionCallItem):
             call = {
-                "id": str(item.get("call_id") or ""),
+                "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+                "function": {"name": item.name, "arguments": item.arguments},
             }
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
                 messages.append(last)
+                origins.append(where)
             last.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            output = item.get("output")
-            content = (
-                output if isinstance(output, str) else _content(output, f"{where}.output", body)
-            )
-            messages.append(
-                {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": content}
-            )
-        elif kind == "reasoning":
+            paths.calls.setdefault(len(messages) - 1, []).append(where)
+        elif isinstance(item, wire.FunctionCallOutputItem):
+            output = item.output
+            content = output if isinstance(output, str) else _content(output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
+            origins.append(where)
+        elif isinstance(item, wire.ReasoningItem):
             continue  # the model's earlier reasoning is not shown to it again
         else:
-            raise body.error(
-                where,
-                f"has type {kind!r}; use 'message', 'function_call' or 'function_call_output'",
+            raise APIError(
+                400,
+                f"'{where}.type' is {item.type!r}; use 'message', 'function_call' or "
+                "'function_call_output'",
+                param=f"{where}.type",
             )
     return messages
 
 
-def read_tools(body: Body) -> list[dict[str, Any]] | None:
-    tools = body.array("tools")
-    if not tools:
+def read_tools(body: wire.ResponsesRequest) -> list[dict[str, Any]] | None:
+    if not body.tools:
         return None
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise body.error(
-                f"tools[{i}]",
-                f"has type {kind!r}; only 'function' tools are served (built-in tools are not)",
+    for i, tool in enumerate(body.tools):
+        if not isinstance(tool, wire.FunctionTool):
+            raise APIError(
+                400,
+                f"'tools[{i}].type' is {tool.type!r}; only 'function' tools are served "
+                "(built-in tools are not)",
+                param=f"tools[{i}].type",
             )
-        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        if tool.parameters is not None:
+            function["parameters"] = tool.parameters
         out.append({"type": "function", "function": function})
     return out
 
 
-def read_tool_choice(body: Body) -> Any:
-    choice = body.raw("tool_choice")
-    if isinstance(choice, dict):
-        if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-            return choice["name"]
-        raise body.error(
-            "tool_choice", "must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}"
+def read_tool_choice(body: wire.ResponsesRequest) -> Any:
+    choice = body.tool_choice
+    if isinstance(choice, wire.ToolChoiceObject):
+        if choice.type == "function" and choice.name:
+            return choice.name
+        raise APIError(
+            400,
+            "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+            param="tool_choice",
         )
     return choice
 
 
-def read_format(body: Body) -> dict[str, Any] | None:
-    text = body.obj("text") or {}
-    fmt = text.get("format")
-    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return None
-    if not isinstance(fmt, dict):
-        raise body.error("text.format", "must be an object")
-    if fmt.get("type") == "json_object":
-        return {"type": "json_object"}
-    if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": fmt.get("name"), "schema": fmt["schema"]},
-        }
-    raise body.error(
-        "text.format",
-        "must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'schema': {...}}",
-    )
+def read_format(value: Any) -> dict[str, Any] | None:
+    """``text.format`` as the chat core's ``response_format``."""
+    if isinstance(value, wire.JSONSchemaTextFormat):
+        return {"type": "json_schema", "json_schema": {"name": value.name, "schema": value.schema_}}
+    return core_response_format(value)
 
 
-def read_parts(body: Body) -> tuple[ChatParts, bool]:
-    body.refuse(
-        "previous_response_id",
-        "is not supported: this server keeps no responses; send the whole conversation in 'input'",
-        (),
-    )
-    body.refuse("store", "must be false or absent: this server keeps no responses")
-    options = sampling_options(body)
-    reasoning = body.obj("reasoning") or {}
-    options.update(reasoning_options(body, "reasoning.effort", reasoning.get("effort")))
+def read_parts(body: wire.ResponsesRequest) -> ChatParts:
     tools = read_tools(body)
-    choice = read_tool_choice(body)
-    parts = ChatParts(
-        model=body.raw("model"),
-        messages=read_input(body),
+    paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
+    return ChatParts(
+        model=body.model,
+        messages=read_input(body, paths),
+        paths=paths,
         tools=tools,
-        tool_choice=choice if tools else None,
-        parallel_tool_calls=body.flag("parallel_tool_calls"),
-        response_format=read_format(body),
-        max_tokens=body.integer("max_output_tokens", low=1),
-        temperature=body.number("temperature"),
-        top_p=body.number("top_p"),
-        options=options,
+        tool_choice=read_tool_choice(body) if tools else None,
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=read_format(body.text.format if body.text else None),
+        max_tokens=body.max_output_tokens,
+        reasoning_effort=body.reasoning.effort if body.reasoning else None,
+        **sampling_fields(body),
     )
-    return parts, bool(body.flag("stream", False))
 
 
 # ----------------------------------------------------------------- response
 
 
+def _dumped(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_dumped(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return value.model_dump(by_alias=True, exclude_unset=True)
+    return value
+
+
 class _Builder:
     """The response object and its output items, built from the turn's events."""
 
-    def __init__(self, response_id: str, parts: ChatParts, body: Body):
-        self.response: dict[str, Any] = {
-            "id": response_id,
-            "object": "response",
-            "created_at": now(),
-            "status": "in_progress",
-            "model": parts.model,
-            "output": [],
-            "parallel_tool_calls": parts.parallel_tool_calls is not False,
-            "tool_choice": body.raw("tool_choice", "auto"),
-            "tools": body.raw("tools", []),
-            "temperature": parts.temperature,
-            "top_p": parts.top_p,
-            "max_output_tokens": parts.max_tokens,
-            "instructions": body.raw("instructions"),
-            "text": body.raw("text", {"format": {"type": "text"}}),
-            "error": None,
-            "incomplete_details": None,
-            "metadata": body.raw("metadata", {}),
-            "usage": None,
-        }
+    def __init__(self, response_id: str, body: wire.ResponsesRequest):
+        self.response = wire.Response(
+            id=response_id,
+            created_at=now(),
+            model=body.model,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            tool_choice=_dumped(body.tool_choice) if body.tool_choice is not None else "auto",
+            tools=_dumped(body.tools or []),
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_output_tokens=body.max_output_tokens,
+            instructions=body.instructions,
+            text=_dumped(body.text) if body.text is not None else {"format": {"type": "text"}},
+            metadata=body.metadata or {},
+        )
         self.sequence = 0
 
     @property
-    def output(self) -> list[dict[str, Any]]:
-        return self.response["output"]
+    def output(self) -> list[Any]:
+        return self.response.output
 
     def event(self, kind: str, **fields: Any) -> bytes:
-        frame = {"type": kind, "sequence_number": self.sequence, **fields}
+        frame = wire.ResponseEvent(type=kind, sequence_number=self.sequence, **fields)
         self.sequence += 1
         return sse(frame, kind)
 
-    def snapshot(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self.response))
-
     def finish(self, finished: Finished) -> None:
         truncated = finished.finish_reason == "length"
-        self.response["status"] = "incomplete" if truncated else "completed"
+        self.response.status = "incomplete" if truncated else "completed"
         if truncated:
-            self.response["incomplete_details"] = {"reason": "max_output_tokens"}
-        self.response["usage"] = {
-            "input_tokens": finished.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": finished.cached_tokens},
-            "output_tokens": finished.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        }
+            self.response.incomplete_details = wire.IncompleteDetails(reason="max_output_tokens")
+        self.response.usage = wire.ResponseUsage(
+            input_tokens=finished.prompt_tokens,
+            input_tokens_details=wire.InputTokensDetails(cached_tokens=finished.cached_tokens),
+            output_tokens=finished.completion_tokens,
+            output_tokens_details=wire.OutputTokensDetails(),
+            total_tokens=finished.prompt_tokens + finished.completion_tokens,
+        )
 
 
-def _message_item() -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": new_id("msg_"),
-        "status": "in_progress",
-        "role": "assistant",
-        "content": [],
-    }
-
-
-def _text_part(text: str = "") -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _reasoning_item() -> dict[str, Any]:
-    return {
-        "type": "reasoning",
-        "id": new_id("rs_"),
-        "summary": [],
-        "content": [],
-        "status": "in_progress",
-    }
-
-
-def _call_item(call: ParsedToolCall) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": new_id("fc_"),
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-        "status": "completed",
-    }
+def _call_item(call: ParsedToolCall) -> wire.OutputFunctionCall:
+    return wire.OutputFunctionCall(
+        id=new_id("fc_"),
+        call_id=call.id,
+        name=call.name,
+        arguments=json.dumps(call.arguments, ensure_ascii=False),
+    )
 
 
 async def response_frames(
     events: AsyncIterator[Event | Finished], built: _Builder
 ) -> AsyncIterator[bytes]:
     """The streamed response: created, items added, deltas, items done, completed."""
-    yield built.event("response.created", response=built.snapshot())
-    yield built.event("response.in_progress", response=built.snapshot())
-    open_item: dict[str, Any] | None = None
+    yield built.event("response.created", response=built.response)
+    yield built.event("response.in_progress", response=built.response)
+    open_item: wire.OutputMessage | wire.OutputReasoning | None = None
 
     def close() -> list[bytes]:
         nonlocal open_item
@@ -296,96 +265,70 @@ async def response_frames(
         if item is None:
             return []
         index = len(built.output) - 1
-        item["status"] = "completed"
+        item.status = "completed"
+        at = {"item_id": item.id, "output_index": index, "content_index": 0}
         frames = []
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
+        if isinstance(item, wire.OutputMessage):
+            part = item.content[0]
             frames.append(
-                built.event(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                )
+                built.event("response.output_text.done", text=part.text, logprobs=[], **at)
             )
-            frames.append(
-                built.event(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=item["content"][0],
-                )
-            )
+            frames.append(built.event("response.content_part.done", part=part, **at))
         else:
-            text = item["content"][0]["text"]
-            frames.append(
-                built.event(
-                    "response.reasoning_text.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    text=text,
-                )
-            )
+            text = item.content[0].text
+            frames.append(built.event("response.reasoning_text.done", text=text, **at))
         frames.append(built.event("response.output_item.done", output_index=index, item=item))
         return frames
 
-    def open_(item: dict[str, Any]) -> list[bytes]:
+    def open_(item: wire.OutputMessage | wire.OutputReasoning) -> list[bytes]:
         nonlocal open_item
         frames = close()
         open_item = item
         built.output.append(item)
         index = len(built.output) - 1
-        shown = {**item, "content": []}
-        frames.append(built.event("response.output_item.added", output_index=index, item=shown))
-        if item["type"] == "message":
-            item["content"].append(_text_part())
+        frames.append(built.event("response.output_item.added", output_index=index, item=item))
+        if isinstance(item, wire.OutputMessage):
+            item.content.append(wire.OutputText())
             frames.append(
                 built.event(
                     "response.content_part.added",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
                     content_index=0,
-                    part=_text_part(),
+                    part=wire.OutputText(),
                 )
             )
         else:
-            item["content"].append({"type": "reasoning_text", "text": ""})
+            item.content.append(wire.ReasoningText())
         return frames
 
     async with closing(events):
         async for event in events:
-            index = len(built.output) - 1
             if isinstance(event, (TextDelta, InvalidToolCall)):
                 text = event.text if isinstance(event, TextDelta) else event.raw
-                if open_item is None or open_item["type"] != "message":
-                    for frame in open_(_message_item()):
+                if not isinstance(open_item, wire.OutputMessage):
+                    for frame in open_(wire.OutputMessage(id=new_id("msg_"))):
                         yield frame
-                    index = len(built.output) - 1
-                assert open_item is not None
-                open_item["content"][0]["text"] += text
+                assert isinstance(open_item, wire.OutputMessage)
+                open_item.content[0].text += text
                 yield built.event(
                     "response.output_text.delta",
-                    item_id=open_item["id"],
-                    output_index=index,
+                    item_id=open_item.id,
+                    output_index=len(built.output) - 1,
                     content_index=0,
                     delta=text,
                     logprobs=[],
                 )
             elif isinstance(event, ReasoningDelta):
-                if open_item is None or open_item["type"] != "reasoning":
-                    for frame in open_(_reasoning_item()):
+                if not isinstance(open_item, wire.OutputReasoning):
+                    for frame in open_(wire.OutputReasoning(id=new_id("rs_"))):
                         yield frame
-                    index = len(built.output) - 1
-                assert open_item is not None
-                open_item["content"][0]["text"] += event.text
+                assert isinstance(open_item, wire.OutputReasoning)
+                open_item.content[0].text += event.text
                 yield built.event(
                     "response.reasoning_text.delta",
-                    item_id=open_item["id"],
-                    output_index=index,
+                    item_id=open_item.id,
+                    output_index=len(built.output) - 1,
                     content_index=0,
                     delta=event.text,
                 )
@@ -395,23 +338,17 @@ async def response_frames(
                 item = _call_item(event)
                 built.output.append(item)
                 index = len(built.output) - 1
+                shown = item.model_copy(update={"arguments": "", "status": "in_progress"})
+                yield built.event("response.output_item.added", output_index=index, item=shown)
+                at = {"item_id": item.id, "output_index": index}
                 yield built.event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "arguments": "", "status": "in_progress"},
-                )
-                yield built.event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=item["arguments"],
+                    "response.function_call_arguments.delta", delta=item.arguments, **at
                 )
                 yield built.event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
+                    name=item.name,
+                    arguments=item.arguments,
+                    **at,
                 )
                 yield built.event("response.output_item.done", output_index=index, item=item)
             elif isinstance(event, Finished):
@@ -420,12 +357,10 @@ async def response_frames(
                 built.finish(event)
                 # Cut at max_output_tokens too: the status says "incomplete", and the
                 # SDK's stream helper, which waits for this event, gets its response.
-                yield built.event("response.completed", response=built.snapshot())
+                yield built.event("response.completed", response=built.response)
 
 
-async def whole_response(
-    events: AsyncIterator[Event | Finished], built: _Builder
-) -> dict[str, Any]:
+async def whole_response(events: AsyncIterator[Event | Finished], built: _Builder) -> wire.Response:
     """The non-streamed response (the same items the stream builds)."""
     async for _ in response_frames(events, built):
         pass
@@ -433,29 +368,24 @@ async def whole_response(
 
 
 def responses_error_frame(exc: BaseException) -> bytes:
-    error = openai_error_body(api_error(exc))["error"]
+    error = openai_error_body(api_error(exc)).error
     return sse(
-        {
-            "type": "error",
-            "code": error["code"],
-            "message": error["message"],
-            "param": error["param"],
-        },
+        {"type": "error", "code": error.code, "message": error.message, "param": error.param},
         "error",
     )
 
 
-async def responses(state: ServerState, request: Request) -> Response:
+async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     """Answer ``POST /v1/responses``."""
-    body = Body(parse_json(await request.body()))
-    parts, stream = read_parts(body)
+    state: ServerState = request.app.state.server
+    accepted = Accepted(request, body)
+    parts = read_parts(body)
     served = await state.served(parts.model)
-    chat = state.chat_request(served, parts)
-    built = _Builder(new_id("resp_"), parts, body)
-    chat.options["request_id"] = built.response["id"]
-    events = state.turn(served, chat, stream)
-    if not stream:
+    built = _Builder(new_id("resp_"), body)
+    chat = state.chat_request(served, parts, request_id=built.response.id)
+    events = state.turn(served, chat, body.stream, parts.paths)
+    if not body.stream:
         reply = await until_disconnected(request.receive, whole_response(events, built))
-        return JSONResponse(reply)
+        return json_reply(reply, accepted)
     _, events = await until_disconnected(request.receive, prime(events))
-    return stream_response(state, response_frames(events, built), responses_error_frame, request)
+    return stream_reply(request, response_frames(events, built), responses_error_frame, accepted)

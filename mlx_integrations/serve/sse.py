@@ -15,6 +15,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from pydantic import BaseModel
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,14 @@ def closing(stream: AsyncIterator[T]) -> contextlib.AbstractAsyncContextManager[
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
-    """One server-sent event: ``event: NAME`` (when given) and ``data: JSON``."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    """One server-sent event: ``event: NAME`` (when given) and ``data: JSON`` (of a
+    protocol model, a plain value, or a string sent as it is)."""
+    if isinstance(data, BaseModel):
+        payload = data.model_dump_json()
+    elif isinstance(data, str):
+        payload = data
+    else:
+        payload = json.dumps(data, ensure_ascii=False)
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
 
@@ -76,7 +84,7 @@ async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     raise ClientGone()
 
 
-class EventStream:
+class EventStream(Response):
     """An ASGI response of server-sent events from an async iterator of frames.
 
     Args:
@@ -95,17 +103,18 @@ class EventStream:
         on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
     ):
+        super().__init__(status_code=200)
         self._frames = frames
         self._on_error = on_error
         self._on_disconnect = on_disconnect
-        self._headers = headers or {}
+        self._extra_headers = headers or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {
             "content-type": "text/event-stream; charset=utf-8",
             "cache-control": "no-cache",
             "x-accel-buffering": "no",  # proxies must not hold events back
-            **{k.lower(): v for k, v in self._headers.items()},
+            **{k.lower(): v for k, v in self._extra_headers.items()},
         }
         await send(
             {

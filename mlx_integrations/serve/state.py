@@ -1,11 +1,14 @@
 """One server's state, and the chat turn every wire format ends in.
 
-The OpenAI and Anthropic translators read their request into the pieces of a chat-core
-:class:`~mlx_integrations.chat.completion.ChatRequest`; :meth:`ServerState.chat_request`
-fills in the defaults (the model's own sampling defaults, a reply up to the context
-window), and :meth:`ServerState.turn` runs it through
+Each translator reads its protocol model into :class:`ChatParts`: the arguments of
+:meth:`~mlx_integrations.chat.request.ChatRequest.build`, and where each field came
+from in its request (:class:`~mlx_integrations.serve.paths.WirePaths`).
+:meth:`ServerState.chat_request` fills in the defaults (the model's own sampling
+defaults, a reply up to the context window) and builds the checked request;
+:meth:`ServerState.turn` runs it through
 :func:`~mlx_integrations.chat.completion.stream_chat_events`, the call the adapters
-make, counting tokens and time to first token on the way.
+make, counting tokens and time to first token on the way. A bad value, found at
+either step, is a 400 whose ``param`` is the field's path in the endpoint's API.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.chat.completion import ChatRequest, Finished, stream_chat_events
+from mlx_integrations.chat.completion import Finished, stream_chat_events
+from mlx_integrations.chat.errors import RequestError
 from mlx_integrations.chat.output_parser import Event
+from mlx_integrations.chat.request import ChatRequest
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve.config import ServeConfig
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.metrics import Metrics
+from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.registry import ModelRegistry, Served
 from mlx_integrations.serve.sse import closing
 
@@ -33,11 +39,13 @@ __all__ = ["ChatParts", "ServerState"]
 class ChatParts:
     """A chat request as a wire format gives it, before the server's defaults.
 
-    None for a sampling field means the request did not set it.
+    None means the request did not set the field.
     """
 
     model: str
     messages: list[dict[str, Any]]
+    paths: WirePaths = field(default_factory=WirePaths)
+    """Where each chat-core field came from in the request."""
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -46,7 +54,38 @@ class ChatParts:
     temperature: float | None = None
     top_p: float | None = None
     stop: list[str] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    reasoning_effort: str | None = None
+    enable_thinking: bool | None = None
+    thinking_budget: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    "thinking_budget",
+    "chat_template_kwargs",
+)
+"""The fields every wire format's request carries under the chat core's names."""
+
+
+def sampling_fields(request: Any) -> dict[str, Any]:
+    """The :data:`SAMPLING_FIELDS` a protocol model has, by name."""
+    return {name: getattr(request, name, None) for name in SAMPLING_FIELDS}
 
 
 class ServerState:
@@ -66,9 +105,9 @@ class ServerState:
         self.started_at = time.time()
         self._defaults: dict[Path, Any] = {}
 
-    async def served(self, model: Any, kind: str = "chat") -> Served:
+    async def served(self, model: str, kind: str = "chat") -> Served:
         """The engine of a request's ``model`` field (made on first use, off the loop)."""
-        if not isinstance(model, str) or not model.strip():
+        if not model.strip():
             raise APIError(
                 400,
                 "'model' is required: a store alias (mlxi list), a pulled Hub id or a "
@@ -77,52 +116,60 @@ class ServerState:
             )
         return await asyncio.to_thread(self.registry.get, model, kind)  # type: ignore[arg-type]
 
-    def chat_request(self, served: Served, parts: ChatParts) -> ChatRequest:
-        """The chat-core request, with the model's sampling defaults where the request
-        sets none (as vLLM reads ``generation_config.json``), else OpenAI's (1.0).
+    def chat_request(
+        self, served: Served, parts: ChatParts, request_id: str | None = None
+    ) -> ChatRequest:
+        """The checked chat-core request, with the model's sampling defaults where the
+        request sets none (as vLLM reads ``generation_config.json``), else OpenAI's (1.0).
 
         Raises:
-            APIError: 400 naming the bad tool, tool choice or sampling field.
+            APIError: 400 whose ``param`` is the bad field's path in the request.
         """
         defaults = self._generation_defaults(served.path)
-        options = dict(parts.options)
-        for name in ("top_k", "min_p", "repetition_penalty"):
-            value = getattr(defaults, name, None) if defaults is not None else None
-            if name not in options and value is not None:
-                options[name] = value
+
+        def default(name: str) -> Any:
+            value = getattr(parts, name)
+            if value is None and defaults is not None:
+                value = getattr(defaults, name, None)
+            return value
+
         temperature = parts.temperature
-        if temperature is None:
-            temperature = getattr(defaults, "temperature", None)
-            if defaults is not None and defaults.do_sample is False:
-                temperature = 0.0
-        top_p = parts.top_p if parts.top_p is not None else getattr(defaults, "top_p", None)
-        max_tokens = parts.max_tokens or self.config.default_max_tokens
+        if temperature is None and defaults is not None:
+            temperature = 0.0 if defaults.do_sample is False else defaults.temperature
+        max_tokens = parts.max_tokens
+        if max_tokens is None:
+            max_tokens = self.config.default_max_tokens
         if max_tokens is None:
             # Up to the context window: the engine stops there (finish_reason "length").
             max_tokens = getattr(served.engine, "context_length", None) or 4096
-        parallel = parts.parallel_tool_calls
-        if parallel is None:  # as the adapters: a forced call is one call unless asked
-            parallel = parts.tool_choice in (None, "auto", "none")
+        top_p = default("top_p")
         try:
-            request = ChatRequest(
-                messages=parts.messages,
+            return ChatRequest.build(
+                parts.messages,
                 tools=parts.tools,
                 tool_choice=parts.tool_choice,
-                parallel_tool_calls=parallel,
+                parallel_tool_calls=parts.parallel_tool_calls,
                 response_format=parts.response_format,
                 max_tokens=max_tokens,
                 temperature=1.0 if temperature is None else temperature,
                 top_p=1.0 if top_p is None else top_p,
                 stop=parts.stop,
-                options=options,
+                top_k=default("top_k"),
+                min_p=default("min_p"),
+                repetition_penalty=default("repetition_penalty"),
+                presence_penalty=parts.presence_penalty,
+                frequency_penalty=parts.frequency_penalty,
+                logit_bias=parts.logit_bias or None,
+                seed=parts.seed,
+                reasoning_effort=parts.reasoning_effort,
+                enable_thinking=parts.enable_thinking,
+                thinking_budget=parts.thinking_budget,
+                chat_template_kwargs=parts.chat_template_kwargs or None,
+                request_id=request_id,
                 model=parts.model,
             )
-            from mlx_integrations.settings.fields import validate_request_settings
-
-            validate_request_settings(request)
         except (TypeError, ValueError) as exc:
-            raise api_error(exc) from None
-        return request
+            raise api_error(exc, paths=parts.paths) from None
 
     def _generation_defaults(self, path: Path) -> Any:
         if path not in self._defaults:
@@ -135,26 +182,59 @@ class ServerState:
         return self._defaults[path]
 
     async def turn(
-        self, served: Served, request: ChatRequest, stream: bool
+        self, served: Served, request: ChatRequest, stream: bool, paths: WirePaths
     ) -> AsyncIterator[Event | Finished]:
         """The chat turn's events, as the adapters get them; figures counted at the end.
 
         Closing this iterator early (a client gone) closes the turn, which stops the
-        engine's request between two tokens.
+        engine's request between two tokens. A bad value the engine finds (an image
+        it cannot read, a prompt longer than the context) is raised as a 400 naming
+        the field by its path in the request (``paths``).
         """
         started = time.perf_counter()
         first: float | None = None
-        async with closing(stream_chat_events(served.engine, request, stream)) as events:
-            async for event in events:
-                if isinstance(event, Finished):
-                    ttft = first if stream else (event.ttft_s or None)
-                    self.metrics.finished(
-                        served.name,
-                        event.prompt_tokens,
-                        event.completion_tokens,
-                        event.cached_tokens,
-                        ttft,
-                    )
-                elif first is None:
-                    first = time.perf_counter() - started
-                yield event
+        try:
+            async with closing(stream_chat_events(served.engine, request, stream)) as events:
+                async for event in events:
+                    if isinstance(event, Finished):
+                        ttft = first if stream else (event.ttft_s or None)
+                        self.metrics.finished(
+                            served.name,
+                            event.prompt_tokens,
+                            event.completion_tokens,
+                            event.cached_tokens,
+                            ttft,
+                        )
+                    elif first is None:
+                        first = time.perf_counter() - started
+                    yield event
+        except RequestError as exc:
+            raise api_error(exc, paths=paths) from None
+
+    async def prompt_tokens(self, served: Served, request: ChatRequest, paths: WirePaths) -> int:
+        """The tokens of the request's prompt through the model's chat template, tools
+        included (what a reply's usage reports as prompt tokens).
+
+        Raises:
+            APIError: 400 for an engine that cannot render prompts, or a bad value
+                found while rendering.
+        """
+        engine = served.engine
+        render = getattr(engine, "render_prompt", None)
+        if render is None:
+            raise APIError(
+                400,
+                f"The engine of {served.name!r} cannot render prompts to count them",
+                param="model",
+            )
+
+        def count() -> int:
+            prompt = render(
+                request.messages, tools=request.tools.openai_tools(), **request.template_kwargs()
+            )
+            return len(engine.tokenizer.encode(prompt, add_special_tokens=False))
+
+        try:
+            return await asyncio.to_thread(count)
+        except (TypeError, ValueError) as exc:
+            raise api_error(exc, paths=paths) from None

@@ -269,8 +269,11 @@ def test_reasoning_comes_in_reasoning_content(client: openai.OpenAI):
         ({"temperature": "hot"}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools"),
-        ({"response_format": {"type": "xml"}}, "response_format"),
+        (
+            {"tools": [{"type": "function", "function": {"parameters": {}}}]},
+            "tools[0].function.name",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"top_p": 0}, "top_p"),
     ],
 )

@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import typer
 
@@ -71,6 +71,38 @@ def print_warning(message: str, hint: str | None) -> None:
     typer.echo(f"Warning: {message}", err=True)
     if hint:
         typer.echo(f"Hint: {hint}", err=True)
+
+
+def show_model_warnings_as_lines() -> None:
+    """Print the library's warning about a damaged model (``DamagedModelWarning``, from
+    any engine the command loads) as ``Warning:`` and ``Hint:`` lines, rather than in
+    Python's ``file:line: Category: message`` form; other warnings are shown as before.
+
+    Filters still apply first (``-W error`` makes it an error, ``ignore`` silences it).
+    """
+    import warnings
+
+    previous = warnings.showwarning
+    if getattr(previous, "mlxi_lines", False):
+        return
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        from mlx_integrations.models.quality.load_warning import DamagedModelWarning
+
+        if isinstance(message, DamagedModelWarning):
+            print_warning(message.summary, message.hint)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    show.mlxi_lines = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 def _silence_stdout() -> None:

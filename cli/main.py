@@ -13,15 +13,14 @@ from pathlib import Path
 
 import typer
 from mlx_integrations.cli.doctor import doctor
-from mlx_integrations.cli.errors import handle_errors
+from mlx_integrations.cli.errors import handle_errors, show_model_warnings_as_lines
 from mlx_integrations.cli.fuse import fuse
 from mlx_integrations.cli.options import BUDGET_OPTION, EFFORT_OPTION, JSON_OPTION, confirm
 from mlx_integrations.cli.output import (
     Result,
     Table,
-    generation_text,
+    damaged_legend,
     human_age,
-    human_count,
     human_size,
     prints_result,
     quality_text,
@@ -30,6 +29,7 @@ from mlx_integrations.cli.output import (
     stdin_is_tty,
 )
 from mlx_integrations.cli.serve import ps, serve, stop
+from mlx_integrations.cli.show import show
 from mlx_integrations.cli.warm import warm
 
 from mlx_integrations import __version__
@@ -60,6 +60,7 @@ def _root(
     Models live in $MLXI_HOME (default ~/.cache/mlxi); Hub downloads go through the
     Hugging Face cache. Set MLXI_DEBUG=1 to see tracebacks.
     """
+    show_model_warnings_as_lines()
 
 
 # Getting models
@@ -223,12 +224,18 @@ def quantize(
         "--eval/--no-eval",
         help="Compare the result with its source on a short text (perplexity, KL divergence).",
     ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Keep nothing and exit 1 when the result is damaged (default: keep it, flagged).",
+    ),
     json_output: bool = JSON_OPTION,
 ) -> Result:
     """Quantize a model with mlx-lm into a new store model.
 
     The result is then compared with its source on a short built-in text; a warning
-    says when it lost too much (mlxi show keeps the figures).
+    says when it lost too much. The verdict stays in the manifest: mlxi list and
+    mlxi show mark a damaged model, and loading it warns. --strict refuses it instead.
     """
     from mlx_integrations.cli.progress import progress_bars
 
@@ -245,6 +252,7 @@ def quantize(
             dtype=dtype,
             overwrite=force,
             evaluate=evaluate,
+            strict=strict,
             progress=progress,
         )
     q, quality = model.manifest.quantization, model.manifest.quality
@@ -253,8 +261,7 @@ def quantize(
     lines = [f"quantized {source} -> {model.name} ({how}, {size})"]
     if quality is not None:
         lines.append(f"quality: {quality_text(quality)} ({quality.seconds:.1f} s)")
-    data = {**model.summary(), "quality": quality.to_dict() if quality else None}
-    return Result(data, lines, warnings=quality_warnings(quality, q))
+    return Result(model.summary(), lines, warnings=quality_warnings(quality, q))
 
 
 app.command()(fuse)
@@ -290,12 +297,14 @@ def list_(
         if s["id"] in by_id:
             by_id[s["id"]][0] += f", {shown}"
             continue
+        weights = f"{q.bits}-bit" if q else (m.manifest.dtype or "-")
+        verdict = m.manifest.verdict
         rows.append(
             [
                 shown,
                 s["id"],
                 human_size(s["size"]),
-                f"{q.bits}-bit" if q else (m.manifest.dtype or "-"),
+                weights if verdict in (None, "close") else f"{weights} ({verdict})",
                 m.manifest.source.kind,
                 human_age(s["modified"]),
             ]
@@ -305,6 +314,7 @@ def list_(
         [m.summary() for m in models],
         table=Table(["NAME", "ID", "SIZE", "WEIGHTS", "SOURCE", "MODIFIED"], rows),
         names=[m.name for m in models],
+        warnings=damaged_legend([m.name for m in models if m.manifest.verdict == "damaged"]),
     )
 
 
@@ -314,76 +324,7 @@ app.command("ls", help="List the models of the store (same as list).")(list_)
 app.command()(ps)
 
 
-@app.command()
-@handle_errors
-@prints_result
-def show(
-    name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
-    template: bool = typer.Option(False, "--template", help="Print only the chat template."),
-    json_output: bool = JSON_OPTION,
-) -> Result:
-    """Show a model's architecture, size, quantization, source, chat template,
-    generation defaults and files."""
-    from mlx_integrations.models.info import show_model
-
-    info = show_model(name)
-    if template:
-        data = {k: getattr(info, k) for k in ("name", "chat_template", "chat_template_file")}
-        if info.chat_template is None:
-            return Result(
-                data,
-                error=f"{info.name} has no chat template (no chat_template.jinja, and no "
-                "chat_template in tokenizer_config.json).",
-                hint="Without one, conversations reach the model as 'role: content' lines.",
-            )
-        return Result(data, [info.chat_template.removesuffix("\n")])
-    q = info.quantization
-    src = info.source
-    lines = [
-        ("name", info.name + (f" (aliases: {', '.join(info.aliases)})" if info.aliases else "")),
-        ("path", info.path),
-        ("architecture", info.architecture or "-"),
-        ("input", "text and images (vision)" if info.vision else "text"),
-        ("parameters", human_count(info.parameters)),
-        ("context length", str(info.context_length or "-")),
-        ("dtype", info.dtype or "-"),
-        (
-            "quantization",
-            f"{q.bits} bits, group {q.group_size}, {q.mode}" + (f", {q.recipe}" if q.recipe else "")
-            if q
-            else "none",
-        ),
-        *([("quality", quality_text(info.quality))] if info.quality else []),
-        ("size", human_size(info.size_bytes)),
-        (
-            "tools in template",
-            {True: "yes", False: "no", None: "no template"}[info.template_takes_tools],
-        ),
-        (
-            "chat template",
-            f"{info.chat_template_file} ({human_size(len(info.chat_template.encode()))}; "
-            f"mlxi show {name} --template prints it)"
-            if info.chat_template is not None
-            else "none (conversations reach the model as 'role: content' lines)",
-        ),
-        ("generation", generation_text(info.generation)),
-    ]
-    if src is not None:
-        origin = src.repo_id or src.base or src.path or "-"
-        lines.append(("source", f"{src.kind}: {origin}"))
-        if src.commit:
-            lines.append(("revision", f"{src.revision} @ {src.commit}"))
-        if src.sha256:
-            lines.append(("source sha256", src.sha256))
-        if src.adapter_sha256:
-            lines.append(("adapter", f"{src.path} (sha256 {src.adapter_sha256})"))
-    if info.warm_caches:
-        lines.append(("warm caches", ", ".join(info.warm_caches)))
-    if info.in_use_by:
-        lines.append(("in use by", "process " + ", ".join(map(str, info.in_use_by))))
-    text = [f"{key:18} {value}" for key, value in lines] + ["files"]
-    text += [f"  {f.path:32} {human_size(f.size):>10}  {f.sha256[:16] or '-'}" for f in info.files]
-    return Result(info.to_dict(), text, warnings=quality_warnings(info.quality, q))
+app.command()(show)
 
 
 @app.command()
@@ -592,16 +533,19 @@ def run(
         response_format_option,
     )
 
+    from mlx_integrations.chat.request import CheckedTools
     from mlx_integrations.chat.tools import read_tool_request
 
     response_format = response_format_option(output_format)
     tool_defs = read_tools(tools) if tools is not None else None
     if tool_choice != "auto" and tool_defs is None:
         raise typer.BadParameter("needs --tools", param_hint="--tool-choice")
-    try:  # checked before the model loads
-        read_tool_request(tool_defs, tool_choice, True)
+    try:  # checked once, before the model loads
+        checked = read_tool_request(tool_defs, tool_choice, True)
     except (TypeError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--tools / --tool-choice") from None
+    if tool_defs is not None:
+        tool_defs = CheckedTools(tool_defs, checked.tools)
     if prompt == "-" or (prompt is None and not stdin_is_tty()):
         prompt = sys.stdin.read()
     if prompt is not None and not prompt.strip() and not image:

@@ -138,6 +138,31 @@ def quality_text(quality: Any) -> str:
     )
 
 
+def measurement_text(quality: Any) -> str | None:
+    """What a ``QuantizationQuality`` was measured on, in one line (``mlxi show``); None
+    for figures recorded before that was kept."""
+    if quality.text is None:
+        return None
+    sha = f", sha256 {quality.text_sha256[:12]}" if quality.text_sha256 else ""
+    against = f"against {quality.reference} " if quality.reference else ""
+    return f"{against}on the {quality.text} text{sha}, on the {quality.device or '-'}"
+
+
+def damaged_legend(names: Sequence[str]) -> list[tuple[str, str | None]]:
+    """The ``Warning:``/``Hint:`` pair under ``mlxi list`` naming the models that
+    quantization damaged (marked ``(damaged)`` in the WEIGHTS column)."""
+    if not names:
+        return []
+    which, one = ", ".join(names), len(names) == 1
+    return [
+        (
+            f"(damaged) under WEIGHTS: quantization damaged {which}; expect garbled "
+            f"answers, and a warning when {'it is' if one else 'they are'} loaded.",
+            f"mlxi show {names[0]} gives the figures and the settings to quantize with instead.",
+        )
+    ]
+
+
 def quality_warnings(quality: Any, settings: Any) -> list[tuple[str, str | None]]:
     """The ``Warning:``/``Hint:`` pair of a quantized model that lost too much, if any."""
     warning = quality.warning(settings) if quality is not None else None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlx_integrations.models.quality.report import QuantizationQuality
+
 
 class StoreError(Exception):
     """Base class of model store errors.
@@ -37,6 +42,20 @@ class ManifestError(StoreError):
 class AlreadyQuantizedError(StoreError, ValueError):
     """A quantized model was given to quantize again (mlx-lm would keep its weights as they
     are and the new name would claim a quantization it does not have)."""
+
+
+class DamagedQuantizationError(StoreError):
+    """``quantize_model(strict=True)`` measured the result as damaged and did not keep it.
+
+    Attributes:
+        quality: The figures measured.
+    """
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, quality: QuantizationQuality | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.quality = quality
 
 
 class ModelInUseError(StoreError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlx_integrations.models.folders import read_json
-from mlx_integrations.models.quality.report import QuantizationQuality
+from mlx_integrations.models.quality.report import QuantizationQuality, Verdict
 
 MANIFEST_FILE = "mlxi-manifest.json"
 SCHEMA_VERSION = 1
@@ -87,7 +87,8 @@ class Manifest:
 
     ``quality`` holds what quantization cost a model that ``quantize_model`` made
     (None for other models, for vision models, with ``evaluate=False`` and in manifests
-    written before it was measured).
+    written before it was measured); the manifest file stores its figures with their
+    verdict, and :attr:`verdict` says it.
 
     Examples:
         >>> m = Manifest(name="tiny", source=ModelSource(kind="local", path="/m"))
@@ -110,6 +111,13 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     @property
+    def verdict(self) -> Verdict | None:
+        """What quantization did to the model: ``"close"``, ``"degraded"`` or
+        ``"damaged"`` (see :attr:`QuantizationQuality.verdict`); None where it was not
+        measured."""
+        return self.quality.verdict if self.quality is not None else None
+
+    @property
     def digest(self) -> str:
         """A sha256 over the files' names and hashes: the model's identity."""
         h = hashlib.sha256()
@@ -121,6 +129,8 @@ class Manifest:
         """The manifest as JSON-ready data."""
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
+        # With its verdict, for whoever reads the file (from_dict works it out again).
+        data["quality"] = self.quality.to_dict() if self.quality is not None else None
         if data["source"]["adapter_sha256"] is None:
             # Only fused models have one: other manifests stay as earlier versions read them.
             del data["source"]["adapter_sha256"]

@@ -12,10 +12,11 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.models.errors import AlreadyQuantizedError
+from mlx_integrations.models.errors import AlreadyQuantizedError, DamagedQuantizationError
 from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.hub.hashing import FinishedFilesHasher
 from mlx_integrations.models.manifest import (
@@ -99,6 +100,7 @@ def quantize_model(
     store: ModelStore | None = None,
     overwrite: bool = False,
     evaluate: bool = True,
+    strict: bool = False,
     progress: ProgressCallback | None = None,
 ) -> StoredModel:
     """Quantize a model (store name, repo id, folder or GGUF file) into the store.
@@ -107,6 +109,10 @@ def quantize_model(
     (perplexity ratio and KL divergence, a few seconds for a small model); the figures
     are kept in the manifest as ``quality``, whose ``warning()`` says when the model lost
     too much. A vision-language model is not compared (``quality`` stays None).
+
+    A model measured as damaged is kept and flagged: ``mlxi list`` and ``mlxi show`` mark
+    it, and engines warn when they load it. With ``strict``, it is not kept: the build
+    is discarded and the store stays as it was (a model the name held is not replaced).
 
     Args:
         source: The model to quantize (resolved like :func:`resolve_model`).
@@ -119,10 +125,16 @@ def quantize_model(
         store: The store (default: ``$MLXI_HOME``).
         overwrite: Replace a model of that name.
         evaluate: Compare the result with its source (False: skip, ``quality`` is None).
+        strict: Refuse a result measured as damaged (needs ``evaluate``; a
+            vision-language model, which is not measured, is refused at once).
         progress: Receives ``"quantize"`` updates.
 
     Returns:
         The quantized model in the store.
+
+    Raises:
+        DamagedQuantizationError: With ``strict``, the result was damaged (its figures
+            are in the error's ``quality``); nothing was stored.
 
     Examples:
         >>> model = quantize_model("smollm2-135m-instruct", "smollm2-q4", bits=4)  # doctest: +SKIP
@@ -130,12 +142,22 @@ def quantize_model(
         'degraded'
     """
     group = check_quantization(bits, group_size, mode, recipe, dtype)
+    if strict and not evaluate:
+        raise ValueError(
+            "strict=True judges the measured result, and evaluate=False skips the "
+            "measurement: drop one of them (mlxi quantize: --strict or --no-eval)."
+        )
     store = store or default_store()
     name = validate_name(name or default_quantized_name(str(source), bits, mode, recipe))
     gguf = _gguf_file(source)
     src_path = gguf or resolve_model(source, store=store)
     if gguf is None:
         _refuse_quantized(source, src_path, store)
+        if strict and _is_vision(src_path):
+            raise ValueError(
+                f"{str(source)!r} is a vision-language model, whose quantization is not "
+                "measured, so strict=True cannot judge it: quantize it without --strict."
+            )
 
     with store.building(name, overwrite=overwrite) as build:
         if gguf is not None:
@@ -148,7 +170,7 @@ def quantize_model(
             convert_gguf(read_supported_gguf(gguf), src_path, dtype="float32")
         convert, extra = _converter(src_path)
         # mlx-lm cannot load a vision-language model's folder: it is not compared.
-        vision = isinstance(read_json_object(src_path / "config.json").get("vision_config"), dict)
+        vision = _is_vision(src_path)
         out = build.path / "converted"
         report(progress, "quantize", f"Quantizing to {bits} bits", 0, 1, "step")
         # mlx-lm writes the weight shards, then their index, then config and tokenizer:
@@ -164,7 +186,9 @@ def quantize_model(
         quality = None
         if evaluate and not vision:
             # Against the weights it was made from: for a GGUF source, its conversion.
-            quality = _compare(src_path, build.path, progress)
+            quality = replace(_compare(src_path, build.path, progress), reference=_base(source))
+            if strict and quality.verdict == "damaged":
+                raise _damaged_error(name, quality, quantization)
         if gguf is not None:
             shutil.rmtree(src_path)
         report(progress, "quantize", f"Quantizing to {bits} bits", 1, 1, "step", done=True)
@@ -195,6 +219,23 @@ def _compare(
     quality = measure_quality(source, quantized)
     report(progress, "quantize", "Comparing with the source", 1, 1, "step", done=True)
     return quality
+
+
+def _damaged_error(
+    name: str, quality: QuantizationQuality, quantization: QuantizationInfo
+) -> DamagedQuantizationError:
+    """The error of a strict quantization whose result was damaged (not kept)."""
+    advice = quality.warning(quantization, kept=False)
+    assert advice is not None  # a damaged model always has one
+    return DamagedQuantizationError(
+        f"{name!r} was not kept: {advice.message}",
+        hint=f"{advice.hint} Without --strict it is kept, flagged as damaged.",
+        quality=quality,
+    )
+
+
+def _is_vision(folder: Path) -> bool:
+    return isinstance(read_json_object(folder / "config.json").get("vision_config"), dict)
 
 
 def _base(source: str | Path) -> str:

@@ -9,8 +9,8 @@ A name is tried, in order, as:
 4. an existing folder relative to the working directory.
 
 The engines go through :func:`resolve_model_path`, then check the folder
-(:func:`check_model_dir`) before MLX touches it, and lease a store model while it is
-loaded (:func:`lease_model`).
+(:func:`check_model_dir`, which also warns about a model its quantization damaged)
+before MLX touches it, and lease a store model while it is loaded (:func:`lease_model`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 from mlx_integrations.models.errors import InvalidNameError, ModelNotFoundError
 from mlx_integrations.models.names import is_repo_id, is_valid_name, looks_like_path
+from mlx_integrations.models.quality.load_warning import warn_if_damaged
 from mlx_integrations.models.store import ModelStore, default_store, lease_model_folder
 
 logger = logging.getLogger(__name__)
@@ -237,6 +238,10 @@ def check_safetensors(path: Path) -> None:
 def check_model_dir(path: Path) -> dict[str, Any]:
     """Check that ``path`` looks like a loadable MLX/HF model; return its config.
 
+    A store model whose quantization was measured as damaged passes, with a
+    :class:`~mlx_integrations.models.quality.load_warning.DamagedModelWarning` (once per
+    model in a process): every engine checks its folder here before it loads it.
+
     Raises:
         FileNotFoundError: The folder, config.json or the weights are missing.
         ValueError: config.json or a weights file is corrupt, or the folder holds an
@@ -263,6 +268,7 @@ def check_model_dir(path: Path) -> dict[str, Any]:
         )
     for file in weights:
         check_safetensors(file)
+    warn_if_damaged(path, stacklevel=2)
     return config
 
 

@@ -109,6 +109,8 @@ class StoredModel:
             },
             "aliases": list(self.aliases),
             "path": str(self.path),
+            # What quantizing cost, with its verdict ("damaged": expect garbled answers).
+            "quality": m.quality.to_dict() if m.quality is not None else None,
         }
 
 

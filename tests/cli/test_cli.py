@@ -24,6 +24,7 @@ SUMMARY_KEYS = {
     "quantization",
     "aliases",
     "path",
+    "quality",
 }
 
 

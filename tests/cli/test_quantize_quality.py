@@ -68,3 +68,66 @@ def test_quantizing_on_import_warns_too(home, tiny_llama):
     assert result.exit_code == 0, result.stderr
     assert "imported tiny-q2" in result.stdout
     assert "Warning: the quantized model lost too much" in result.stderr
+
+
+def test_list_marks_a_damaged_model_and_its_json_carries_the_verdict(home):
+    assert mlxi("quantize", "tiny", "--bits", "2").exit_code == 0
+    listed = mlxi("list")
+    assert listed.exit_code == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert "2-bit (damaged)" in rows["tiny-q2"]
+    assert "damaged" not in rows["tiny"]
+    # The legend, on stderr: what the mark means and where the figures are.
+    assert listed.stderr.splitlines() == [
+        "Warning: (damaged) under WEIGHTS: quantization damaged tiny-q2; expect garbled "
+        "answers, and a warning when it is loaded.",
+        "Hint: mlxi show tiny-q2 gives the figures and the settings to quantize with instead.",
+    ]
+    data = {m["name"]: m for m in json.loads(mlxi("list", "--json").stdout)}
+    assert data["tiny-q2"]["quality"]["verdict"] == "damaged"
+    assert data["tiny-q2"]["quality"]["ppl_ratio"] > 1.2
+    assert data["tiny"]["quality"] is None
+    assert mlxi("list", "-q").stdout.split() == ["tiny", "tiny-q2"]  # names stay bare
+
+
+def test_show_says_what_the_figures_were_measured_on(home):
+    assert mlxi("quantize", "tiny", "--bits", "2").exit_code == 0
+    shown = {
+        line[:18].strip(): line[18:].strip() for line in mlxi("show", "tiny-q2").stdout.splitlines()
+    }
+    assert shown["quality"].endswith(": damaged")
+    assert shown["measured"].startswith("against tiny on the built-in text, sha256 ")
+    data = json.loads(mlxi("show", "tiny-q2", "--json").stdout)["quality"]
+    assert data["text"] == "built-in" and data["reference"] == "tiny"
+
+
+def test_strict_refuses_a_damaged_result_and_keeps_nothing(home):
+    result = mlxi("quantize", "tiny", "--bits", "2", "--strict")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    # mlx-lm's progress lines go to stderr too; the error is one line and its hint.
+    error, hint = [line for line in result.stderr.splitlines() if line.startswith(("E", "H"))]
+    assert error.startswith("Error: 'tiny-q2' was not kept: the quantized model lost too much")
+    assert "expect garbled answers" in error
+    assert hint.startswith("Hint: Quantize again with --bits 8 (or 6);")
+    assert hint.endswith("Without --strict it is kept, flagged as damaged.")
+    assert mlxi("list", "-q").stdout.split() == ["tiny"]
+    # --strict judges the comparison --no-eval skips: a usage error, before any work.
+    both = mlxi("quantize", "tiny", "--bits", "2", "--strict", "--no-eval")
+    assert both.exit_code == 2 and "--strict or --no-eval" in both.stderr
+    assert mlxi("list", "-q").stdout.split() == ["tiny"]
+
+
+@pytest.mark.filterwarnings(
+    "default::mlx_integrations.models.quality.load_warning.DamagedModelWarning"
+)
+def test_run_warns_once_on_stderr_when_it_loads_a_damaged_model(home):
+    assert mlxi("quantize", "tiny", "--bits", "2").exit_code == 0
+    result = mlxi("run", "tiny-q2", "Hello", "--max-tokens", "2", "--temperature", "0")
+    assert result.exit_code == 0, result.stderr
+    warning, hint = result.stderr.splitlines()[:2]
+    assert warning.startswith("Warning: Model 'tiny-q2' was found damaged when it was quantized")
+    assert hint.startswith("Hint: Quantize again with --bits 8")
+    assert "DamagedModelWarning" not in result.stderr  # not Python's file:line form
+    again = mlxi("run", "tiny-q2", "Hello", "--max-tokens", "2", "--temperature", "0")
+    assert again.exit_code == 0 and "Warning" not in again.stderr  # once per process

@@ -8,6 +8,7 @@ both predict the same most likely token.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import replace
@@ -71,7 +72,8 @@ def measure_quality(
         raise ValueError(f"max_tokens={max_tokens} leaves nothing to predict; use 2 or more.")
     start = time.perf_counter()
     model, tokenizer = load(str(source))[:2]
-    ids = list(tokenizer.encode(text if text is not None else sample_text()))[:max_tokens]
+    read = text if text is not None else sample_text()
+    ids = list(tokenizer.encode(read))[:max_tokens]
     if len(ids) < 2:
         raise ValueError(
             f"The text is {len(ids)} token(s) long; the comparison needs at least 2 tokens."
@@ -99,7 +101,14 @@ def measure_quality(
         quality = replace(quality, kernels_agree=agree)
     del model
     mx.clear_cache()
-    return replace(quality, seconds=round(time.perf_counter() - start, 3))
+    return replace(
+        quality,
+        seconds=round(time.perf_counter() - start, 3),
+        reference=str(source),
+        text="built-in" if text is None else "custom",
+        text_sha256=hashlib.sha256(read.encode("utf-8")).hexdigest(),
+        device="cpu" if mx.default_device().type == mx.cpu else "gpu",
+    )
 
 
 def _figures(reference: Any, candidate: Any, targets: Any) -> QuantizationQuality:

@@ -70,6 +70,14 @@ class QuantizationQuality:
             is at fault then). False means this device's kernels compute the wrong products
             for this model, whose weights dequantized are a close copy of its source:
             the quantization is not at fault, and the model answers badly on this device.
+        reference: The model the quantized one was compared with (a store name as given,
+            else the folder's absolute path).
+        text: What was read: ``"built-in"`` (:func:`~.measure.sample_text`) or
+            ``"custom"`` (a text given to :func:`~.measure.measure_quality`).
+        text_sha256: The sha256 of the text read (UTF-8), before it was cut to ``tokens``.
+        device: ``"cpu"`` or ``"gpu"``: the device the comparison ran on (by default
+            the CPU runs the quantized weights dequantized, a GPU its quantized kernels).
+            This and the three above are None in figures recorded before they were kept.
 
     Examples:
         >>> q = QuantizationQuality(20.0, 20.4, 1.02, 0.01, 0.97, 480, 2.5)
@@ -87,6 +95,10 @@ class QuantizationQuality:
     tokens: int
     seconds: float
     kernels_agree: bool | None = None
+    reference: str | None = None
+    text: str | None = None
+    text_sha256: str | None = None
+    device: str | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -105,12 +117,16 @@ class QuantizationQuality:
             return "degraded"
         return "close"
 
-    def warning(self, settings: QuantizationSettings | None = None) -> QualityWarning | None:
+    def warning(
+        self, settings: QuantizationSettings | None = None, *, kept: bool = True
+    ) -> QualityWarning | None:
         """A warning when the model is not a close copy of its source, else None.
 
         Args:
             settings: The quantization used (``manifest.quantization``): the hint
                 names settings that keep more of the model than these.
+            kept: The model is in the store (quantizing again under its name needs
+                ``--force``); False for one that ``strict`` did not keep.
         """
         verdict = self.verdict
         if verdict == "close":
@@ -124,22 +140,27 @@ class QuantizationQuality:
                 f"MLX's quantized kernels computed wrong products for this model on the "
                 f"device that measured it ({figures}), while its weights dequantized "
                 "predicted as expected: expect garbled answers there.",
-                "The quantization is not at fault: upgrade MLX and quantize again with "
-                "--force to measure again, or on that device use the unquantized model.",
+                "The quantization is not at fault: upgrade MLX and quantize again"
+                f"{' with --force' if kept else ''} to measure again, or on that device use "
+                "the unquantized model.",
             )
         if verdict == "damaged":
             message = f"the quantized model lost too much ({figures}): expect garbled answers."
         else:
             message = f"the quantized model is noticeably worse than its source ({figures})."
-        return QualityWarning(message, remedies(settings))
+        return QualityWarning(message, remedies(settings, kept=kept))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready figures, with the verdict."""
+        """JSON-ready figures, with the verdict (the manifest stores this form)."""
         return {**asdict(self), "verdict": self.verdict}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizationQuality:
-        """Read :meth:`to_dict` data (a verdict in it is worked out again, not read)."""
+        """Read :meth:`to_dict` data.
+
+        The verdict stored with the figures is worked out again from them, not read: the
+        figures are what was measured, the thresholds are this version's.
+        """
         return cls(
             ppl_source=float(data["ppl_source"]),
             ppl_quantized=float(data["ppl_quantized"]),
@@ -148,8 +169,20 @@ class QuantizationQuality:
             top1_agreement=float(data["top1_agreement"]),
             tokens=int(data["tokens"]),
             seconds=float(data["seconds"]),
-            kernels_agree=_flag(data.get("kernels_agree")),  # absent from older manifests
+            # Absent from older manifests.
+            kernels_agree=_flag(data.get("kernels_agree")),
+            reference=_text(data, "reference"),
+            text=_text(data, "text"),
+            text_sha256=_text(data, "text_sha256"),
+            device=_text(data, "device"),
         )
+
+
+def _text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{key} must be a string or null, got {value!r}")
 
 
 def _flag(value: Any) -> bool | None:
@@ -158,14 +191,20 @@ def _flag(value: Any) -> bool | None:
     raise ValueError(f"kernels_agree must be true, false or null, got {value!r}")
 
 
-def remedies(settings: QuantizationSettings | None) -> str:
+def remedies(settings: QuantizationSettings | None, *, kept: bool = True) -> str:
     """The ``mlxi quantize`` options that keep more of a model than ``settings`` did,
-    strongest first."""
+    strongest first.
+
+    Args:
+        settings: The quantization used.
+        kept: The model was stored, so quantizing again under its name needs ``--force``.
+    """
+    force = " and --force" if kept else ""
     if settings is not None and settings.mode != "affine":
         stronger = ["--mode affine --bits 8"]
         if settings.mode != "mxfp8":
             stronger.insert(0, "--mode mxfp8")
-        return f"Quantize again with {' or '.join(stronger)} and --force."
+        return f"Quantize again with {' or '.join(stronger)}{force}."
     bits = settings.bits if settings is not None else 4
     if bits >= 8:
         return "This model does not take quantization well: use the unquantized model."
@@ -180,4 +219,4 @@ def remedies(settings: QuantizationSettings | None) -> str:
         weaker.append(f"--recipe {recipe}")
     verb = "improves" if len(weaker) == 1 else "improve"
     tail = f"; {' or '.join(weaker)} {verb} it less" if weaker else ""
-    return f"Quantize again with {more_bits} and --force{tail}."
+    return f"Quantize again with {more_bits}{force}{tail}."

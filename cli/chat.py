@@ -175,12 +175,13 @@ def _stream(
     the task is cancelled, which aborts the request in the engine, and once the task
     has ended KeyboardInterrupt is raised here (the engine goes on serving).
     """
-    from mlx_integrations.chat.completion import ChatRequest, Finished, stream_chat_events
+    from mlx_integrations.chat.completion import Finished, stream_chat_events
     from mlx_integrations.chat.output_parser import ReasoningDelta, TextDelta
+    from mlx_integrations.chat.request import ChatRequest
     from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
     from mlx_integrations.runtime.sync import background_loop
 
-    request = ChatRequest(
+    request = ChatRequest.build(
         messages,
         tools=opts.tools,
         tool_choice=opts.tool_choice if opts.tools else None,
@@ -188,7 +189,7 @@ def _stream(
         response_format=opts.response_format,
         max_tokens=opts.max_tokens,
         temperature=opts.temperature,
-        options=opts.reasoning_options(),
+        **opts.reasoning_options(),
     )
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
     loop = background_loop()

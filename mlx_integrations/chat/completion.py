@@ -1,10 +1,11 @@
 """One chat turn against any engine, as a stream of typed events.
 
-Both adapters and ``mlxi run`` stand on this: a :class:`ChatRequest` checks its tools
-and tool choice when it is made (the adapter boundary), the turn builds the
-constraints that enforce them in the model's own tool-call layout, calls
-``engine.stream_chat`` (which renders the prompt once), splits the reply into text,
-reasoning and tool calls, and ends with the usage and finish reason.
+Both adapters, ``mlxi run`` and ``mlxi serve`` stand on this: they build a checked
+:class:`~mlx_integrations.chat.request.ChatRequest` at their edge; the turn hands it to
+an engine of ours whole (:class:`~mlx_integrations.chat.request.RequestEngine`, which
+builds the constraints once it has rendered the prompt), or to any other engine as the
+contract's keyword arguments with the constraints as logits processors; then it splits
+the reply into text, reasoning and tool calls, and ends with the usage and finish reason.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from mlx_integrations.chat.constraints import constraint_processors, format_instructions
@@ -28,18 +29,16 @@ from mlx_integrations.chat.output_parser import (
 from mlx_integrations.chat.reasoning import (
     ThinkingBudgetProcessor,
     apply_effort,
-    check_budget,
-    check_effort,
     reasoning_token_count,
     think_markers,
 )
+from mlx_integrations.chat.request import ChatRequest, RequestEngine
 from mlx_integrations.chat.tool_formats import (
     InvalidToolCall,
     ParsedToolCall,
     ToolFormat,
     detect_format,
 )
-from mlx_integrations.chat.tools import ToolRequest, read_tool_request
 from mlx_integrations.engine.base import BaseEngine, GenerationOutput
 
 __all__ = [
@@ -51,49 +50,12 @@ __all__ = [
     "TextDelta",
     "Turn",
     "engine_tool_format",
-    "pop_engine_options",
     "stream_chat_events",
     "timeout_message",
     "within_timeout",
 ]
 
 T = TypeVar("T")
-
-
-@dataclass
-class ChatRequest:
-    """Everything one chat turn needs, framework-neutral; tools are checked when made.
-
-    Raises:
-        TypeError / ValueError: A bad tool or tool choice (see
-            :func:`~mlx_integrations.chat.tools.read_tool_request`).
-    """
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    """None/"auto", "none", "required"/"any"/True, a tool name, or an OpenAI dict."""
-    parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
-    """{"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}."""
-    max_tokens: int = 512
-    temperature: float = 0.7
-    top_p: float = 1.0
-    stop: list[str] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    """Further engine kwargs: top_k, min_p, repetition_penalty, seed, chat_template_kwargs..."""
-    timeout: float | None = None
-    """Seconds the whole turn may take; then its request is stopped and TimeoutError raised."""
-    model: str | None = None
-    """The model's name as the caller gave it (an alias, repo id or path), reported as
-    :attr:`Finished.model_name`; None reports the engine's own ``model_name``."""
-    tool_request: ToolRequest = field(init=False)
-    """The checked tools and choice that the prompt, the constraint and the parser share."""
-
-    def __post_init__(self) -> None:
-        self.tool_request = read_tool_request(
-            self.tools, self.tool_choice, self.parallel_tool_calls
-        )
 
 
 @dataclass
@@ -158,65 +120,19 @@ class Turn(ParsedOutput):
             super().add(event)
 
 
-def pop_engine_options(kwargs: dict[str, Any], defaults: Any) -> dict[str, Any]:
-    """Take the per-call engine options out of ``kwargs``, else the adapter's defaults.
-
-    ``defaults`` is the adapter (``ChatMLX``/``MLXLLM``): its ``top_k``, ``min_p``,
-    ``repetition_penalty``, ``seed``, ``reasoning``, ``reasoning_effort``,
-    ``thinking_budget``, ``chat_template_kwargs`` and ``tool_format`` fields. The
-    result is :attr:`ChatRequest.options`.
-
-    Raises:
-        TypeError / ValueError: A bad value, or ``reasoning`` and ``reasoning_effort``
-            that disagree.
-    """
-    options: dict[str, Any] = {}
-    for name in ("top_k", "min_p", "repetition_penalty", "seed", "logits_processors"):
-        value = kwargs.pop(name, getattr(defaults, name, None))
-        if value is not None:
-            options[name] = value
-    template_kwargs = kwargs.pop("chat_template_kwargs", None)
-    if template_kwargs is not None and not isinstance(template_kwargs, dict):
-        raise TypeError(
-            f"chat_template_kwargs must be a dict of template variables, got "
-            f"{type(template_kwargs).__name__}: {template_kwargs!r:.80}"
-        )
-    template_kwargs = {**(defaults.chat_template_kwargs or {}), **(template_kwargs or {})}
-    if template_kwargs:
-        options["chat_template_kwargs"] = template_kwargs
-    reasoning = kwargs.pop("reasoning", defaults.reasoning)
-    effort = check_effort(
-        kwargs.pop("reasoning_effort", getattr(defaults, "reasoning_effort", None))
-    )
-    if reasoning is not None and effort is not None and bool(reasoning) != (effort != "none"):
-        raise ValueError(
-            f"reasoning={reasoning!r} and reasoning_effort={effort!r} disagree; set one "
-            "(reasoning_effort='none' turns thinking off, another level turns it on)"
-        )
-    if effort is not None:
-        options["reasoning_effort"] = effort  # the template's own switch, see chat.reasoning
-    elif reasoning is not None:
-        options["enable_thinking"] = bool(reasoning)
-    budget = kwargs.pop("thinking_budget", getattr(defaults, "thinking_budget", None))
-    if check_budget(budget) is not None:
-        options["thinking_budget"] = budget
-    tool_format = kwargs.pop("tool_format", getattr(defaults, "tool_format", None))
-    if tool_format:
-        options["tool_format"] = tool_format
-    return options
-
-
-def engine_tool_format(engine: BaseEngine, override: str | None = None) -> ToolFormat:
-    """The tool-call family the engine's model writes (picked once per model).
+def engine_tool_format(engine: BaseEngine, override: str | ToolFormat | None = None) -> ToolFormat:
+    """The tool-call family the engine's model writes (picked once per model), or the
+    request's ``override``.
 
     Our engines pick it at load (their own ``tool_format`` option included); for any
     other engine it is detected from its tokenizer, and cached.
     """
+    if isinstance(override, ToolFormat):
+        return override
     if override:
         return detect_format(engine.tokenizer, override)
-    picked = getattr(engine, "tool_format", None)
-    if isinstance(picked, ToolFormat):
-        return picked
+    if isinstance(engine, RequestEngine):
+        return engine.tool_format
     return detect_format(engine.tokenizer)
 
 
@@ -241,6 +157,15 @@ def with_format_instructions(
             first["content"] = f"{content}\n\n{note}" if content else note
         return [first, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]
+
+
+async def _last(outputs: AsyncIterator[GenerationOutput]) -> GenerationOutput:
+    """The last chunk of a stream: the whole output."""
+    last = None
+    async for last in outputs:  # noqa: B007
+        pass
+    assert last is not None, "the engine returned no output"
+    return last
 
 
 async def _whole(call: Awaitable[GenerationOutput]) -> AsyncIterator[GenerationOutput]:
@@ -333,54 +258,27 @@ async def _next(stream: AsyncIterator[T]) -> T:
 async def _chat_events(
     engine: BaseEngine, request: ChatRequest, stream: bool
 ) -> AsyncIterator[Event | Finished]:
-    tools = request.tool_request
-    options = dict(request.options)
-    override = options.pop("tool_format", None)
-    messages = with_format_instructions(request.messages, request.response_format, tools.active)
+    tools = request.tools
+    request = request.replace(
+        messages=with_format_instructions(request.messages, request.response_format, tools.active)
+    )
     await engine.start()
-    # Any engine's text model refuses media here, before a prompt is rendered.
-    reject_media_for_text_model(messages, engine.model_name, bool(engine.is_mllm))
-    fmt = engine_tool_format(engine, override)
-    if override and hasattr(engine, "tool_format"):
-        options["tool_format"] = fmt  # our engines render text-form calls in it too
-    if hasattr(engine, "tool_format"):
+    fmt = engine_tool_format(engine, request.tool_format)
+    outputs: AsyncIterator[GenerationOutput]
+    if isinstance(engine, RequestEngine):
         # Our engines build the constraints themselves once they have rendered the
         # prompt, so that they hold after a thinking block the prompt opens.
-        options["tool_choice"] = request.tool_choice
-        options["parallel_tool_calls"] = request.parallel_tool_calls
-        if request.response_format is not None:
-            options["response_format"] = request.response_format
+        outputs = engine.stream_request(request.replace(tool_format=fmt), final_only=not stream)
+        if not stream:
+            outputs = _whole(_last(outputs))
     else:
-        # Building a grammar can take a moment: keep it off the event loop.
-        processors = await asyncio.to_thread(
-            constraint_processors, engine.tokenizer, fmt, tools, request.response_format
-        )
-        messages, processors = _foreign_reasoning(engine, messages, options, processors)
-        if processors:
-            options["logits_processors"] = [*options.get("logits_processors", []), *processors]
+        outputs = await _foreign_outputs(engine, request, fmt, stream)
     openai_tools = tools.openai_tools()
     parser: ChatOutputParser | None = None
     started = time.perf_counter()
     first_at: float | None = None
     last = None
     saw_call = False
-    # The contract declares stream_chat `async def` returning an iterator; engines
-    # implement it as an async generator, which is what is iterated here.
-    call = {
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        # With tool_choice "none" the model is not shown the tools: small models call
-        # whatever they are shown.
-        "tools": openai_tools,
-        "stop": request.stop,
-        **options,
-    }
-    outputs = (
-        cast(AsyncIterator[GenerationOutput], engine.stream_chat(messages, **call))
-        if stream
-        else _whole(engine.chat(messages, **call))
-    )
     async for out in outputs:
         if parser is None:
             first_at = time.perf_counter()
@@ -427,19 +325,32 @@ async def _chat_events(
     )
 
 
-def _foreign_reasoning(
-    engine: BaseEngine, messages: list[dict[str, Any]], options: dict[str, Any], processors: list
-) -> tuple[list[dict[str, Any]], list]:
-    """Reasoning controls for an engine that knows none: the effort becomes template
-    variables (or a flag in the system message), the budget a logits processor."""
-    effort = options.pop("reasoning_effort", None)
-    if effort is not None:
-        template_kwargs = dict(options.get("chat_template_kwargs") or {})
+async def _foreign_outputs(
+    engine: BaseEngine, request: ChatRequest, fmt: ToolFormat, stream: bool
+) -> AsyncIterator[GenerationOutput]:
+    """A turn on an engine that takes no :class:`ChatRequest`: the contract's keyword
+    arguments, the constraints and the thinking budget as logits processors, the effort
+    as template variables (or a flag in the system message)."""
+    # Any engine's text model refuses media here, before a prompt is rendered.
+    reject_media_for_text_model(request.messages, engine.model_name, bool(engine.is_mllm))
+    # Building a grammar can take a moment: keep it off the event loop.
+    processors = await asyncio.to_thread(
+        constraint_processors, engine.tokenizer, fmt, request.tools, request.format_constraint
+    )
+    kwargs = request.engine_kwargs()
+    messages = request.messages
+    if request.reasoning.effort is not None:
+        template_kwargs = dict(kwargs.get("chat_template_kwargs") or {})
         messages, template_kwargs = apply_effort(
-            engine.tokenizer, effort, messages, template_kwargs
+            engine.tokenizer, request.reasoning.effort, messages, template_kwargs
         )
-        options["chat_template_kwargs"] = template_kwargs
-    budget = options.pop("thinking_budget", None)
-    if budget is not None:
-        processors = [*processors, ThinkingBudgetProcessor(engine.tokenizer, budget)]
-    return messages, processors
+        kwargs["chat_template_kwargs"] = template_kwargs
+    if request.reasoning.budget is not None:
+        processors.append(ThinkingBudgetProcessor(engine.tokenizer, request.reasoning.budget))
+    if processors:
+        kwargs["logits_processors"] = [*kwargs.get("logits_processors", []), *processors]
+    # The contract declares stream_chat `async def` returning an iterator; engines
+    # implement it as an async generator, which is what is iterated here.
+    if stream:
+        return cast(AsyncIterator[GenerationOutput], engine.stream_chat(messages, **kwargs))
+    return _whole(engine.chat(messages, **kwargs))

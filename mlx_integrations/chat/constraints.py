@@ -338,7 +338,7 @@ def constraint_processors(
     tokenizer: Any,
     tool_format: ToolFormat,
     tools: ToolRequest,
-    response_format: Any,
+    answer: Constraint | None,
     reasoning_end: str | None = None,
     reasoning_start: str | None = None,
 ) -> list[LogitsProcessor]:
@@ -352,7 +352,8 @@ def constraint_processors(
         tokenizer: The model's tokenizer (``engine.tokenizer``).
         tool_format: The model's tool-call family.
         tools: The request's tools and tool choice.
-        response_format: An OpenAI-style response format, or None.
+        answer: The constraint of the request's response format
+            (:func:`format_constraint`), or None.
         reasoning_end: The rendered prompt opened a thinking block that this marker
             closes: the constraint holds after it.
         reasoning_start: With ``reasoning_end``: no block is open, but the model may
@@ -361,9 +362,7 @@ def constraint_processors(
     Raises:
         ValueError: A constraint is asked for but the tokenizer cannot take one.
     """
-    constraint: Constraint | None = response_format_constraint(
-        _closed_response_format(response_format)
-    )
+    constraint = answer
     if tools.tools and tools.forced:
         constraint = ToolChoiceConstraint(tools, tool_format)
     elif (
@@ -392,6 +391,16 @@ def can_constrain(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "eos_token_ids", None)) or (
         getattr(tokenizer, "eos_token_id", None) is not None
     )
+
+
+def format_constraint(response_format: Any) -> Constraint | None:
+    """The constraint an OpenAI-style ``response_format`` asks for, its objects closed
+    (no properties beyond those listed, as OpenAI's strict mode); None for free text.
+
+    Raises:
+        TypeError / ValueError: As :func:`response_format_constraint`.
+    """
+    return response_format_constraint(_closed_response_format(response_format))
 
 
 def _closed_response_format(response_format: Any) -> Any:
@@ -481,6 +490,7 @@ __all__ = [
     "ToolOrAnswerConstraint",
     "check_json_schema",
     "constraint_processors",
+    "format_constraint",
     "format_instructions",
     "response_format_constraint",
 ]

@@ -13,6 +13,8 @@ import base64
 import os
 from typing import Any, Literal
 
+from mlx_integrations.chat.errors import RequestError
+
 MediaKind = Literal["image", "video"]
 MEDIA_KINDS: tuple[MediaKind, ...] = ("image", "video")
 
@@ -106,13 +108,14 @@ def reject_media_for_text_model(
         content = message.get("content")
         if not isinstance(content, list):
             continue
-        for part in content:
+        for j, part in enumerate(content):
             kind = media_kind_of(part)
             if kind is None:
                 continue
             noun = "images" if kind == "image" else "video"
-            raise ValueError(
+            raise RequestError(
                 f"{model_name!r} does not take {noun}: it is a text-only model, and "
                 f"messages[{i}] holds {'an image' if kind == 'image' else 'a video'}. "
-                f"Remove it, or use {VISION_MODELS}"
+                f"Remove it, or use {VISION_MODELS}",
+                f"messages[{i}].content[{j}]",
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mlx_integrations.chat.errors import RequestError, RequestTypeError, checking
 from mlx_integrations.chat.media_parts import VISION_MODELS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -52,48 +53,53 @@ def _content_of(content: Any, index: int, model_name: str, role: str, media: boo
         return content
     if isinstance(content, list):
         parts: list[dict[str, Any]] = []
-        for part in content:
+        for j, part in enumerate(content):
             if isinstance(part, str):
                 parts.append({"type": "text", "text": part})
                 continue
-            if not isinstance(part, dict) or "type" not in part:
-                raise TypeError(
-                    f"messages[{index}].content has a part {part!r:.100}; parts must be strings or "
-                    'dicts like {"type": "text", "text": "..."}'
-                )
-            kind = part["type"]
-            if kind == "text":
-                parts.append({"type": "text", "text": str(part.get("text", ""))})
-            elif kind in MEDIA_PART_TYPES:
-                if not media:
-                    what = "videos" if "video" in kind else "images"
-                    raise ValueError(
-                        f"messages[{index}] holds a {kind!r} part, but "
-                        + (text_only_error(model_name, what))
-                    )
-                if kind in ("audio", "input_audio"):
-                    raise ValueError(
-                        f"messages[{index}] holds an {kind!r} part; audio input is not "
-                        "supported, only images and videos"
-                    )
-                if role not in ("user", "tool"):
-                    raise ValueError(
-                        f"messages[{index}] ({role}) holds a {kind!r} part; images and videos "
-                        "go in user messages (or tool results)"
-                    )
-                parts.append(_media_part(part, kind, index))
-            else:
-                raise ValueError(
-                    f"messages[{index}].content has a part of unknown type {kind!r}; "
-                    "only 'text', 'image' and 'video' parts are supported"
-                )
+            with checking(f"messages[{index}].content[{j}]"):
+                parts.append(_part(part, index, model_name, role, media))
         if any(p["type"] != "text" for p in parts):
             return [p for p in parts if p["type"] != "text" or p["text"]]
         return "".join(p["text"] for p in parts)
-    raise TypeError(
+    raise RequestTypeError(
         f"messages[{index}].content must be a string or a list of parts, "
-        f"got {type(content).__name__}: {content!r:.100}"
+        f"got {type(content).__name__}: {content!r:.100}",
+        f"messages[{index}].content",
     )
+
+
+def _part(part: Any, index: int, model_name: str, role: str, media: bool) -> dict[str, Any]:
+    """One content part, neutral; refused where the model or the role cannot take it."""
+    if not isinstance(part, dict) or "type" not in part:
+        raise TypeError(
+            f"messages[{index}].content has a part {part!r:.100}; parts must be strings or "
+            'dicts like {"type": "text", "text": "..."}'
+        )
+    kind = part["type"]
+    if kind == "text":
+        return {"type": "text", "text": str(part.get("text", ""))}
+    if kind not in MEDIA_PART_TYPES:
+        raise ValueError(
+            f"messages[{index}].content has a part of unknown type {kind!r}; "
+            "only 'text', 'image' and 'video' parts are supported"
+        )
+    if not media:
+        what = "videos" if "video" in kind else "images"
+        raise ValueError(
+            f"messages[{index}] holds a {kind!r} part, but " + (text_only_error(model_name, what))
+        )
+    if kind in ("audio", "input_audio"):
+        raise ValueError(
+            f"messages[{index}] holds an {kind!r} part; audio input is not "
+            "supported, only images and videos"
+        )
+    if role not in ("user", "tool"):
+        raise ValueError(
+            f"messages[{index}] ({role}) holds a {kind!r} part; images and videos "
+            "go in user messages (or tool results)"
+        )
+    return _media_part(part, kind, index)
 
 
 def media_sources(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -165,33 +171,42 @@ def normalize_messages(
         TypeError: A message or its content has the wrong type.
     """
     if not isinstance(messages, (list, tuple)):
-        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
+        raise RequestTypeError(
+            f"messages must be a list of dicts, got {type(messages).__name__}", "messages"
+        )
     if not messages:
-        raise ValueError("messages is empty; pass at least one message, e.g. a user message")
+        raise RequestError(
+            "messages is empty; pass at least one message, e.g. a user message", "messages"
+        )
     out = []
     names_by_id: dict[str, str] = {}
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise TypeError(
-                f"messages[{i}] must be a dict with 'role' and 'content', got {msg!r:.100}"
+            raise RequestTypeError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {msg!r:.100}",
+                f"messages[{i}]",
             )
         role = msg.get("role")
         if role not in ROLES:
-            raise ValueError(
-                f"messages[{i}] has unknown role {role!r}; use one of {', '.join(ROLES)}"
+            raise RequestError(
+                f"messages[{i}] has unknown role {role!r}; use one of {', '.join(ROLES)}",
+                f"messages[{i}].role",
             )
-        item: dict[str, Any] = {
-            "role": role,
-            "content": _content_of(msg.get("content"), i, model_name, role, media),
-        }
+        with checking(f"messages[{i}].content"):
+            content = _content_of(msg.get("content"), i, model_name, role, media)
+        item: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             calls = msg.get("tool_calls")
             if calls:
                 if not isinstance(calls, (list, tuple)):
-                    raise TypeError(
-                        f"messages[{i}].tool_calls must be a list of calls, got {calls!r:.80}"
+                    raise RequestTypeError(
+                        f"messages[{i}].tool_calls must be a list of calls, got {calls!r:.80}",
+                        f"messages[{i}].tool_calls",
                     )
-                item["tool_calls"] = [_normalize_tool_call(c, i) for c in calls]
+                item["tool_calls"] = []
+                for j, call in enumerate(calls):
+                    with checking(f"messages[{i}].tool_calls[{j}]"):
+                        item["tool_calls"].append(_normalize_tool_call(call, i))
                 names_by_id.update(
                     (c["id"], c["function"]["name"]) for c in item["tool_calls"] if c["id"]
                 )
@@ -205,7 +220,8 @@ def normalize_messages(
                 item["name"] = str(name)
         elif msg.get("name") and role in ("user", "system"):
             item["name"] = str(msg["name"])
-        check_text(message_text(item["content"]), f"messages[{i}].content")
+        with checking(f"messages[{i}].content"):
+            check_text(message_text(item["content"]), f"messages[{i}].content")
         out.append(item)
     return out
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from mlx_integrations.chat.errors import RequestError, RequestTypeError, checking
 from mlx_integrations.chat.schemas import check_json_schema
 
 
@@ -45,40 +46,53 @@ class ToolSpec:
             return tool
         where = f"tools[{index}]"
         if not isinstance(tool, Mapping):
-            raise TypeError(
+            raise RequestTypeError(
                 f"{where} must be a dict like "
                 '{"type": "function", "function": {"name": ..., "parameters": {...}}}, '
-                f"got {type(tool).__name__}: {tool!r:.80}"
+                f"got {type(tool).__name__}: {tool!r:.80}",
+                where,
             )
         kind = tool.get("type", "function")
         if kind != "function":
-            raise ValueError(f"{where} has type {kind!r}; only 'function' tools can be called")
+            raise RequestError(
+                f"{where} has type {kind!r}; only 'function' tools can be called", f"{where}.type"
+            )
         function = tool.get("function", tool)
+        base = f"{where}.function" if function is not tool else where  # the path
         if not isinstance(function, Mapping):
-            raise TypeError(f"{where}['function'] must be a dict, got {type(function).__name__}")
+            raise RequestTypeError(
+                f"{where}['function'] must be a dict, got {type(function).__name__}", base
+            )
         name = function.get("name")
         if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"{where} has no name; give the function a non-empty 'name'")
+            raise RequestError(
+                f"{where} has no name; give the function a non-empty 'name'", f"{base}.name"
+            )
         parameters = function.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
+        at = f"{base}.parameters"
         if not isinstance(parameters, Mapping):
-            raise TypeError(
+            raise RequestTypeError(
                 f"Tool {name!r} ({where}): 'parameters' must be a JSON schema dict, "
-                f"got {type(parameters).__name__}: {parameters!r:.80}"
+                f"got {type(parameters).__name__}: {parameters!r:.80}",
+                at,
             )
         if parameters.get("type", "object") != "object":
-            raise ValueError(
+            raise RequestError(
                 f"Tool {name!r} ({where}): 'parameters' must describe an object "
-                f"(type 'object'), got type {parameters.get('type')!r}"
+                f"(type 'object'), got type {parameters.get('type')!r}",
+                at,
             )
-        parameters = check_json_schema(parameters, f"The parameters of tool {name!r}")
-        _check_required(name, parameters)
+        with checking(at):
+            parameters = check_json_schema(parameters, f"The parameters of tool {name!r}")
+            _check_required(name, parameters)
         description = function.get("description") or ""
         if not isinstance(description, str):
-            raise TypeError(
+            raise RequestTypeError(
                 f"Tool {name!r} ({where}): 'description' must be a string, "
-                f"got {type(description).__name__}"
+                f"got {type(description).__name__}",
+                f"{base}.description",
             )
         function = dict(function)
         function["parameters"] = parameters
@@ -138,8 +152,9 @@ def read_tools(tools: Any) -> tuple[ToolSpec, ...]:
     if tools is None:
         return ()
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise TypeError(
-            f"tools must be a list of tool dicts, got {type(tools).__name__}: {tools!r:.80}"
+        raise RequestTypeError(
+            f"tools must be a list of tool dicts, got {type(tools).__name__}: {tools!r:.80}",
+            "tools",
         )
     specs: dict[str, ToolSpec] = {}
     for i, tool in enumerate(tools):
@@ -223,7 +238,9 @@ def read_tool_request(tools: Any, tool_choice: Any = None, parallel: Any = True)
     if parallel is None:  # what OpenAI clients send when they leave it to the server
         parallel = True
     if not isinstance(parallel, bool):
-        raise TypeError(f"parallel_tool_calls must be True or False, got {parallel!r}")
+        raise RequestTypeError(
+            f"parallel_tool_calls must be True or False, got {parallel!r}", "parallel_tool_calls"
+        )
     name: str | None = None
     if tool_choice is None or tool_choice == "auto":
         mode = ToolChoiceMode.AUTO
@@ -237,17 +254,25 @@ def read_tool_request(tools: Any, tool_choice: Any = None, parallel: Any = True)
         function = tool_choice.get("function", tool_choice)
         name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str):
-            raise ValueError(f"tool_choice {dict(tool_choice)!r} names no function; {_CHOICE_HELP}")
+            raise RequestError(
+                f"tool_choice {dict(tool_choice)!r} names no function; {_CHOICE_HELP}",
+                "tool_choice",
+            )
         mode = ToolChoiceMode.NAMED
     else:
-        raise TypeError(f"tool_choice {tool_choice!r} is not understood; {_CHOICE_HELP}")
+        raise RequestTypeError(
+            f"tool_choice {tool_choice!r} is not understood; {_CHOICE_HELP}", "tool_choice"
+        )
     if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED) and not specs:
-        raise ValueError(f"tool_choice={tool_choice!r} needs tools; bind some tools first")
+        raise RequestError(
+            f"tool_choice={tool_choice!r} needs tools; bind some tools first", "tool_choice"
+        )
     names = [t.name for t in specs]
     if name is not None and name not in names:
-        raise ValueError(
+        raise RequestError(
             f"tool_choice names the tool {name!r}, which is not bound; bound tools: "
-            f"{', '.join(names)}"
+            f"{', '.join(names)}",
+            "tool_choice",
         )
     return ToolRequest(specs, mode, name, parallel)
 

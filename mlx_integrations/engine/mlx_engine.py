@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlx_integrations.chat.constraints import constraint_processors
+from mlx_integrations.chat.errors import RequestError, checking
+from mlx_integrations.chat.media_parts import VISION_MODELS, reject_media_for_text_model
 from mlx_integrations.chat.messages import check_text, normalize_messages
 from mlx_integrations.chat.reasoning import (
     apply_effort,
@@ -25,6 +27,7 @@ from mlx_integrations.chat.reasoning import (
     opens_reasoning,
     reasoning_switch,
 )
+from mlx_integrations.chat.request import ChatRequest, RequestEngine
 from mlx_integrations.chat.template import (
     NO_TEMPLATE,
     TemplateCapabilities,
@@ -32,7 +35,6 @@ from mlx_integrations.chat.template import (
     render_chat_prompt,
 )
 from mlx_integrations.chat.tool_formats import ToolFormat, detect_format
-from mlx_integrations.chat.tools import read_tool_request
 from mlx_integrations.engine.base import EngineBusy, GenerationOutput
 from mlx_integrations.engine.cache.disk import open_disk_cache
 from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
@@ -41,13 +43,7 @@ from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilde
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
 from mlx_integrations.engine.lifecycle import ModelLifecycle
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.params import (
-    KNOWN_KWARGS,
-    SamplingParams,
-    reject_media,
-    validate_sampling,
-    validate_template_kwargs,
-)
+from mlx_integrations.engine.params import SamplingParams, generate_params
 from mlx_integrations.engine.stats import (
     ClearStats,
     EngineStats,
@@ -75,7 +71,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class MLXEngine(ModelLifecycle):
+class MLXEngine(ModelLifecycle, RequestEngine):
     """An engine serving one mlx-lm model from the thread that owns it.
 
     MLX arrays belong to the thread that made them, so one owner thread loads the
@@ -262,7 +258,7 @@ class MLXEngine(ModelLifecycle):
         if not prompt:
             raise ValueError("prompt is empty; pass some text to continue")
         check_text(prompt, "prompt")
-        params = self._params(max_tokens, temperature, top_p, stop, kwargs)
+        params = generate_params(max_tokens, temperature, top_p, stop, kwargs, self._vocab_size)
         with self._in_use():  # the model stays loaded from here to the last chunk
             await self.start()
             bos = getattr(self._tokenizer, "bos_token", None)
@@ -282,8 +278,10 @@ class MLXEngine(ModelLifecycle):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        args = (max_tokens, temperature, top_p, tools, images, videos, kwargs)
-        return await last_chunk(self._stream_chat(messages, *args, final_only=True))
+        request = ChatRequest.from_kwargs(
+            messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
+        )
+        return await last_chunk(self.stream_request(request, final_only=True))
 
     async def stream_chat(  # type: ignore[override]  # async generator, see base
         self,
@@ -296,53 +294,46 @@ class MLXEngine(ModelLifecycle):
         videos: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationOutput]:
-        args = (max_tokens, temperature, top_p, tools, images, videos, kwargs)
-        async for out in self._stream_chat(messages, *args):
+        request = ChatRequest.from_kwargs(
+            messages, max_tokens, temperature, top_p, tools, images, videos, **kwargs
+        )
+        async for out in self.stream_request(request):
             yield out
 
-    async def _stream_chat(
-        self,
-        messages: list[dict[str, Any]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        tools: list[dict] | None,
-        images: list[str] | None,
-        videos: list[str] | None,
-        kwargs: dict[str, Any],
-        final_only: bool = False,
+    async def stream_request(
+        self, request: ChatRequest, *, final_only: bool = False
     ) -> AsyncIterator[MLXGenerationOutput]:
+        """Run a checked chat request (what ``chat``/``stream_chat`` build from their
+        keywords) and stream its output; only the last chunk with ``final_only``.
+
+        Raises:
+            RequestError: What this model cannot take: media for a text model, a
+                ``logit_bias`` id outside its vocabulary, a prompt past its context window.
+        """
+        messages = request.messages
         if not self._vision:
-            reject_media(images, videos, self._name)
-        normalized = normalize_messages(messages, self._name, media=self._vision)
-        # Tools are checked on every call, whether or not a constraint is asked for.
-        tool_request = read_tool_request(
-            tools, kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls", True)
-        )
-        template_kwargs = dict(validate_template_kwargs(kwargs.get("chat_template_kwargs")))
-        if kwargs.get("enable_thinking") is not None:
-            template_kwargs["enable_thinking"] = bool(kwargs["enable_thinking"])
-        fmt = kwargs.get("tool_format")
-        params = self._params(max_tokens, temperature, top_p, kwargs.get("stop"), kwargs)
+            self._reject_media(request)
+        params = SamplingParams.for_request(request, self._vocab_size)
         media = None
         if self._vision:  # downloads and decoding, off the event loop
             limits = self._options.media_limits
-            normalized, media = await asyncio.to_thread(
-                gather_media, normalized, images, videos, limits
-            )
+            with checking("messages"):
+                messages, media = await asyncio.to_thread(
+                    gather_media, messages, list(request.images), list(request.videos), limits
+                )
+        tools = request.tools
         with self._in_use():  # the model stays loaded from here to the last chunk
             await self.start()
+            fmt = request.tool_format
             if not isinstance(fmt, ToolFormat):
                 fmt = detect_format(self._tokenizer, fmt) if fmt else self.tool_format
-            normalized, template_kwargs = apply_effort(  # the template's own switch
-                self._tokenizer, kwargs.get("reasoning_effort"), normalized, template_kwargs
+            messages, template_kwargs = apply_effort(  # the template's own switch
+                self._tokenizer, request.reasoning.effort, messages, request.template_kwargs()
             )
-            prompt = self.render_prompt(
-                normalized, tools=tool_request.openai_tools(), tool_format=fmt, **template_kwargs
-            )
+            prompt = self._render(messages, tools.openai_tools(), fmt, template_kwargs)
             tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
             in_reasoning = opens_reasoning(prompt, self._tokenizer)
-            if "tool_choice" in kwargs or "response_format" in kwargs:
+            if request.format_constraint is not None or tools.tools:
                 # OpenAI-style constraints, built once the prompt is known: they hold from
                 # the end of a thinking block on (one the prompt opens, or one the model
                 # may open where its template has a switch). Off the event loop.
@@ -350,17 +341,28 @@ class MLXEngine(ModelLifecycle):
                     constraint_processors,
                     self._tokenizer,
                     fmt,
-                    tool_request,
-                    kwargs.get("response_format"),
+                    tools,
+                    request.format_constraint,
                     *constraint_markers(prompt, self._tokenizer),
                 )
             # Last: where the budget is spent it overrides the others.
             params.logits_processors += budget_processors(
-                self._tokenizer, kwargs.get("thinking_budget"), in_reasoning
+                self._tokenizer, request.reasoning.budget, in_reasoning
             )
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning
                 yield out
+
+    def _reject_media(self, request: ChatRequest) -> None:
+        """A text model refuses images and videos, given beside the messages or in them."""
+        for kind, value in (("images", request.images), ("videos", request.videos)):
+            if value:
+                raise RequestError(
+                    f"{self._name!r} is a text-only model and cannot take {kind} "
+                    f"({len(value)} given); remove them or use {VISION_MODELS}",
+                    kind,
+                )
+        reject_media_for_text_model(request.messages, self._name, False)
 
     def render_prompt(
         self,
@@ -375,6 +377,15 @@ class MLXEngine(ModelLifecycle):
         The engine's own ``chat_template_kwargs`` apply first; ``template_kwargs`` win.
         """
         normalized = normalize_messages(messages, self._name, media=self._vision)
+        return self._render(normalized, tools, tool_format, template_kwargs)
+
+    def _render(
+        self,
+        normalized: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_format: ToolFormat | None,
+        template_kwargs: dict[str, Any],
+    ) -> str:
         return render_chat_prompt(
             self.tokenizer,
             normalized,
@@ -479,17 +490,6 @@ class MLXEngine(ModelLifecycle):
 
     # ------------------------------------------------------------ internals
 
-    def _params(
-        self, max_tokens: Any, temperature: Any, top_p: Any, stop: Any, kwargs: dict[str, Any]
-    ) -> SamplingParams:
-        unknown = set(kwargs) - KNOWN_KWARGS
-        if unknown:
-            raise TypeError(
-                f"unexpected keyword argument(s) {sorted(unknown)}; "
-                f"supported: {sorted(KNOWN_KWARGS)}"
-            )
-        return validate_sampling(max_tokens, temperature, top_p, stop, kwargs, self._vocab_size)
-
     def _load(self) -> None:
         import mlx_lm
         from mlx_lm.models.cache import make_prompt_cache
@@ -580,9 +580,10 @@ class MLXEngine(ModelLifecycle):
         its request; ``final_only`` (generate, chat) sends only the last chunk.
         """
         if self._context_length and len(tokens) >= self._context_length:
-            raise ValueError(
+            raise RequestError(
                 f"The prompt has {len(tokens)} tokens, more than the context window of "
-                f"{self._name!r} ({self._context_length}); shorten the conversation"
+                f"{self._name!r} ({self._context_length}); shorten the conversation",
+                "messages",
             )
         if self._context_length:
             # Prompt and reply share the window: stop there with finish_reason="length".
@@ -595,7 +596,9 @@ class MLXEngine(ModelLifecycle):
         )
         with self._state_lock:
             if params.request_id in self._jobs:
-                raise ValueError(f"request_id {params.request_id!r} is already in use")
+                raise RequestError(
+                    f"request_id {params.request_id!r} is already in use", "request_id"
+                )
             if self._admission == "fail_fast" and self._is_full():
                 self._busy_rejections += 1
                 raise EngineBusy(self._busy_message())

@@ -8,10 +8,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.chat.request import check_template_kwargs
 from mlx_integrations.chat.tool_formats import get_format
 from mlx_integrations.engine.cache.kv_quantization import validate_kv_options
 from mlx_integrations.engine.jobs import Admission
-from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.stats import SpeculativeStats
 from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.engine.vision.policy import MediaPolicy
@@ -192,7 +192,7 @@ class EngineOptions:
             raise ValueError(f"max_image_pixels must be an integer >= 1, got {pixels!r}")
         if self.media_policy is not None and not isinstance(self.media_policy, MediaPolicy):
             raise TypeError(f"media_policy must be a MediaPolicy, got {self.media_policy!r}")
-        template_kwargs = validate_template_kwargs(self.chat_template_kwargs)
+        template_kwargs = check_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
 
     @property

@@ -30,18 +30,13 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from mlx_integrations.chat.completion import (
-    ChatRequest,
-    Finished,
-    pop_engine_options,
-    stream_chat_events,
-)
+from mlx_integrations.chat.completion import Finished, stream_chat_events
 from mlx_integrations.chat.reasoning import apply_effort
+from mlx_integrations.chat.request import ChatRequest, CheckedTools
 from mlx_integrations.chat.tools import read_tool_request
-from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.langchain.blocks import PROVIDER
 from mlx_integrations.langchain.events import ProtocolEvents
-from mlx_integrations.langchain.messages import stop_list, to_neutral_messages
+from mlx_integrations.langchain.messages import to_neutral_messages
 from mlx_integrations.langchain.profile import model_profile
 from mlx_integrations.langchain.replies import (
     ChunkMaker,
@@ -59,7 +54,6 @@ from mlx_integrations.langchain.structured import (
 )
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
-from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
 if TYPE_CHECKING:
     # The content-block protocol's event type (``stream_events(version="v3")``); a type
@@ -228,33 +222,12 @@ class ChatMLX(ChatSettings, BaseChatModel):
     def _request(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> ChatRequest:
-        kwargs = dict(kwargs)
-        kwargs.pop("ls_structured_output_format", None)
-        model = kwargs.pop("model", None) or self.model  # reported as given, not resolved
-        kwargs.pop("stream", None)  # LangChain's own switch, already acted on
-        kwargs.pop("stream_usage", None)  # read by _stream; a whole reply always has usage
-        neutral = to_neutral_messages(messages)
-        validate_template_kwargs(kwargs.get("chat_template_kwargs"))
-        options = pop_engine_options(kwargs, self)
-        tool_choice = kwargs.pop("tool_choice", None)
-        request = ChatRequest(
-            messages=neutral,
-            tools=kwargs.pop("tools", None),
-            tool_choice=tool_choice,
-            parallel_tool_calls=_parallel(kwargs.pop("parallel_tool_calls", None), tool_choice),
-            response_format=kwargs.pop("response_format", None),
-            max_tokens=kwargs.pop("max_tokens", self.max_tokens),
-            temperature=kwargs.pop("temperature", self.temperature),
-            top_p=kwargs.pop("top_p", self.top_p),
-            stop=stop_list(stop if stop is not None else self.stop),
-            options=options,
-            timeout=check_timeout(kwargs.pop("timeout", self.timeout)),
-            model=model,
-        )
-        if kwargs:
-            raise TypeError(f"ChatMLX got unexpected call arguments: {sorted(kwargs)}")
-        validate_request_settings(request)
-        return request
+        call = dict(kwargs)
+        call.pop("ls_structured_output_format", None)
+        model = call.pop("model", None) or self.model  # reported as given, not resolved
+        call.pop("stream", None)  # LangChain's own switch, already acted on
+        call.pop("stream_usage", None)  # read by _stream; a whole reply always has usage
+        return self.build_request(to_neutral_messages(messages), call, stop=stop, model=model)
 
     async def _aevents(
         self,
@@ -461,13 +434,16 @@ class ChatMLX(ChatSettings, BaseChatModel):
         """
         del strict
         formatted = [convert_to_openai_tool(t) for t in tools]
-        # Fail now, not at the first call; the same check runs on every call.
-        read_tool_request(formatted, tool_choice, bool(parallel_tool_calls in (None, True)))
+        # Checked once, here: a bad tool fails now, not at the first call, and the calls
+        # take the checked tools as they are.
+        checked = read_tool_request(
+            formatted, tool_choice, bool(parallel_tool_calls in (None, True))
+        )
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
         if parallel_tool_calls is not None:
             kwargs["parallel_tool_calls"] = parallel_tool_calls
-        return super().bind(tools=formatted, **kwargs)
+        return super().bind(tools=CheckedTools(formatted, checked.tools), **kwargs)
 
     def with_structured_output(
         self,
@@ -550,10 +526,3 @@ class ChatMLX(ChatSettings, BaseChatModel):
                 [fallback], exception_key="parsing_error"
             )
         return llm | parser
-
-
-def _parallel(parallel_tool_calls: bool | None, tool_choice: Any) -> bool:
-    """Unless told, a forced tool choice makes one call (small models repeat calls)."""
-    if parallel_tool_calls is not None:
-        return bool(parallel_tool_calls)
-    return tool_choice in (None, "auto", "none", False)

@@ -228,15 +228,6 @@ def _reasoning_of(message: AIMessage) -> str:
     return reasoning if isinstance(reasoning, str) else ""
 
 
-def stop_list(stop: str | list[str] | None) -> list[str] | None:
-    """Stop sequences as a list: one string is one sequence, not one per character."""
-    if stop is None:
-        return None
-    if isinstance(stop, str):
-        return [stop]
-    return list(stop)
-
-
 def to_lc_tool_call(call: ParsedToolCall) -> LCToolCall:
     return LCToolCall(name=call.name, args=call.arguments, id=call.id, type="tool_call")
 

@@ -25,16 +25,14 @@ from llama_index.core.types import PydanticProgramMode
 from pydantic import field_validator
 
 from mlx_integrations.chat.completion import (
-    ChatRequest,
-    pop_engine_options,
     speculative_metadata,
     stream_chat_events,
     within_timeout,
 )
+from mlx_integrations.chat.request import ChatRequest, CheckedTools
 from mlx_integrations.chat.tools import read_tools
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.engine.vision.media import MediaLimits
 from mlx_integrations.llama_index.messages import to_neutral_messages
 from mlx_integrations.llama_index.responses import (
@@ -47,7 +45,6 @@ from mlx_integrations.llama_index.responses import (
 )
 from mlx_integrations.runtime.sync import iterate_sync
 from mlx_integrations.settings.chat import ChatSettings
-from mlx_integrations.settings.fields import check_timeout, validate_request_settings
 
 if TYPE_CHECKING:
     from llama_index.core.prompts import BasePromptTemplate
@@ -169,36 +166,19 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
     # ------------------------------------------------------------- internals
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
-        kwargs = dict(kwargs)
-        validate_template_kwargs(kwargs.get("chat_template_kwargs"))
-        options = pop_engine_options(kwargs, self)
-        stop = kwargs.pop("stop", self.stop)
+        call = dict(kwargs)
+        call.pop("formatted", None)
+        call.setdefault("parallel_tool_calls", True)
+        stop = call.pop("stop", None)
         served = getattr(self._served_engine(), "options", None)
         limits = served.media_limits if isinstance(served, EngineOptions) else MediaLimits()
         neutral = to_neutral_messages(messages, limits.max_bytes)
-        response_format = kwargs.pop("response_format", self.response_format)
+        response_format = call.get("response_format", self.response_format)
         if callable(response_format):  # chosen per call from the conversation
             response_format = response_format(neutral)
-        request = ChatRequest(
-            messages=neutral,
-            tools=kwargs.pop("tools", None),
-            tool_choice=kwargs.pop("tool_choice", None),
-            parallel_tool_calls=bool(kwargs.pop("parallel_tool_calls", True)),
-            response_format=response_format,
-            max_tokens=kwargs.pop("max_tokens", self.max_tokens),
-            temperature=kwargs.pop("temperature", self.temperature),
-            top_p=kwargs.pop("top_p", self.top_p),
-            # One string is one stop sequence, not one per character.
-            stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
-            options=options,
-            timeout=check_timeout(kwargs.pop("timeout", self.timeout)),
-            model=self.model,  # reported as given (metadata.model_name), not resolved
-        )
-        kwargs.pop("formatted", None)
-        if kwargs:
-            raise TypeError(f"MLXLLM got unexpected arguments: {sorted(kwargs)}")
-        validate_request_settings(request)
-        return request
+        call["response_format"] = response_format
+        # reported as given (metadata.model_name), not resolved
+        return self.build_request(neutral, call, stop=stop, model=self.model)
 
     async def _astream_responses(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool = True
@@ -263,25 +243,18 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             return
         # formatted=True: the prompt is sent as is, no chat template.
         request = self._request([ChatMessage(role="user", content=prompt)], kwargs)
-        if request.tools:
+        if request.tools.tools:
             raise ValueError(
                 "tools cannot be used with formatted=True (the prompt is raw text); "
                 "use chat_with_tools"
             )
-        options = {
-            k: v
-            for k, v in request.options.items()
-            if k in ("top_k", "min_p", "seed", "repetition_penalty", "logits_processors")
-        }
-        if request.response_format is not None:
-            from mlx_integrations.chat.constraints import response_format_constraint
-
-            constraint = response_format_constraint(request.response_format)
-            if constraint is not None:
-                options["logits_processors"] = [
-                    *options.get("logits_processors", []),
-                    constraint.make_processor(self._served_engine().tokenizer),
-                ]
+        options: dict[str, Any] = request.sampling.options()
+        processors = list(request.logits_processors)
+        if request.format_constraint is not None:
+            tokenizer = self._served_engine().tokenizer
+            processors.append(request.format_constraint.make_processor(tokenizer))
+        if processors:
+            options["logits_processors"] = processors
         # The contract declares stream_generate ``async def``; engines make it a generator.
         stream = cast(
             AsyncIterator[GenerationOutput],
@@ -290,7 +263,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
-                stop=request.stop,
+                stop=list(request.stop) or None,
                 **options,
             ),
         )
@@ -380,7 +353,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
                     stacklevel=2,
                 )
             specs.append(tool.metadata.to_openai_tool())
-        read_tools(specs)
+        checked = CheckedTools(specs, read_tools(specs))  # checked once, here
         messages = list(chat_history or [])
         if isinstance(user_msg, str):
             user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
@@ -390,7 +363,7 @@ class MLXLLM(ChatSettings, FunctionCallingLLM):
             tool_choice = "required" if tool_required else "auto"
         return {
             "messages": messages,
-            "tools": specs or None,
+            "tools": checked or None,
             "tool_choice": tool_choice if specs else None,
             "parallel_tool_calls": allow_parallel_tool_calls,
             **kwargs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
@@ -15,13 +16,14 @@ from pydantic import (
 )
 
 from mlx_integrations.chat.reasoning import check_budget
+from mlx_integrations.chat.request import ChatRequest, RequestTypeError, check_template_kwargs
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.engine.params import validate_template_kwargs
 from mlx_integrations.models.lora.adapter import read_adapter
 from mlx_integrations.runtime.memory import parse_keep_alive
 from mlx_integrations.settings.fields import (
     check_timeout,
     model_field_names,
+    plain_type_errors,
     reject_unknown_fields,
     validate_adapter_settings,
 )
@@ -139,7 +141,8 @@ class ChatSettings(BaseModel):
     @field_validator("timeout", mode="before")
     @classmethod
     def _positive_timeout(cls, value: Any) -> float | None:
-        return check_timeout(value)
+        with plain_type_errors():
+            return check_timeout(value)
 
     @field_validator("thinking_budget", mode="before")
     @classmethod
@@ -165,7 +168,8 @@ class ChatSettings(BaseModel):
         # pydantic would drop them silently: ChatMLX(n=2) or a typo must not pass.
         reject_unknown_fields(cls.__name__, data, model_field_names(cls))
         if isinstance(data, Mapping) and "chat_template_kwargs" in data:
-            validate_template_kwargs(data["chat_template_kwargs"])
+            with plain_type_errors():
+                check_template_kwargs(data["chat_template_kwargs"])
         return data
 
     @model_validator(mode="after")
@@ -233,6 +237,95 @@ class ChatSettings(BaseModel):
         """
         return self._served_engine().clear_runtime_caches()
 
+    def build_request(
+        self,
+        messages: list[dict[str, Any]],
+        call: Mapping[str, Any],
+        *,
+        stop: Any = None,
+        model: str | None = None,
+    ) -> ChatRequest:
+        """The checked request of one call: ``call``'s arguments over these fields.
+
+        Args:
+            messages: The conversation, in the chat core's neutral form.
+            call: The call's keyword arguments: any field that a call may set
+                (:data:`CALL_FIELDS`), plus ``tools``, ``tool_choice``,
+                ``parallel_tool_calls``, ``response_format`` and ``logits_processors``.
+            stop: The call's stop sequences (None: the ``stop`` field).
+            model: The model's name as reported back (None: the ``model`` field).
+
+        Raises:
+            RequestError: A bad value, naming its field; a ``TypeError`` too for an
+                argument no call takes.
+        """
+        unknown = sorted(set(call) - CALL_FIELDS - CALL_ONLY)
+        if unknown:
+            known = sorted(CALL_FIELDS | CALL_ONLY)
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise RequestTypeError(
+                f"{type(self).__name__} got unexpected arguments: {unknown}{hint}; a call "
+                f"takes {', '.join(known)}",
+                unknown[0],
+            )
+        values = {name: call.get(name, getattr(self, name)) for name in CALL_FIELDS}
+        template_kwargs = check_template_kwargs(call.get("chat_template_kwargs"))
+        return ChatRequest.build(
+            messages,
+            tools=call.get("tools"),
+            tool_choice=call.get("tool_choice"),
+            parallel_tool_calls=call.get("parallel_tool_calls"),
+            response_format=call.get("response_format"),
+            logits_processors=call.get("logits_processors"),
+            max_tokens=values["max_tokens"],
+            temperature=values["temperature"],
+            top_p=values["top_p"],
+            top_k=values["top_k"],
+            min_p=values["min_p"],
+            repetition_penalty=values["repetition_penalty"],
+            seed=values["seed"],
+            stop=stop if stop is not None else self.stop,
+            reasoning_effort=values["reasoning_effort"],
+            enable_thinking=values["reasoning"],
+            thinking_budget=values["thinking_budget"],
+            chat_template_kwargs={**self.chat_template_kwargs, **template_kwargs},
+            tool_format=values["tool_format"],
+            timeout=values["timeout"],
+            model=model or self.model,
+        )
+
+
+CALL_FIELDS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "seed",
+        "reasoning",
+        "reasoning_effort",
+        "thinking_budget",
+        "tool_format",
+        "timeout",
+    }
+)
+"""Adapter fields a call may set for itself (``llm.invoke(..., temperature=0)``);
+``chat_template_kwargs`` joins the field's instead."""
+
+CALL_ONLY = frozenset(
+    {
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "logits_processors",
+        "chat_template_kwargs",
+    }
+)
+"""Call arguments with no adapter field of the same name."""
 
 ENGINE_FIELDS = (
     "adapter_path",

@@ -4,57 +4,61 @@ and constructor arguments that no field takes.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_integrations.engine.params import validate_sampling
+from mlx_integrations.chat.request import (
+    RequestTypeError,
+    Sampling,
+    check_max_tokens,
+    check_stop,
+    check_timeout,
+)
 
-# The adapter fields that are engine sampling settings, checked as the engines check them.
-_ADAPTER_OPTIONS = ("top_k", "min_p", "repetition_penalty", "seed", "chat_template_kwargs")
+__all__ = [
+    "check_timeout",
+    "model_field_names",
+    "plain_type_errors",
+    "reject_unknown_fields",
+    "validate_adapter_settings",
+]
+
+
+@contextmanager
+def plain_type_errors() -> Iterator[None]:
+    """Inside a pydantic validator: a wrong type stays a ``TypeError``.
+
+    Pydantic wraps a ``ValueError`` into its ``ValidationError``, and a
+    :class:`~mlx_integrations.chat.request.RequestTypeError` is both, so it would be
+    wrapped; a field of the wrong type raises a plain ``TypeError``, as it always has.
+    """
+    try:
+        yield
+    except RequestTypeError as exc:
+        raise TypeError(str(exc)) from None
 
 
 def validate_adapter_settings(adapter: Any) -> None:
-    """Check an adapter's (``ChatMLX``/``MLXLLM``) sampling fields as the engines do.
+    """Check an adapter's (``ChatMLX``/``MLXLLM``) sampling fields as a request's are
+    checked (:class:`~mlx_integrations.chat.request.Sampling`).
 
     Raises:
-        ValueError: A value out of range or not finite. TypeError: a wrong type.
+        RequestError: A value out of range or not finite (a ``ValueError``), or of the
+            wrong type (also a ``TypeError``), naming the field.
     """
-    validate_sampling(
-        adapter.max_tokens,
-        adapter.temperature,
-        adapter.top_p,
-        adapter.stop,
-        {name: getattr(adapter, name, None) for name in _ADAPTER_OPTIONS},
-    )
-
-
-def check_timeout(value: Any) -> float | None:
-    """A call's ``timeout``: seconds as a positive finite number, or None for no limit.
-
-    Raises:
-        TypeError: Not a number. ValueError: zero, negative, infinite or NaN.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, got {type(value).__name__} {value!r}"
+    with plain_type_errors():
+        check_max_tokens(adapter.max_tokens)
+        check_stop(adapter.stop)
+        Sampling.check(
+            adapter.temperature,
+            adapter.top_p,
+            top_k=adapter.top_k,
+            min_p=adapter.min_p,
+            repetition_penalty=adapter.repetition_penalty,
+            seed=adapter.seed,
         )
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"timeout must be a positive finite number of seconds, got {value!r}; "
-            "use None for no limit"
-        )
-    return float(value)
-
-
-def validate_request_settings(request: Any) -> None:
-    """Check one adapter call's settings (a chat core ``ChatRequest``) before it is sent."""
-    validate_sampling(
-        request.max_tokens, request.temperature, request.top_p, request.stop, request.options
-    )
 
 
 def reject_unknown_fields(adapter: str, data: Any, known: set[str]) -> None:

@@ -23,11 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_integrations.chat.errors import RequestError
+
 __all__ = ["MediaError", "MediaPolicy"]
 
 
-class MediaError(ValueError):
-    """An image or video source that cannot be used, with what to do about it."""
+class MediaError(RequestError):
+    """An image or video source that cannot be used, with what to do about it (a
+    :class:`~mlx_integrations.chat.errors.RequestError` at ``messages`` unless a path
+    is given)."""
+
+    def __init__(self, message: str, path: str = "messages") -> None:
+        super().__init__(message, path)
 
 
 def _describe(source: Any) -> str:

@@ -411,6 +411,11 @@ class EmbeddingRequest(WireModel):
 # ----------------------------------------------------------------------- replies
 
 
+def _absent(value: Any) -> bool:
+    """Left out of a reply when None (a delta carries only what it adds)."""
+    return value is None
+
+
 class PromptTokensDetails(ReplyModel):
     cached_tokens: int = 0
     """Prompt tokens read from the prefix cache rather than computed."""
@@ -476,15 +481,10 @@ class ToolCallDelta(ReplyModel):
 class Delta(ReplyModel):
     """What a chunk adds; only the fields it carries are sent."""
 
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-    @model_serializer(mode="wrap")
-    def _leave_out_none(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        return {k: v for k, v in data.items() if v is not None}
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_absent)
+    content: str | None = Field(default=None, exclude_if=_absent)
+    reasoning_content: str | None = Field(default=None, exclude_if=_absent)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=_absent)
 
 
 class ChunkChoice(ReplyModel):

@@ -96,18 +96,40 @@ def _blocks(content: str | list[Any]) -> list[Any]:
     return [wire.TextBlock(type="text", text=content)] if isinstance(content, str) else content
 
 
+def _system_text(content: str | list[Any], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    for i, block in enumerate(content):
+        if not isinstance(block, wire.TextBlock):
+            raise APIError(
+                400,
+                f"'{where}[{i}].type' is {block.type!r}; a system message holds text blocks",
+                param=f"{where}[{i}].type",
+            )
+    return "".join(block.text for block in content)
+
+
 def read_messages(body: wire.MessagesRequest, paths: WirePaths) -> list[dict[str, Any]]:
     """Anthropic's system and messages as chat-core messages; where each message and
-    each tool call came from goes in ``paths``."""
+    each tool call came from goes in ``paths``.
+
+    System messages in the conversation (Claude Code sends its agents' list that way)
+    join the system prompt, after ``system``, in their order: chat templates take one
+    system message, at the start.
+    """
     out: list[dict[str, Any]] = []
     origins: list[str] = []
     paths.messages = origins
-    if body.system is not None:
-        system = body.system
-        text = system if isinstance(system, str) else "".join(b.text for b in system)
-        if text:
-            out.append({"role": "system", "content": text})
-            origins.append("system")
+    system = [(_system_text(body.system, "system"), "system")] if body.system else []
+    system += [
+        (_system_text(message.content, f"messages[{m}].content"), f"messages[{m}]")
+        for m, message in enumerate(body.messages)
+        if message.role == "system"
+    ]
+    texts = [text for text, _ in system if text]
+    if texts:
+        out.append({"role": "system", "content": "\n\n".join(texts)})
+        origins.append(system[0][1])
     for m, message in enumerate(body.messages):
         where = f"messages[{m}]"
         blocks = _blocks(message.content)
@@ -115,7 +137,7 @@ def read_messages(body: wire.MessagesRequest, paths: WirePaths) -> list[dict[str
             for made, origin in _user_messages(blocks, f"{where}.content"):
                 out.append(made)
                 origins.append(origin or where)
-        else:
+        elif message.role == "assistant":
             made, calls = _assistant_message(blocks, f"{where}.content")
             if calls:
                 paths.calls[len(out)] = calls

@@ -35,10 +35,11 @@ def now() -> int:
 
 
 class Accepted:
-    """A request's fields that the server accepted and does not use, reported once."""
+    """A request's fields that the server accepted and does not use, reported once
+    (``left_out``: parts a translator left out, such as tools only a hosted API runs)."""
 
-    def __init__(self, request: Request, body: BaseModel):
-        self.fields = ignored_fields(body)
+    def __init__(self, request: Request, body: BaseModel, left_out: list[str] | None = None):
+        self.fields = ignored_fields(body) + (left_out or [])
         if self.fields:
             logger.info(
                 "%s %s: fields accepted and not used: %s",

@@ -3,9 +3,11 @@
 Stateless: each request carries its whole conversation in ``input`` (messages,
 ``function_call`` and ``function_call_output`` items); ``previous_response_id`` is
 refused, since nothing is kept between requests, and ``store`` is accepted and
-reported. Text, images (``input_image``), function tools with ``tool_choice``
-enforced, ``text.format`` (JSON object or schema) and streaming are served; reasoning
-comes back as a ``reasoning`` item.
+reported. Text, images (``input_image``), function tools (a ``namespace``'s too) with
+``tool_choice`` enforced, ``text.format`` (JSON object or schema) and streaming are
+served; reasoning comes back as a ``reasoning`` item. Custom (freeform) tools and the
+hosted API's own tools (``web_search``...) are left out of the prompt and named in
+the ignored-fields header.
 """
 
 from __future__ import annotations
@@ -130,25 +132,35 @@ def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, 
     return messages
 
 
-def read_tools(body: wire.ResponsesRequest) -> list[dict[str, Any]] | None:
-    if not body.tools:
-        return None
-    out = []
-    for i, tool in enumerate(body.tools):
-        if not isinstance(tool, wire.FunctionTool):
-            raise APIError(
-                400,
-                f"'tools[{i}].type' is {tool.type!r}; only 'function' tools are served "
-                "(built-in tools are not)",
-                param=f"tools[{i}].type",
-            )
-        function: dict[str, Any] = {"name": tool.name}
-        if tool.description is not None:
-            function["description"] = tool.description
-        if tool.parameters is not None:
-            function["parameters"] = tool.parameters
-        out.append({"type": "function", "function": function})
-    return out
+def _function(tool: wire.FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    if tool.parameters is not None:
+        function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}
+
+
+def read_tools(
+    body: wire.ResponsesRequest, paths: WirePaths
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The function tools, a namespace's among them, and the paths of the tools left
+    out: custom (freeform) tools and the hosted API's own (``web_search``...)."""
+    out: list[dict[str, Any]] = []
+    origins: list[str] = []
+    left_out: list[str] = []
+    for i, tool in enumerate(body.tools or ()):
+        if isinstance(tool, wire.FunctionTool):
+            out.append(_function(tool))
+            origins.append(f"tools[{i}]")
+        elif isinstance(tool, wire.NamespaceTool):
+            for j, inner in enumerate(tool.tools):
+                out.append(_function(inner))
+                origins.append(f"tools[{i}].tools[{j}]")
+        else:
+            left_out.append(f"tools[{i}]")
+    paths.tools = origins
+    return out, left_out
 
 
 def read_tool_choice(body: wire.ResponsesRequest) -> Any:
@@ -171,14 +183,15 @@ def read_format(value: Any) -> dict[str, Any] | None:
     return core_response_format(value)
 
 
-def read_parts(body: wire.ResponsesRequest) -> ChatParts:
-    tools = read_tools(body)
+def read_parts(body: wire.ResponsesRequest) -> tuple[ChatParts, list[str]]:
+    """The chat-core pieces of a request, and the paths of the tools left out."""
     paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
-    return ChatParts(
+    tools, left_out = read_tools(body, paths)
+    parts = ChatParts(
         model=body.model,
         messages=read_input(body, paths),
         paths=paths,
-        tools=tools,
+        tools=tools or None,
         tool_choice=read_tool_choice(body) if tools else None,
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=read_format(body.text.format if body.text else None),
@@ -186,6 +199,7 @@ def read_parts(body: wire.ResponsesRequest) -> ChatParts:
         reasoning_effort=body.reasoning.effort if body.reasoning else None,
         **sampling_fields(body),
     )
+    return parts, left_out
 
 
 # ----------------------------------------------------------------- response
@@ -378,8 +392,8 @@ def responses_error_frame(exc: BaseException) -> bytes:
 async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     """Answer ``POST /v1/responses``."""
     state: ServerState = request.app.state.server
-    accepted = Accepted(request, body)
-    parts = read_parts(body)
+    parts, left_out = read_parts(body)
+    accepted = Accepted(request, body, left_out)
     served = await state.served(parts.model)
     built = _Builder(new_id("resp_"), body)
     chat = state.chat_request(served, parts, request_id=built.response.id)

@@ -280,7 +280,6 @@ def test_anthropic_errors_name_the_path_in_their_own_shape(url: str):
             },
             "input[1]",
         ),
-        ("responses", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ("responses", {"previous_response_id": "resp_1"}, "previous_response_id"),
     ],
 )
@@ -493,3 +492,61 @@ def test_the_request_schemas_take_what_the_real_clients_send(spec, recorded, pat
     # The schema is no rubber stamp: a wrong type fails it.
     with pytest.raises(jsonschema.ValidationError):
         validator.validate({**bodies[0], "model": 7})
+
+
+# ------------------------------------------------ what the coding agents send
+
+
+def test_a_system_message_in_the_conversation_joins_the_system_prompt(url: str):
+    """Claude Code sends its agents' list as a system message after the first user turn."""
+    base = {"model": "exact", "max_tokens": 1, "system": "Be brief."}
+    alone = post(url, "messages/count_tokens", {**base, "messages": USER}).json()
+    body = {**base, "messages": [*USER, {"role": "system", "content": "Agents: claude, explore."}]}
+    joined = post(url, "messages/count_tokens", body)
+    assert joined.status_code == 200, joined.text
+    assert joined.json()["input_tokens"] > alone["input_tokens"]
+    reply = post(url, "messages", {**body, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    image = {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}
+    refused = post(
+        url, "messages", {**base, "messages": [*USER, {"role": "system", "content": [image]}]}
+    )
+    assert refused.status_code == 400
+    assert "'messages[1].content[0].type'" in refused.json()["error"]["message"]
+
+
+def test_responses_take_namespaces_and_leave_out_hosted_and_custom_tools(url: str):
+    """Codex sends its sub-agent tools as a namespace, web_search, and apply_patch as a
+    custom (freeform) tool: the namespace's functions are served, the others are left
+    out and named in the header, and a namespaced function can be forced."""
+    inner = {"type": "function", **TIME["function"]}
+    body = {
+        "model": "exact",
+        "input": "What time is it?",
+        "max_output_tokens": 40,
+        "temperature": 0,
+        "tools": [
+            {"type": "function", **WEATHER["function"]},
+            {"type": "namespace", "name": "clock", "description": "Clocks.", "tools": [inner]},
+            {"type": "web_search", "external_web_access": False},
+            {
+                "type": "custom",
+                "name": "apply_patch",
+                "format": {"type": "grammar", "syntax": "lark"},
+            },
+        ],
+        "tool_choice": {"type": "function", "name": "get_time"},
+    }
+    reply = post(url, "responses", body)
+    assert reply.status_code == 200, reply.text
+    assert ignored(reply) == ["tools[1].name", "tools[1].description", "tools[2]", "tools[3]"]
+    calls = [item for item in reply.json()["output"] if item["type"] == "function_call"]
+    assert [c["name"] for c in calls] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME["function"]["parameters"])
+    bad = {
+        "type": "namespace",
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}],
+    }
+    refused = post(url, "responses", {**body, "tools": [bad], "tool_choice": "auto"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "tools[0].tools[0].parameters"

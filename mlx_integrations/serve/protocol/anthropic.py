@@ -12,7 +12,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Tag, model_serializer
 
-from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, other_than, tagged, unused
+from mlx_integrations.serve.protocol.base import (
+    Fallback,
+    ReplyModel,
+    WireModel,
+    other_than,
+    tagged,
+    unused,
+)
 
 __all__ = [
     "CountTokensReply",
@@ -98,7 +105,7 @@ class RedactedThinkingBlock(WireModel):
     data: str | None = unused()
 
 
-class OtherBlock(WireModel):
+class OtherBlock(Fallback):
     """A block of another type (documents, server tools' results...)."""
 
     model_config = other_than(
@@ -132,7 +139,8 @@ ContentBlock = Annotated[
 
 
 class InputMessage(WireModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
+    """``system`` in the conversation joins the system prompt."""
     content: str | list[ContentBlock]
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
 __all__ = [
     "IGNORED_HEADER",
+    "Fallback",
     "FieldError",
     "ReplyModel",
     "WireModel",
@@ -41,6 +42,12 @@ class WireModel(BaseModel):
     model_config = ConfigDict(
         extra="allow", strict=True, populate_by_name=True, use_attribute_docstrings=True
     )
+
+
+class Fallback(WireModel):
+    """A union's member for any other type (a part, block, item or tool): the
+    translator refuses it or leaves it out whole, naming it, so nothing inside it is
+    reported field by field."""
 
 
 class ReplyModel(BaseModel):
@@ -118,6 +125,8 @@ def ignored_fields(model: BaseModel) -> list[str]:
 
 
 def _walk(value: Any, path: str) -> Iterator[str]:
+    if isinstance(value, Fallback):
+        return
     if isinstance(value, WireModel):
         cls = type(value)
         unused_names = _unused_names(cls)

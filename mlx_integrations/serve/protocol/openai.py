@@ -13,7 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Tag, field_validator, model_serializer
 
-from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, other_than, tagged, unused
+from mlx_integrations.serve.protocol.base import (
+    Fallback,
+    ReplyModel,
+    WireModel,
+    other_than,
+    tagged,
+    unused,
+)
 
 __all__ = [
     "ChatCompletion",
@@ -77,7 +84,7 @@ class MediaPart(WireModel):
     video: str | None = None
 
 
-class OtherPart(WireModel):
+class OtherPart(Fallback):
     """A part of another type (audio, files): the chat core refuses it, naming it."""
 
     model_config = other_than("text", "image_url", "video_url", "image", "video")

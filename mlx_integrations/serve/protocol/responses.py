@@ -11,7 +11,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Tag, field_validator, model_serializer
 
-from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, other_than, tagged, unused
+from mlx_integrations.serve.protocol.base import (
+    Fallback,
+    ReplyModel,
+    WireModel,
+    other_than,
+    tagged,
+    unused,
+)
 from mlx_integrations.serve.protocol.openai import JSONObjectFormat, TextFormat
 
 __all__ = ["Response", "ResponseEvent", "ResponsesRequest"]
@@ -34,7 +41,7 @@ class InputImage(WireModel):
     detail: str | None = unused()
 
 
-class OtherContent(WireModel):
+class OtherContent(Fallback):
     """A part of another type (files, audio, refusals): refused, naming it."""
 
     model_config = other_than("input_text", "output_text", "text", "input_image")
@@ -96,7 +103,7 @@ class ReasoningItem(WireModel):
     status: str | None = unused()
 
 
-class OtherItem(WireModel):
+class OtherItem(Fallback):
     """An item of another type (``item_reference``, hosted tools' calls...)."""
 
     model_config = other_than("message", "function_call", "function_call_output", "reasoning")
@@ -136,18 +143,33 @@ class FunctionTool(WireModel):
     strict: bool | None = unused()
 
 
-class OtherTool(WireModel):
-    """A tool of another type (``namespace``, ``custom``, hosted tools such as
-    ``web_search``)."""
+class NamespaceTool(WireModel):
+    """A group of function tools under one name (Codex's sub-agent tools): its
+    functions are offered as they are."""
 
-    model_config = other_than("function")
+    type: Literal["namespace"]
+    name: str | None = unused()
+    description: str | None = unused()
+    tools: list[FunctionTool]
+
+
+class OtherTool(Fallback):
+    """A tool of another type: ``custom`` (freeform) tools and the tools only the
+    hosted API runs (``web_search``, ``file_search``...). Left out of the prompt, and
+    named in the ignored-fields header."""
+
+    model_config = other_than("function", "namespace")
 
     type: str
 
 
 ResponsesTool = Annotated[
-    Annotated[FunctionTool, Tag("type=function")] | Annotated[OtherTool, Tag("type=other")],
-    tagged("type", {"function": "type=function"}, other="type=other"),
+    Annotated[FunctionTool, Tag("type=function")]
+    | Annotated[NamespaceTool, Tag("type=namespace")]
+    | Annotated[OtherTool, Tag("type=other")],
+    tagged(
+        "type", {"function": "type=function", "namespace": "type=namespace"}, other="type=other"
+    ),
 ]
 
 

@@ -76,9 +76,9 @@ _GENERATING = {
     "/v1/messages",
 }
 # Answered without the API key: health, and the schema and its pages (no secrets there).
-_OPEN = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+_OPEN = {"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # Counted under their own path in the figures (any other path counts as "other").
-_KNOWN = {"/health", "/metrics", "/v1/models", "/api/ps", "/api/stop"}
+_KNOWN = {"/", "/health", "/metrics", "/v1/models", "/api/ps", "/api/stop"}
 
 
 def _flavor(path: str) -> str:
@@ -335,6 +335,8 @@ def _add_routes(app: FastAPI) -> None:
         )
 
     route("/health", _health, "GET", "server", Health)
+    # Claude Code checks the server with HEAD / before its first request.
+    app.add_api_route("/", _health, methods=["GET", "HEAD"], include_in_schema=False)
     route("/metrics", _metrics, "GET", "server", None)
     route(
         "/v1/chat/completions",

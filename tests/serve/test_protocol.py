@@ -108,6 +108,7 @@ def test_what_claude_code_sends_is_served(url: str):
         "metadata": {"user_id": "user_1"},
         "temperature": 0,
     }
+    assert httpx.head(f"{url}/").status_code == 200  # its first request
     reply = post(url, "messages", body, beta="true")
     assert reply.status_code == 200, reply.text
     assert reply.json()["type"] == "message"

@@ -11,10 +11,11 @@ import mlx_integrations.llama_index as llama_index
 
 
 def test_public_names():
-    assert sorted(langchain.__all__) == ["ChatMLX", "MLXEmbeddings", "RequireToolCall"]
+    assert sorted(langchain.__all__) == ["ChatMLX", "MLXEmbeddings", "MLXRerank", "RequireToolCall"]
     assert sorted(llama_index.__all__) == [
         "MLXEmbedding",
         "MLXLLM",
+        "MLXRerank",
         "react_grammar",
         "react_response_format",
     ]

@@ -158,5 +158,5 @@ def test_the_layer_test_sees_the_imports():
     """The graph is read right: known arrows are there (a broken reader passes vacuously)."""
     assert "mlx_integrations.engine.base" in GRAPH["mlx_integrations.engine.mlx_engine"]
     assert "mlx_integrations.engine.mlx_engine" in GRAPH["mlx_integrations.engine.serial"]
-    assert "mlx_integrations.runtime.owner" in GRAPH["mlx_integrations.embeddings.engine"]
+    assert "mlx_integrations.runtime.owner" in GRAPH["mlx_integrations.embeddings.encoder_engine"]
     assert "mlx_integrations.engine.batched.solo" in GRAPH["mlx_integrations.engine.batched.engine"]

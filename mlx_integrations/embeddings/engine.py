@@ -13,16 +13,22 @@ process, so every adapter object built on the same model holds one copy of the w
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import threading
 import warnings
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
+from mlx_integrations.embeddings.encoder_engine import (
+    EncoderDtype,
+    EncoderEngine,
+    auto_tokenizer,
+    clear_encoder_engines,
+    pad_right,
+    shared,
+    split_batches,
+)
 from mlx_integrations.embeddings.sentence_head import (
     POOLING_MODES,
     PoolingMode,
@@ -30,9 +36,6 @@ from mlx_integrations.embeddings.sentence_head import (
     normalize_vectors,
     pool_hidden_states,
 )
-from mlx_integrations.runtime.memory import weights_on_disk
-from mlx_integrations.runtime.owner import at_thread_exit, make_owner_thread, stop_owner_thread
-from mlx_integrations.runtime.residency import Residency, ResidencyControls
 
 if TYPE_CHECKING:
     from mlx_integrations.embeddings.bert import BertModel
@@ -53,7 +56,7 @@ __all__ = [
     "resolve_embedding_model",
 ]
 
-EmbeddingDtype = Literal["float32", "float16", "bfloat16"]
+EmbeddingDtype = EncoderDtype
 DEFAULT_BATCH_SIZE = 32
 
 
@@ -111,7 +114,7 @@ class EmbeddingModelInfo:
         return ""
 
 
-class EmbeddingEngine(ResidencyControls):
+class EmbeddingEngine(EncoderEngine):
     """An embedding model on its own owner thread, callable from any thread or loop.
 
     Prefer :func:`get_embedding_engine`, which shares one engine per model folder.
@@ -129,91 +132,9 @@ class EmbeddingEngine(ResidencyControls):
         (2, 384)
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        dtype: EmbeddingDtype = "float32",
-        keep_alive: Any = None,
-        pinned: bool = False,
-    ):
-        """Load the model on a new owner thread; returns when it is ready.
-
-        Args:
-            path: A model folder (see the module docstring for what it holds).
-            dtype: The floating point type of the forward pass.
-            keep_alive: Seconds or a duration (``"5m"``) the model stays loaded after
-                its last call; 0 unloads it after each call, -1 keeps it; None (the
-                default) follows ``MLXI_KEEP_ALIVE``, else keeps it loaded.
-            pinned: Never unload it to make room for another model, nor when idle.
-
-        Raises:
-            ValueError: For an unsupported model or an unknown dtype.
-            FileNotFoundError: When the folder lacks config.json or weights.
-            ModelTooLarge: The weights alone exceed the memory budget (nothing is read).
-        """
-        if dtype not in get_args(EmbeddingDtype):
-            raise ValueError(
-                f"dtype must be one of {', '.join(get_args(EmbeddingDtype))}, not {dtype!r}."
-            )
-        self.path = Path(path).resolve()
-        if not (self.path / "config.json").is_file() and not (self.path / "modules.json").is_file():
-            raise FileNotFoundError(
-                f"{self.path} is not a model folder: it has no config.json or modules.json."
-            )
-        self.dtype: EmbeddingDtype = dtype
-        self._executor = make_owner_thread("mlxi-embed")
-        self._closed = False
-        self._model: BertModel | None = None
-        self._lease: Any = None  # a store model is marked in use while loaded
-        self._tokenizer: Any = None
-        self._weights_bytes = 0
-        self._residency = Residency(
-            self,
-            self.path.name,
-            "embedding",
-            str(self.path),
-            keep_alive=keep_alive,
-            pinned=pinned,
-            publish=self._publish_residency,
-        )
-        # An engine dropped without close() still stops its thread and frees its streams.
-        self._finalizer = weakref.finalize(self, stop_owner_thread, self._executor, False)
-        try:
-            self.info: EmbeddingModelInfo = self._executor.submit(self._load).result()
-        except BaseException:
-            self.close()
-            raise
-        _register_exit_hook()
-        _live_engines.add(self)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def is_loaded(self) -> bool:
-        """Whether the weights are in memory (False once idle past the keep-alive)."""
-        return self._model is not None
-
-    def resident_bytes(self) -> tuple[int, int]:
-        """(weights, caches) in bytes; an embedding model keeps no cache."""
-        return (self._weights_bytes, 0) if self._model is not None else (0, 0)
-
-    def unload_if_idle(self) -> bool:
-        """Unload the weights if no call uses them; the next call loads them again.
-
-        Returns:
-            True when the model was unloaded.
-        """
-        if self._closed:
-            return False
-        try:
-            done = self._executor.submit(self._unload_idle)
-        except RuntimeError:  # closed meanwhile
-            return False
-        return done.result()
+    kind = "embedding"
+    _model: BertModel | None
+    info: EmbeddingModelInfo
 
     def check_max_length(self, max_length: int | None, name: object) -> None:
         """Refuse a ``max_length`` above the model's limit (``name`` is the user's model name)."""
@@ -242,7 +163,7 @@ class EmbeddingEngine(ResidencyControls):
             ValueError: For a bad batch size, pooling mode or max length.
         """
         request = self._request(texts, **options)
-        vectors, truncated = self._submit(request).result()
+        vectors, truncated = self._submit(self._run, request).result()
         self._warn_truncated(truncated, len(request.texts), request.max_length)
         return vectors
 
@@ -251,19 +172,9 @@ class EmbeddingEngine(ResidencyControls):
     ) -> list[list[float]]:
         """Embed texts without blocking the event loop; arguments as in :meth:`embed`."""
         request = self._request(texts, **options)
-        vectors, truncated = await asyncio.wrap_future(self._submit(request))
+        vectors, truncated = await asyncio.wrap_future(self._submit(self._run, request))
         self._warn_truncated(truncated, len(request.texts), request.max_length)
         return vectors
-
-    def close(self) -> None:
-        """Stop the owner thread after the work already submitted; frees the weights."""
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
-        self._executor.submit(self._unload)
-        stop_owner_thread(self._executor, True)
-        self._residency.unloaded()
 
     # -- caller side -------------------------------------------------------------------
 
@@ -309,19 +220,6 @@ class EmbeddingEngine(ResidencyControls):
             max_length=limit,
         )
 
-    def _submit(self, request: _Request) -> Any:
-        if self._closed:
-            raise RuntimeError(f"The embedding engine for {self.path} is closed.")
-        # In use from here: an unload queued after this call waits for its end.
-        self._residency.begin_use()
-        try:
-            future = self._executor.submit(self._run, request)
-        except BaseException:
-            self._residency.end_use()
-            raise
-        future.add_done_callback(lambda _: self._residency.end_use())
-        return future
-
     def _warn_truncated(self, truncated: int, total: int, limit: int) -> None:
         if truncated:
             warnings.warn(
@@ -333,46 +231,12 @@ class EmbeddingEngine(ResidencyControls):
 
     # -- owner thread ------------------------------------------------------------------
 
-    def _load(self) -> EmbeddingModelInfo:
-        import mlx.core as mx
-        from mlx.utils import tree_flatten
-
-        from mlx_integrations.models.resolve import lease_model
-
-        # Room within the memory budget first: a model too large is refused unread.
-        self._residency.reserve(weights_on_disk(self.path, recursive=True))
-        try:
-            self._lease = lease_model(self.path)
-            info = self._load_model()
-            assert self._model is not None
-            # The layers' random initial weights (replaced by the model's) are lazy
-            # splits of MLX's global key, which hold on to memory until it is evaluated.
-            mx.eval(mx.random.state)
-            leaves = tree_flatten(self._model.parameters(), destination={})
-            self._weights_bytes = sum(v.nbytes for v in cast("dict[str, Any]", leaves).values())
-        except BaseException:
-            self._unload()
-            self._residency.load_failed()
-            raise
-        self._residency.loaded()
-        return info
-
-    def _unload_idle(self) -> bool:
-        """Owner thread: unload unless a call is queued or running."""
-        if not self._residency.try_begin_unload():
-            return False
-        try:
-            self._unload()
-        finally:
-            self._residency.unloaded()
-        return True
-
     def _load_model(self) -> EmbeddingModelInfo:
         import mlx.core as mx
 
         # Only the tokenizer comes from transformers: its "PyTorch was not found" advice
         # does not apply, and is dropped (that message alone, not process-wide).
-        AutoTokenizer = _auto_tokenizer()
+        AutoTokenizer = auto_tokenizer()
 
         from mlx_integrations.embeddings.bert import load_bert
 
@@ -402,66 +266,40 @@ class EmbeddingEngine(ResidencyControls):
             dtype=self.dtype,
         )
 
-    def _unload(self) -> None:
-        import mlx.core as mx
-
-        self._model = None
-        self._tokenizer = None
-        self._weights_bytes = 0
-        mx.clear_cache()
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
-
     def _run(self, request: _Request) -> tuple[list[list[float]], int]:
         import numpy as np
 
         texts = request.texts
         if not texts:
             return [], 0
-        if self._model is None:  # unloaded while idle: load again, on this thread
-            self._load()
         if self._st_config.do_lower_case:
             texts = [t.lower() for t in texts]
         enc = self._tokenizer(texts, truncation=True, max_length=request.max_length)
         ids: list[list[int]] = enc["input_ids"]
         types: list[list[int]] | None = enc.get("token_type_ids")
         truncated = self._count_truncated(texts, ids, request.max_length)
+        lengths = [len(x) for x in ids]
+        batches = split_batches(plan_batches(lengths, request.batch_size), lengths)
+
+        def forward(batch: list[int]) -> Any:
+            rows = [ids[i] for i in batch]
+            return self._embed_batch(rows, [types[i] for i in batch] if types else None, request)
+
         out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
-        for batch in plan_batches([len(x) for x in ids], request.batch_size):
-            out[batch] = self._embed_batch(
-                [ids[i] for i in batch],
-                [types[i] for i in batch] if types is not None else None,
-                request,
-            )
+        for batch, vectors in zip(batches, self._forward_all(batches, forward), strict=True):
+            out[batch] = vectors
         return out.tolist(), truncated
 
     def _embed_batch(
         self, ids: list[list[int]], types: list[list[int]] | None, request: _Request
     ) -> Any:
         import mlx.core as mx
-        import numpy as np
 
         assert self._model is not None
-        # Right padding, as BERT expects; pooling and attention ignore the padded slots.
-        width = max(len(row) for row in ids)
-        pad_id = self._tokenizer.pad_token_id or 0
-        ids_np = np.full((len(ids), width), pad_id, dtype=np.int32)
-        mask_np = np.zeros((len(ids), width), dtype=np.int32)
-        types_np = np.zeros((len(ids), width), dtype=np.int32)
-        for row, seq in enumerate(ids):
-            ids_np[row, : len(seq)] = seq
-            mask_np[row, : len(seq)] = 1
-            if types is not None:
-                types_np[row, : len(seq)] = types[row]
-        mask = mx.array(mask_np)
-        hidden = self._model(
-            mx.array(ids_np), attention_mask=mask, token_type_ids=mx.array(types_np)
-        )
+        input_ids, mask, token_types = pad_right(ids, types, self._tokenizer.pad_token_id or 0)
+        hidden = self._model(input_ids, attention_mask=mask, token_type_ids=token_types)
         pooled = pool_hidden_states(hidden.astype(mx.float32), mask, request.pooling)
-        if request.normalize:
-            pooled = normalize_vectors(pooled)
-        return np.array(pooled)
+        return normalize_vectors(pooled) if request.normalize else pooled
 
     def _count_truncated(self, texts: list[str], ids: list[list[int]], limit: int) -> int:
         # Only texts that filled the limit can have been cut; count their full lengths.
@@ -470,33 +308,6 @@ class EmbeddingEngine(ResidencyControls):
             return 0
         full = self._tokenizer(candidates, truncation=False, verbose=False)["input_ids"]
         return sum(len(row) > limit for row in full)
-
-
-class _WithoutMessage(logging.Filter):
-    """A logging filter that drops the records whose message starts with ``prefix``."""
-
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
-
-
-def _auto_tokenizer() -> Any:
-    """transformers' ``AutoTokenizer``, imported without its "PyTorch was not found"
-    warning: the engine uses its tokenizers alone, which need no torch.
-
-    Only that message of that import is dropped; transformers' other warnings stay.
-    """
-    quiet = _WithoutMessage("PyTorch was not found.")
-    logger = logging.getLogger("transformers")
-    logger.addFilter(quiet)
-    try:
-        from transformers import AutoTokenizer
-    finally:
-        logger.removeFilter(quiet)
-    return AutoTokenizer
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -540,22 +351,7 @@ class _Request:
     max_length: int
 
 
-_live_engines: weakref.WeakSet[EmbeddingEngine] = weakref.WeakSet()
-
-
-def _close_live_engines() -> None:
-    for engine in list(_live_engines):
-        engine.close()
-
-
-def _register_exit_hook() -> None:
-    at_thread_exit(_close_live_engines)
-
-
 # -- the process-wide pool ---------------------------------------------------------------
-
-_pool: dict[tuple[Path, str], EmbeddingEngine] = {}
-_pool_lock = threading.Lock()
 
 
 def resolve_embedding_model(name: str | os.PathLike[str]) -> Path:
@@ -594,16 +390,7 @@ def get_embedding_engine(
     Returns:
         An engine (its model loaded unless it was unloaded while idle).
     """
-    path = resolve_embedding_model(model)
-    key = (path, dtype)
-    with _pool_lock:
-        engine = _pool.get(key)
-        if engine is None or engine.closed:
-            engine = EmbeddingEngine(path, dtype=dtype, keep_alive=keep_alive)
-            _pool[key] = engine
-        elif keep_alive is not None:
-            engine.keep_alive = keep_alive
-        return engine
+    return shared(EmbeddingEngine, resolve_embedding_model(model), dtype, keep_alive)
 
 
 def clear_embedding_engines() -> int:
@@ -614,9 +401,4 @@ def clear_embedding_engines() -> int:
     Returns:
         How many engines were closed.
     """
-    with _pool_lock:
-        engines = list(_pool.values())
-        _pool.clear()
-    for engine in engines:
-        engine.close()
-    return len(engines)
+    return clear_encoder_engines(EmbeddingEngine)

@@ -332,7 +332,9 @@ async def _foreign_outputs(
     arguments, the constraints and the thinking budget as logits processors, the effort
     as template variables (or a flag in the system message)."""
     # Any engine's text model refuses media here, before a prompt is rendered.
-    reject_media_for_text_model(request.messages, engine.model_name, bool(engine.is_mllm))
+    reject_media_for_text_model(
+        request.messages, engine.model_name, bool(engine.is_mllm), request.images, request.videos
+    )
     # Building a grammar can take a moment: keep it off the event loop.
     processors = await asyncio.to_thread(
         constraint_processors, engine.tokenizer, fmt, request.tools, request.format_constraint

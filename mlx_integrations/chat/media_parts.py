@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from mlx_integrations.chat.errors import RequestError
+from mlx_integrations.chat.fields import RequestError
 
 MediaKind = Literal["image", "video"]
 MEDIA_KINDS: tuple[MediaKind, ...] = ("image", "video")
@@ -94,16 +95,28 @@ def media_kind_of(part: Any) -> str | None:
 
 
 def reject_media_for_text_model(
-    messages: list[dict[str, Any]], model_name: str, is_mllm: bool
+    messages: list[dict[str, Any]],
+    model_name: str,
+    is_mllm: bool,
+    images: Sequence[str] = (),
+    videos: Sequence[str] = (),
 ) -> None:
-    """Refuse messages carrying images or video when the engine's model takes neither.
+    """Refuse images and videos, given beside the messages or in them, when the
+    engine's model takes neither.
 
     Raises:
-        ValueError: A message holds an image or video part and ``is_mllm`` is False;
-            the message says which one and which models take them.
+        RequestError: Media given and ``is_mllm`` False; the message says which one
+            and which models take them.
     """
     if is_mllm:
         return
+    for given, value in (("images", images), ("videos", videos)):
+        if value:
+            raise RequestError(
+                f"{model_name!r} is a text-only model and cannot take {given} "
+                f"({len(value)} given); remove them or use {VISION_MODELS}",
+                given,
+            )
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list):

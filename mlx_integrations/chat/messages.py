@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlx_integrations.chat.errors import RequestError, RequestTypeError, checking
+from mlx_integrations.chat.fields import RequestError, RequestTypeError, checking
 from mlx_integrations.chat.media_parts import VISION_MODELS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from mlx_integrations.chat.errors import RequestError, RequestTypeError, checking
+from mlx_integrations.chat.fields import RequestError, RequestTypeError, checking
 from mlx_integrations.chat.schemas import check_json_schema
 
 

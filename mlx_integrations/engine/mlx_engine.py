@@ -14,11 +14,11 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from mlx_integrations.chat.constraints import constraint_processors
-from mlx_integrations.chat.errors import RequestError, checking
-from mlx_integrations.chat.media_parts import VISION_MODELS, reject_media_for_text_model
+from mlx_integrations.chat.fields import RequestError, checking
+from mlx_integrations.chat.media_parts import reject_media_for_text_model
 from mlx_integrations.chat.messages import check_text, normalize_messages
 from mlx_integrations.chat.reasoning import (
     apply_effort,
@@ -113,6 +113,8 @@ class MLXEngine(ModelLifecycle, RequestEngine):
     """
 
     engine_type = "mlx"
+    options_type: ClassVar[type[EngineOptions]] = EngineOptions
+    """The options class of this engine type, checked once when the engine is made."""
 
     def __init__(
         self,
@@ -123,7 +125,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         pinned: bool = False,
         **kwargs: Any,
     ):
-        opts = EngineOptions.build(options, kwargs)
+        opts = self.options_type.build(options, kwargs)
         self._options = opts
         self._name = str(model)
         self._path = resolve_model_path(model)
@@ -311,8 +313,9 @@ class MLXEngine(ModelLifecycle, RequestEngine):
                 ``logit_bias`` id outside its vocabulary, a prompt past its context window.
         """
         messages = request.messages
-        if not self._vision:
-            self._reject_media(request)
+        reject_media_for_text_model(
+            messages, self._name, self._vision, request.images, request.videos
+        )
         params = SamplingParams.for_request(request, self._vocab_size)
         media = None
         if self._vision:  # downloads and decoding, off the event loop
@@ -352,17 +355,6 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning
                 yield out
-
-    def _reject_media(self, request: ChatRequest) -> None:
-        """A text model refuses images and videos, given beside the messages or in them."""
-        for kind, value in (("images", request.images), ("videos", request.videos)):
-            if value:
-                raise RequestError(
-                    f"{self._name!r} is a text-only model and cannot take {kind} "
-                    f"({len(value)} given); remove them or use {VISION_MODELS}",
-                    kind,
-                )
-        reject_media_for_text_model(request.messages, self._name, False)
 
     def render_prompt(
         self,

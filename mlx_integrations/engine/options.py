@@ -6,9 +6,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from mlx_integrations.chat.request import check_template_kwargs
+from mlx_integrations.chat.fields import (
+    RequestError,
+    RequestTypeError,
+    check_template_kwargs,
+    checking,
+)
 from mlx_integrations.chat.tool_formats import get_format
 from mlx_integrations.engine.cache.kv_quantization import validate_kv_options
 from mlx_integrations.engine.jobs import Admission
@@ -37,6 +42,9 @@ class EngineOptions:
         TypeError, ValueError: For a value of the wrong type or out of range.
     """
 
+    engine_name: ClassVar[str] = "SimpleEngine"
+    """The engine these options are for (named in errors)."""
+
     admission: Admission = "wait"
     """``"wait"`` queues requests the engine cannot take yet (one running for
     ``SimpleEngine``, ``max_num_seqs`` for ``BatchedEngine``); ``"fail_fast"`` raises
@@ -51,11 +59,15 @@ class EngineOptions:
     a GPU, 512 on the CPU (where smaller pieces run faster)."""
     prefill_buckets: bool | None = None
     """Pad the last prefill piece of a prompt to one of a few sizes (16, 24, 32, 48...
-    up to ``prefill_step_size``), masked and trimmed off the KV cache, so replies are
-    those of the unpadded prompt: a process then meets few distinct prefill shapes,
-    which MLX's CUDA backend sets up once each rather than once per prompt length.
-    None: on with CUDA, off elsewhere (on the CPU the padding costs and saves nothing).
-    Requests decoding alone use it; a shared batch prefills as mlx-lm does."""
+    up to ``prefill_step_size``), masked and trimmed off the KV cache, so the cache holds
+    the prompt's tokens alone: a process then meets few distinct prefill shapes, which
+    MLX's CUDA backend sets up once each rather than once per prompt length. Greedy
+    replies are those of the unpadded prompt on the CPU, and equal to them up to
+    bfloat16 rounding ties on CUDA. False turns the padding off, for replies bit for bit
+    those of raw mlx-lm's ``generate_step`` (same ``prefill_step_size``, a prompt not
+    served from the prefix cache). None: on with CUDA, off elsewhere (on the CPU the
+    padding costs and saves nothing). Requests decoding alone use it; a shared batch
+    prefills as mlx-lm does."""
     warmup_shapes: bool | None = None
     """Run each padded prefill shape and a decode step once when the model loads, on
     the thread that serves it, so the first requests find them set up (the seconds it
@@ -139,40 +151,51 @@ class EngineOptions:
     :meth:`MediaPolicy.restricted() <mlx_integrations.engine.vision.policy.MediaPolicy.restricted>`."""
 
     def __post_init__(self) -> None:
+        # Each check names its field: a RequestError carries the field's path.
         if self.tool_format is not None:
-            get_format(self.tool_format)  # an unknown name fails here, not at load
+            with checking("tool_format"):
+                get_format(self.tool_format)  # an unknown name fails here, not at load
         if self.admission not in ("wait", "fail_fast"):
-            raise ValueError(f"admission must be 'wait' or 'fail_fast', got {self.admission!r}")
+            raise RequestError(
+                f"admission must be 'wait' or 'fail_fast', got {self.admission!r}", "admission"
+            )
         budget = self.cache_memory_mb
         if not isinstance(budget, (int, float)) or isinstance(budget, bool):
-            raise TypeError(f"cache_memory_mb must be a number, got {budget!r}")
+            raise RequestTypeError(
+                f"cache_memory_mb must be a number, got {budget!r}", "cache_memory_mb"
+            )
         if not math.isfinite(budget) or budget < 0:
-            raise ValueError(
+            raise RequestError(
                 f"cache_memory_mb must be a finite number >= 0 (0 turns the prefix cache "
-                f"off), got {budget}"
+                f"off), got {budget}",
+                "cache_memory_mb",
             )
         if self.adapter_path is not None:
-            object.__setattr__(self, "adapter_path", str(read_adapter(self.adapter_path).path))
+            with checking("adapter_path"):
+                path = str(read_adapter(self.adapter_path).path)
+            object.__setattr__(self, "adapter_path", path)
         _check_disk_options(self.cache_dir, self.disk_cache_mb)
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", str(Path(self.cache_dir).expanduser()))
         step = self.prefill_step_size
         if step is not None and step < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {step}")
+            raise RequestError(f"prefill_step_size must be >= 1, got {step}", "prefill_step_size")
         for name in ("prefill_buckets", "warmup_shapes"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
-                raise TypeError(
+                raise RequestTypeError(
                     f"{name} must be True, False or None (the default for the device), "
-                    f"got {value!r}"
+                    f"got {value!r}",
+                    name,
                 )
         key_step = self.prefix_key_step
         if key_step is not None and (
             isinstance(key_step, bool) or not isinstance(key_step, int) or key_step < 1
         ):
-            raise ValueError(
+            raise RequestError(
                 f"prefix_key_step must be a whole number of tokens >= 1 (1 serves all that "
-                f"is cached) or None (256 where prefill_buckets is on), got {key_step!r}"
+                f"is cached) or None (256 where prefill_buckets is on), got {key_step!r}",
+                "prefix_key_step",
             )
         validate_speculative_options(self.draft_model, self.num_draft_tokens, self.prompt_lookup)
         validate_kv_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
@@ -180,18 +203,23 @@ class EngineOptions:
             # mlx-lm's speculative_generate_step would quantize a copy of the cache list
             # midway, so the request's own cache would miss the tokens decoded after it;
             # a cache quantized from its first token is one the draft loop keeps.
-            raise ValueError(
+            raise RequestError(
                 f"kv_bits={self.kv_bits} with draft_model={str(self.draft_model)!r} "
                 f"quantizes the KV cache from its first token: quantized_kv_start must "
                 f"be 0, got {self.quantized_kv_start}; or use prompt_lookup, which takes "
-                "any quantized_kv_start"
+                "any quantized_kv_start",
+                "quantized_kv_start",
             )
         _check_media_limits(self.max_images, self.max_media_mb, self.media_timeout_s)
         pixels = self.max_image_pixels
         if isinstance(pixels, bool) or not isinstance(pixels, int) or pixels < 1:
-            raise ValueError(f"max_image_pixels must be an integer >= 1, got {pixels!r}")
+            raise RequestError(
+                f"max_image_pixels must be an integer >= 1, got {pixels!r}", "max_image_pixels"
+            )
         if self.media_policy is not None and not isinstance(self.media_policy, MediaPolicy):
-            raise TypeError(f"media_policy must be a MediaPolicy, got {self.media_policy!r}")
+            raise RequestTypeError(
+                f"media_policy must be a MediaPolicy, got {self.media_policy!r}", "media_policy"
+            )
         template_kwargs = check_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", template_kwargs)
 
@@ -237,57 +265,69 @@ class EngineOptions:
         )
 
     @classmethod
-    def build(cls, options: EngineOptions | None, overrides: Mapping[str, Any]) -> EngineOptions:
-        """``options`` (or the defaults) with the keyword arguments ``overrides`` applied.
+    def build(cls, options: EngineOptions | None, overrides: Mapping[str, Any]) -> Self:
+        """``options`` (or the defaults) with the keyword arguments ``overrides`` applied,
+        as this engine type's options (the fields an ``EngineOptions`` given to a
+        ``BatchedEngine`` has are kept, its own start at their defaults).
 
         Raises:
-            TypeError: For a keyword that is not a field, or ``options`` of another type.
+            RequestError: A keyword that is not a field of this type (a ``TypeError``
+                too), ``options`` of another type, or a bad value (naming its field).
         """
         if options is not None and not isinstance(options, EngineOptions):
-            raise TypeError(f"options must be an EngineOptions, got {type(options).__name__}")
+            raise RequestTypeError(
+                f"options must be an EngineOptions, got {type(options).__name__}", "options"
+            )
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(overrides) - set(names))
         if unknown:
-            raise TypeError(
+            raise RequestTypeError(
                 f"unexpected keyword argument(s) {unknown}; the engine options are: "
-                f"{', '.join(names)}"
+                f"{', '.join(names)}",
+                unknown[0],
             )
         if options is None:
             return cls(**overrides)
-        return replace(options, **overrides) if overrides else options
+        if type(options) is cls:
+            return replace(options, **overrides) if overrides else options
+        given = {f.name: getattr(options, f.name) for f in fields(options) if f.name in names}
+        return cls(**{**given, **overrides})
 
 
 def _check_disk_options(cache_dir: Any, disk_cache_mb: Any) -> None:
     if cache_dir is not None:
         if not isinstance(cache_dir, (str, Path)) or not str(cache_dir).strip():
-            raise TypeError(
+            raise RequestTypeError(
                 f"cache_dir must be a folder path (str or Path), got {cache_dir!r}; pass "
-                "None to keep the prefix cache in memory only"
+                "None to keep the prefix cache in memory only",
+                "cache_dir",
             )
         folder = Path(cache_dir).expanduser()
         if folder.exists() and not folder.is_dir():
-            raise ValueError(
+            raise RequestError(
                 f"cache_dir={str(cache_dir)!r} is a file, not a folder; pass a folder "
-                "(it is made if missing)"
+                "(it is made if missing)",
+                "cache_dir",
             )
     budget = disk_cache_mb
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"disk_cache_mb must be a number, got {budget!r}")
+        raise RequestTypeError(f"disk_cache_mb must be a number, got {budget!r}", "disk_cache_mb")
     if not math.isfinite(budget) or budget <= 0:
-        raise ValueError(
+        raise RequestError(
             f"disk_cache_mb must be a finite number > 0 (MiB of disk for the cache_dir "
-            f"tier; cache_dir=None turns it off), got {budget}"
+            f"tier; cache_dir=None turns it off), got {budget}",
+            "disk_cache_mb",
         )
 
 
 def _check_media_limits(max_images: Any, max_media_mb: Any, timeout: Any) -> None:
     if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
-        raise ValueError(f"max_images must be an integer >= 1, got {max_images!r}")
+        raise RequestError(f"max_images must be an integer >= 1, got {max_images!r}", "max_images")
     for name, value in (("max_media_mb", max_media_mb), ("media_timeout_s", timeout)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number, got {value!r}")
+            raise RequestTypeError(f"{name} must be a number, got {value!r}", name)
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            raise RequestError(f"{name} must be a finite number > 0, got {value!r}", name)
 
 
 def validate_speculative_options(
@@ -301,20 +341,22 @@ def validate_speculative_options(
     if draft_model is not None and (
         not isinstance(draft_model, (str, Path)) or not str(draft_model).strip()
     ):
-        raise TypeError(
+        raise RequestTypeError(
             f"draft_model must be a model folder, store name or pulled Hub id, got "
-            f"{draft_model!r}; pass None to decode without a draft model"
+            f"{draft_model!r}; pass None to decode without a draft model",
+            "draft_model",
         )
     for name, value, low, fix in (
         ("num_draft_tokens", num_draft_tokens, 1, "2 to 5 is usual"),
         ("prompt_lookup", prompt_lookup, 0, "0 turns prompt lookup off, 4 to 10 is usual"),
     ):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}; {fix}")
+            raise RequestTypeError(f"{name} must be an integer, got {value!r}; {fix}", name)
         if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}; {fix}")
+            raise RequestError(f"{name} must be >= {low}, got {value}; {fix}", name)
     if draft_model is not None and prompt_lookup:
-        raise ValueError(
+        raise RequestError(
             f"draft_model={str(draft_model)!r} and prompt_lookup={prompt_lookup} are two "
-            "draft sources; pick one (prompt_lookup=0 or draft_model=None)"
+            "draft sources; pick one (prompt_lookup=0 or draft_model=None)",
+            "prompt_lookup",
         )

@@ -12,11 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_integrations.chat.request import (
-    CALL_KEYWORDS,
-    ChatRequest,
-    Reasoning,
-    RequestTypeError,
+from mlx_integrations.chat.fields import (
     Sampling,
     check_logit_bias,
     check_max_tokens,
@@ -24,6 +20,7 @@ from mlx_integrations.chat.request import (
     check_stop,
     check_template_kwargs,
 )
+from mlx_integrations.chat.request import CALL_KEYWORDS, ChatRequest, Reasoning, RequestTypeError
 
 
 @dataclass

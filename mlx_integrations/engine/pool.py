@@ -28,12 +28,17 @@ import json
 import threading
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mlx_integrations.chat.fields import RequestError, RequestTypeError
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.models.resolve import resolve_model_path
+
+if TYPE_CHECKING:
+    from mlx_integrations.engine.mlx_engine import MLXEngine
+    from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.runtime.residency import (
     ResidentModelInfo,
     default_keep_alive,
@@ -57,6 +62,7 @@ __all__ = [
     "default_keep_alive",
     "engine_class",
     "engine_for",
+    "engine_options",
     "memory_budget",
     "memory_in_use",
     "pin",
@@ -248,7 +254,7 @@ def default_engine_type(model: str | Path, options: Mapping[str, Any]) -> str:
     return DEFAULT_ENGINE_TYPE
 
 
-def engine_class(engine_type: str) -> type[BaseEngine]:
+def engine_class(engine_type: str) -> type[MLXEngine]:
     """The engine class of a kind in :data:`ENGINE_CLASSES` (imported on first use).
 
     Raises:
@@ -259,13 +265,45 @@ def engine_class(engine_type: str) -> type[BaseEngine]:
         known = ", ".join(repr(kind) for kind in ENGINE_CLASSES)
         raise ValueError(f"engine_type must be one of {known}, got {engine_type!r}")
     module, _, name = target.partition(":")
-    cls: type[BaseEngine] = getattr(importlib.import_module(module), name)
+    cls: type[MLXEngine] = getattr(importlib.import_module(module), name)
     return cls
 
 
+def engine_options(engine_type: str, options: Mapping[str, Any]) -> EngineOptions:
+    """``options`` checked once, as the typed options of ``engine_type``'s engines
+    (:class:`EngineOptions`, ``BatchedOptions``, ``DistributedOptions``).
+
+    Raises:
+        RequestError: An option that type does not take (saying which type does), or a
+            bad value, with the option's name as its path.
+    """
+    options_type = engine_class(engine_type).options_type
+    try:
+        return options_type.build(None, options)
+    except RequestTypeError as exc:
+        unknown = exc.path
+        takes = [
+            kind
+            for kind in ENGINE_CLASSES
+            if kind != engine_type
+            and unknown in {f.name for f in fields(engine_class(kind).options_type)}
+        ]
+        if unknown not in options or not takes:
+            raise
+        # An option of another engine type: the wrong kind of engine for it.
+        raise RequestError(
+            f"{unknown}={options[unknown]!r} is an option of engine_type="
+            f"{' or '.join(map(repr, takes))}, not of engine_type={engine_type!r} "
+            f"({options_type.engine_name}); use engine_type={takes[0]!r}, or drop it",
+            unknown,
+        ) from None
+
+
 def _make(path: Path, engine_type: str, options: dict[str, Any]) -> BaseEngine:
-    # The contract has no constructor; every engine class takes a model and options.
-    return engine_class(engine_type)(path, **options)  # type: ignore[call-arg]
+    given = dict(options)
+    residency = {name: given.pop(name) for name in ("pinned",) if name in given}
+    typed = engine_options(engine_type, given)
+    return engine_class(engine_type)(path, options=typed, **residency)
 
 
 def retain(engine: BaseEngine) -> bool:

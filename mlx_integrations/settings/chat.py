@@ -181,16 +181,16 @@ class ChatSettings(BaseModel):
         if self.engine is None and self.model:
             # The kind chosen for this model, so ChatMLX and MLXLLM share one engine.
             object.__setattr__(self, "engine_type", self.engine_type_for(self.model))
-            _check_engine_type(type(self).__name__, self.engine_type, options)
-        engine, self._owns_engine = pool.engine_for(
-            self,
-            self.model,
-            self.engine,
-            engine_type=self.engine_type,
-            options=options,
-            adapter=type(self).__name__,
-            keep_alive=self.keep_alive,
-        )
+        with plain_type_errors():  # an unknown engine option is a TypeError, as ever
+            engine, self._owns_engine = pool.engine_for(
+                self,
+                self.model,
+                self.engine,
+                engine_type=self.engine_type,
+                options=options,
+                adapter=type(self).__name__,
+                keep_alive=self.keep_alive,
+            )
         object.__setattr__(self, "engine", engine)
         if self.model is None:
             object.__setattr__(self, "model", engine.model_name)
@@ -337,20 +337,6 @@ ENGINE_FIELDS = (
     "quantized_kv_start",
 )
 """Adapter fields that are options of the engine made from ``model``."""
-
-
-def _check_engine_type(adapter: str, engine_type: str, options: Mapping[str, Any]) -> None:
-    """Refuse options that the chosen kind of engine does not take, naming the kind that does.
-
-    Raises:
-        ValueError: ``max_num_seqs`` for an engine other than ``BatchedEngine``.
-    """
-    if "max_num_seqs" in options and engine_type != "batched":
-        raise ValueError(
-            f"{adapter} got engine_options['max_num_seqs']={options['max_num_seqs']!r} with "
-            f"engine_type={engine_type!r}: max_num_seqs sizes the running batch of "
-            "BatchedEngine; use engine_type='batched' (the default), or drop it"
-        )
 
 
 def _engine_options(settings: ChatSettings, engine: Any = None) -> dict[str, Any]:

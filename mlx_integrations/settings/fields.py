@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_integrations.chat.request import (
+from mlx_integrations.chat.fields import (
     RequestTypeError,
     Sampling,
     check_max_tokens,

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from mlx_integrations.engine.batched.active import Active
+from mlx_integrations.engine.batched.options import BatchedOptions
 from mlx_integrations.engine.batched.sampling import SharedSamplers
 from mlx_integrations.engine.batched.solo import SoloDecode
 from mlx_integrations.engine.batched.speculation import BatchSpeculation
@@ -23,7 +24,6 @@ from mlx_integrations.engine.generation import (
     request_processors,
 )
 from mlx_integrations.engine.jobs import Job
-from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.speculative.draft_model import DraftModel
 from mlx_integrations.engine.speculative.pace import LookupPace
 
@@ -32,7 +32,7 @@ class Engine(Protocol):
     """What of a BatchedEngine the methods below use (their ``self``)."""
 
     _model: Any
-    _options: EngineOptions
+    _options: BatchedOptions
     _prefill_step_size: int
     _shapes: PrefillShapes
     _prefix: PrefixCache

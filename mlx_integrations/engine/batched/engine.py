@@ -28,6 +28,7 @@ from mlx_integrations.engine.batched.arrivals import (
     drop_placeholders,
     placeholder_prompts,
 )
+from mlx_integrations.engine.batched.options import BatchedOptions
 from mlx_integrations.engine.batched.sampling import (
     GuardedProcessors,
     SharedSamplers,
@@ -36,7 +37,6 @@ from mlx_integrations.engine.batched.solo import SoloDecode, prefill_joining
 from mlx_integrations.engine.batched.speculation import BatchSpeculation, add_token
 from mlx_integrations.engine.batched.warmup import warm_batch
 from mlx_integrations.engine.cache.kv_quantization import (
-    check_batched_kv_options,
     check_kv_at_load,
 )
 from mlx_integrations.engine.decoding import repair_random_state
@@ -107,13 +107,14 @@ class BatchedEngine(LoneRequests, MLXEngine):
 
     Args:
         model: A model folder, or a name the model store resolves.
-        max_num_seqs: Most requests in the running batch; more wait in line (or, with
-            ``admission="fail_fast"``, are refused with :class:`EngineBusy`).
         options: How the engine serves the model
-            (:class:`~mlx_integrations.engine.options.EngineOptions`).
-        **kwargs: Fields of ``EngineOptions`` as keywords (``admission``,
-            ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
-            ``prompt_lookup``...); they override ``options``. And ``keep_alive`` and
+            (:class:`~mlx_integrations.engine.batched.options.BatchedOptions`; an
+            ``EngineOptions`` is taken too, its fields kept).
+        **kwargs: Fields of ``BatchedOptions`` as keywords: ``max_num_seqs`` (most
+            requests in the running batch; more wait in line, or with
+            ``admission="fail_fast"`` are refused with :class:`EngineBusy`),
+            ``admission``, ``cache_memory_mb``, ``prefill_step_size``, ``draft_model``,
+            ``prompt_lookup``...; they override ``options``. And ``keep_alive`` and
             ``pinned``, the model's residency
             (:class:`~mlx_integrations.engine.mlx_engine.MLXEngine`).
 
@@ -123,19 +124,10 @@ class BatchedEngine(LoneRequests, MLXEngine):
     """
 
     engine_type = "batched"
+    options_type = BatchedOptions
+    _options: BatchedOptions
 
-    def __init__(
-        self,
-        model: str | Path,
-        *,
-        max_num_seqs: int = 8,
-        options: EngineOptions | None = None,
-        **kwargs: Any,
-    ):
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int):
-            raise TypeError(f"max_num_seqs must be an integer, got {max_num_seqs!r}")
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+    def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
         super().__init__(model, options=options, **kwargs)
         if self._vision:
             # mlx-vlm batches with its own generator (per-row image inputs and mRoPE
@@ -144,8 +136,7 @@ class BatchedEngine(LoneRequests, MLXEngine):
                 f"{self._name!r} is a vision-language model; BatchedEngine serves text "
                 "models only: use SimpleEngine (engine_type='simple') for it"
             )
-        check_batched_kv_options(self._options.kv_bits, self._options.quantized_kv_start)
-        self._max_num_seqs = max_num_seqs
+        self._max_num_seqs = self._options.max_num_seqs
         # Under the state lock: the wait line, control calls, and whether the owner
         # thread is running the loop (it runs while there is work, then returns).
         self._inbox: deque[Job] = deque()

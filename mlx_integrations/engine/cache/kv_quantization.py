@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from mlx_integrations.chat.fields import RequestError, RequestTypeError
 from mlx_integrations.runtime import quantized_attention_error
 
 KV_BITS = (2, 3, 4, 6, 8)
@@ -34,27 +35,36 @@ def validate_kv_options(kv_bits: Any, kv_group_size: Any, quantized_kv_start: An
     allowed_bits = ", ".join(map(str, KV_BITS))
     if kv_bits is not None:
         if not _is_int(kv_bits):
-            raise TypeError(f"kv_bits must be an integer ({allowed_bits}) or None, got {kv_bits!r}")
+            raise RequestTypeError(
+                f"kv_bits must be an integer ({allowed_bits}) or None, got {kv_bits!r}", "kv_bits"
+            )
         if kv_bits not in KV_BITS:
-            raise ValueError(
+            raise RequestError(
                 f"kv_bits must be one of {allowed_bits} (or None for an unquantized "
-                f"cache), got {kv_bits}"
+                f"cache), got {kv_bits}",
+                "kv_bits",
             )
     allowed_groups = ", ".join(map(str, KV_GROUP_SIZES))
     if not _is_int(kv_group_size):
-        raise TypeError(
-            f"kv_group_size must be an integer ({allowed_groups}), got {kv_group_size!r}"
+        raise RequestTypeError(
+            f"kv_group_size must be an integer ({allowed_groups}), got {kv_group_size!r}",
+            "kv_group_size",
         )
     if kv_group_size not in KV_GROUP_SIZES:
-        raise ValueError(
-            f"kv_group_size must be one of {allowed_groups} (64 is usual), got {kv_group_size}"
+        raise RequestError(
+            f"kv_group_size must be one of {allowed_groups} (64 is usual), got {kv_group_size}",
+            "kv_group_size",
         )
     if not _is_int(quantized_kv_start):
-        raise TypeError(f"quantized_kv_start must be an integer, got {quantized_kv_start!r}")
+        raise RequestTypeError(
+            f"quantized_kv_start must be an integer, got {quantized_kv_start!r}",
+            "quantized_kv_start",
+        )
     if quantized_kv_start < 0:
-        raise ValueError(
+        raise RequestError(
             f"quantized_kv_start must be >= 0 (tokens kept unquantized; 0 quantizes "
-            f"from the start), got {quantized_kv_start}"
+            f"from the start), got {quantized_kv_start}",
+            "quantized_kv_start",
         )
 
 

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from mlx_integrations.chat.template import probe_template
 from mlx_integrations.chat.tool_formats import detect_format
 from mlx_integrations.engine.cache.prefix_cache import MiB
+from mlx_integrations.engine.distributed.options import DistributedOptions
 from mlx_integrations.engine.distributed.ranks import (
     DEFAULT_RANK_TIMEOUT,
     DEFAULT_START_TIMEOUT,
@@ -104,8 +105,9 @@ class DistributedEngine(SerialEngine):
             (default ``$MLXI_RANK_TIMEOUT`` or 30).
         start_timeout: Seconds to wait for every rank to join (default
             ``$MLXI_START_TIMEOUT`` or 120).
-        options: :class:`EngineOptions` (``admission``, ``prefill_step_size``, ...).
-        **kwargs: Fields of ``EngineOptions`` as keywords, and ``pinned``. A
+        options: :class:`~mlx_integrations.engine.distributed.options.DistributedOptions`
+            (``parallel``, the timeouts, ``admission``, ``prefill_step_size``, ...).
+        **kwargs: Fields of ``DistributedOptions`` as keywords, and ``pinned``. A
             ``keep_alive`` other than forever (-1 or None) is refused with
             ``ValueError``: the ranks cannot load the model again, so the engine keeps
             it until :meth:`stop`, and the memory budget never unloads it.
@@ -117,47 +119,24 @@ class DistributedEngine(SerialEngine):
     """
 
     engine_type = "distributed"
+    options_type = DistributedOptions
+    _options: DistributedOptions
     _fixed_residency = (
         "a DistributedEngine stays loaded until stop(), since its ranks cannot load the "
         "model again; give keep_alive=-1 or None"
     )
 
-    def __init__(
-        self,
-        model: str | Path,
-        *,
-        parallel: Parallel = "tensor",
-        rank_timeout: float | None = None,
-        start_timeout: float | None = None,
-        options: EngineOptions | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, model: str | Path, *, options: EngineOptions | None = None, **kwargs: Any):
         super().__init__(model, options=options, **kwargs)
-        if parallel not in ("tensor", "pipeline"):
-            raise ValueError(f"parallel must be 'tensor' or 'pipeline', got {parallel!r}")
-        opts = self._options
-        if opts.speculation != "off" or opts.kv_bits is not None:
-            raise ValueError(
-                "DistributedEngine does not take draft_model, prompt_lookup or kv_bits; "
-                "drop them, or use SimpleEngine on one machine"
-            )
-        if opts.adapter_path is not None:  # the ranks load shards with mlx-lm's sharded_load
-            raise ValueError(
-                "DistributedEngine does not apply adapter_path; fuse the adapter into the "
-                "model first (mlxi fuse BASE ADAPTER NAME) and serve that model"
-            )
-        if opts.cache_dir is not None:  # it keeps no prefix cache to put on disk
-            raise ValueError(
-                "DistributedEngine keeps no prefix cache, so no disk tier: drop cache_dir"
-            )
         if self._vision:
             raise ValueError(
                 f"DistributedEngine serves text models; {self._name!r} is a vision model: "
                 "serve it with SimpleEngine on one machine"
             )
-        self._parallel: Parallel = parallel
-        self._rank_timeout = _seconds("rank_timeout", rank_timeout, ENV_RANK_TIMEOUT)
-        self._start_timeout = _seconds("start_timeout", start_timeout, ENV_START_TIMEOUT)
+        opts = self._options
+        self._parallel: Parallel = opts.parallel
+        self._rank_timeout = _seconds("rank_timeout", opts.rank_timeout, ENV_RANK_TIMEOUT)
+        self._start_timeout = _seconds("start_timeout", opts.start_timeout, ENV_START_TIMEOUT)
         self._env = rank_env()
         self._group: RankGroup | None = None
         self._failure: Exception | None = None

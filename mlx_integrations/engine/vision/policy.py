@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.chat.errors import RequestError
+from mlx_integrations.chat.fields import RequestError
 
 __all__ = ["MediaError", "MediaPolicy"]
 
 
 class MediaError(RequestError):
     """An image or video source that cannot be used, with what to do about it (a
-    :class:`~mlx_integrations.chat.errors.RequestError` at ``messages`` unless a path
+    :class:`~mlx_integrations.chat.fields.RequestError` at ``messages`` unless a path
     is given)."""
 
     def __init__(self, message: str, path: str = "messages") -> None:

@@ -140,7 +140,7 @@ def api_error(
     """
     if isinstance(exc, APIError):
         return exc
-    from mlx_integrations.chat.fields import RequestError
+    from mlx_integrations.chat.request import RequestError
     from mlx_integrations.engine.base import EngineBusy
     from mlx_integrations.runtime.residency import (
         MemoryBudgetExceeded,

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlx_integrations.chat.completion import Finished, stream_chat_events
-from mlx_integrations.chat.fields import RequestError
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.chat.request import ChatRequest
+from mlx_integrations.chat.request import ChatRequest, RequestError
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve.config import ServeConfig
 from mlx_integrations.serve.errors import APIError, api_error

@@ -296,7 +296,7 @@ def test_chat_core_paths_come_back_in_each_apis_names(url, path, body, param):
 def test_param_does_not_depend_on_the_wording_of_a_message(url: str, monkeypatch):
     """With every message of the chat core and of the protocol models reworded, each
     error names the same field: the server never reads the text."""
-    from mlx_integrations.chat import errors
+    from mlx_integrations.chat.request import RequestError
     from mlx_integrations.serve.protocol import base
 
     cases = [
@@ -325,12 +325,12 @@ def test_param_does_not_depend_on_the_wording_of_a_message(url: str, monkeypatch
 
     before = params()
     assert [p for p, _ in before] == [param for _, param in cases]
-    original = errors.RequestError.__init__
+    original = RequestError.__init__
 
     def reworded(self: Any, message: str, path: str = "") -> None:
         original(self, "Quelque chose ne va pas (tools, temperature, messages).", path)
 
-    monkeypatch.setattr(errors.RequestError, "__init__", reworded)
+    monkeypatch.setattr(RequestError, "__init__", reworded)
     monkeypatch.setattr(base, "_phrase", lambda error: "ne convient pas")
     after = params()
     assert [p for p, _ in after] == [p for p, _ in before]

@@ -23,6 +23,7 @@ from typing import Any
 
 from mlx_integrations.embeddings.rerank_engine import RerankScores
 from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.models.resolve import model_kind
 
 __all__ = ["DEFAULT_INSTRUCTION", "JUDGE_PROMPT", "LLMReranker", "is_llm_reranker_folder"]
 
@@ -40,11 +41,12 @@ def is_llm_reranker_folder(path: Path, config: dict[str, Any]) -> bool:
     """A causal LM named as a reranker (Qwen3-Reranker and its conversions).
 
     Its config is that of the base chat model, so the name of its folder (or of the
-    repository it came from, in the Hugging Face cache) is what tells them apart.
+    repository it came from, in the Hugging Face cache) is what tells them apart; see
+    :func:`mlx_integrations.models.resolve.model_kind`.
     """
     architectures = config.get("architectures") or []
     causal = any(str(a).endswith("ForCausalLM") for a in architectures)
-    return causal and any("rerank" in part.lower() for part in path.parts[-4:])
+    return causal and model_kind(path) == "reranker"
 
 
 class LLMReranker:

@@ -15,7 +15,7 @@ from mlx_integrations.models.hub.pull import dtype_of, quantization_of
 from mlx_integrations.models.manifest import FileEntry, Manifest, ModelSource, QuantizationInfo
 from mlx_integrations.models.names import is_valid_name
 from mlx_integrations.models.quality.report import QuantizationQuality
-from mlx_integrations.models.resolve import resolve_model
+from mlx_integrations.models.resolve import ModelKind, model_kind, resolve_model
 from mlx_integrations.models.store import ModelStore, default_store
 
 _CONTEXT_KEYS = (
@@ -84,6 +84,8 @@ class ModelInfo:
         generation: Defaults of ``generation_config.json``; None without that file.
         quality: What quantization cost, measured when ``mlxi quantize`` made the model
             (None otherwise).
+        kind: ``chat``, ``embedding`` or ``reranker`` (see
+            :func:`~mlx_integrations.models.resolve.model_kind`).
     """
 
     name: str
@@ -105,6 +107,7 @@ class ModelInfo:
     chat_template_file: str | None = None
     generation: GenerationDefaults | None = None
     quality: QuantizationQuality | None = None
+    kind: ModelKind = "chat"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data for ``mlxi show --json``."""
@@ -169,6 +172,7 @@ def show_model(name: str | Path, *, store: ModelStore | None = None) -> ModelInf
         chat_template_file=template_file if "default" in templates else None,
         generation=generation_defaults(path),
         quality=manifest.quality if manifest else None,
+        kind=model_kind(path),
     )
 
 

@@ -23,7 +23,7 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mlx_integrations.models.errors import InvalidNameError, ModelNotFoundError
 from mlx_integrations.models.names import is_repo_id, is_valid_name, looks_like_path
@@ -293,15 +293,48 @@ ENCODER_MODEL_TYPES = (
 text and generate none."""
 
 
+ModelKind = Literal["chat", "embedding", "reranker"]
+"""What a model folder holds, as ``mlxi show`` and the store's summaries say it."""
+
+
+def model_kind(path: Path) -> ModelKind:
+    """``reranker``, ``embedding`` or ``chat``, from a model folder's files.
+
+    A reranker is a cross-encoder (an encoder's ``*ForSequenceClassification``
+    checkpoint: ms-marco-MiniLM, bge-reranker) or an LLM reranker (a causal LM whose
+    folder, or the repository it came from, is named as one: Qwen3-Reranker), whose
+    config is that of its base model. An embedding model is an encoder or a
+    sentence-transformers folder (``modules.json``).
+    """
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    architectures = [str(a) for a in config.get("architectures") or []]
+    encoder = config.get("model_type") in ENCODER_MODEL_TYPES
+    if encoder and any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "reranker"
+    if any(a.endswith("ForCausalLM") for a in architectures) and any(
+        "rerank" in part.lower() for part in path.parts[-4:]
+    ):
+        return "reranker"
+    if encoder or (path / "modules.json").is_file():
+        return "embedding"
+    return "chat"
+
+
 def reject_embedding_model(path: Path) -> None:
-    """Refuse an embedding model where a chat model is wanted, saying what to use.
+    """Refuse an embedding model or a cross-encoder where a chat model is wanted, saying
+    what to use.
 
     An encoder (``model_type`` in :data:`ENCODER_MODEL_TYPES`) or a sentence-transformers
     folder (``modules.json``) generates no text: mlx-lm would fail with a bare
     "Model type bert not supported.".
 
     Raises:
-        ValueError: Naming the model, what it is, and the embedding adapters to use.
+        ValueError: Naming the model, what it is, and the adapters to use.
     """
     why = []
     try:
@@ -315,6 +348,15 @@ def reject_embedding_model(path: Path) -> None:
         why.append("a sentence-transformers modules.json")
     if not why:
         return
+    if model_kind(path) == "reranker":
+        raise ValueError(
+            f"{str(path)!r} holds a reranker (a cross-encoder, {why[0]}), not a chat model: "
+            "ChatMLX, MLXLLM and mlxi run generate text with decoder models. Rerank "
+            "documents with it instead: `from mlx_integrations.langchain import MLXRerank; "
+            f"MLXRerank(model={str(path)!r})` (LangChain) or `from "
+            "mlx_integrations.llama_index import MLXRerank; "
+            f"MLXRerank({str(path)!r})` (LlamaIndex)."
+        )
     raise ValueError(
         f"{str(path)!r} holds an embedding model ({' and '.join(why)}), not a chat model: "
         "ChatMLX, MLXLLM and mlxi run generate text with decoder models. Embed text "

@@ -47,6 +47,7 @@ __all__ = [
     "InvalidToolCall",
     "ParsedToolCall",
     "ReasoningDelta",
+    "Started",
     "TextDelta",
     "Turn",
     "engine_tool_format",
@@ -56,6 +57,18 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+@dataclass
+class Started:
+    """The first event of a turn when it is asked for (``announce=True``): the prompt
+    is rendered and counted, and the engine is about to process it.
+
+    Our engines say so before the prompt is prefilled; another engine's turn says so
+    with its first output.
+    """
+
+    prompt_tokens: int
 
 
 @dataclass
@@ -176,18 +189,19 @@ async def _whole(call: Awaitable[GenerationOutput]) -> AsyncIterator[GenerationO
 
 
 async def stream_chat_events(
-    engine: BaseEngine, request: ChatRequest, stream: bool = True
-) -> AsyncIterator[Event | Finished]:
+    engine: BaseEngine, request: ChatRequest, stream: bool = True, announce: bool = False
+) -> AsyncIterator[Event | Finished | Started]:
     """Run one chat turn and yield its events, ending with :class:`Finished`.
 
     With ``stream=False`` (a caller that collects the whole reply) the engine's
     ``chat`` answers in one piece, which the parser reads at once: the same events,
-    without a chunk per token on the way.
+    without a chunk per token on the way. With ``announce`` (and ``stream``) the first
+    event is :class:`Started`, with the prompt's token count (a server's first frame).
 
     Raises:
         TimeoutError: The turn outlasted ``request.timeout`` (see :func:`within_timeout`).
     """
-    events = _chat_events(engine, request, stream)
+    events = _chat_events(engine, request, stream, announce and stream)
     if request.timeout is not None:
         events = within_timeout(events, request.timeout, request.max_tokens)
     try:
@@ -256,8 +270,8 @@ async def _next(stream: AsyncIterator[T]) -> T:
 
 
 async def _chat_events(
-    engine: BaseEngine, request: ChatRequest, stream: bool
-) -> AsyncIterator[Event | Finished]:
+    engine: BaseEngine, request: ChatRequest, stream: bool, announce: bool
+) -> AsyncIterator[Event | Finished | Started]:
     tools = request.tools
     request = request.replace(
         messages=with_format_instructions(request.messages, request.response_format, tools.active)
@@ -268,7 +282,12 @@ async def _chat_events(
     if isinstance(engine, RequestEngine):
         # Our engines build the constraints themselves once they have rendered the
         # prompt, so that they hold after a thinking block the prompt opens.
-        outputs = engine.stream_request(request.replace(tool_format=fmt), final_only=not stream)
+        outputs = engine.stream_request(
+            request.replace(tool_format=fmt), final_only=not stream, announce=announce
+        )
+        if announce:  # its first output says the prompt is counted, before the prefill
+            yield Started(prompt_tokens=(await anext(aiter(outputs))).prompt_tokens)
+            announce = False
         if not stream:
             outputs = _whole(_last(outputs))
     else:
@@ -280,6 +299,9 @@ async def _chat_events(
     last = None
     saw_call = False
     async for out in outputs:
+        if announce:  # an engine that cannot say it earlier says it with its first output
+            yield Started(prompt_tokens=out.prompt_tokens)
+            announce = False
         if parser is None:
             first_at = time.perf_counter()
             # The engine rendered the prompt and says whether it opened a thinking block.

@@ -428,9 +428,12 @@ class RequestEngine(ABC):
 
     @abstractmethod
     def stream_request(
-        self, request: ChatRequest, *, final_only: bool = False
+        self, request: ChatRequest, *, final_only: bool = False, announce: bool = False
     ) -> AsyncIterator[GenerationOutput]:
         """Run the request and stream its output (only the last chunk with ``final_only``).
+
+        With ``announce`` the first output is an empty, unfinished chunk sent once the
+        prompt is rendered and counted (its ``prompt_tokens``), before it is processed.
 
         Raises:
             RequestError: A value this model cannot take (media for a text model, a

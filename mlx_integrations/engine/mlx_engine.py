@@ -303,10 +303,12 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             yield out
 
     async def stream_request(
-        self, request: ChatRequest, *, final_only: bool = False
+        self, request: ChatRequest, *, final_only: bool = False, announce: bool = False
     ) -> AsyncIterator[MLXGenerationOutput]:
         """Run a checked chat request (what ``chat``/``stream_chat`` build from their
-        keywords) and stream its output; only the last chunk with ``final_only``.
+        keywords) and stream its output; only the last chunk with ``final_only``. With
+        ``announce``, first an empty chunk with the prompt's ``prompt_tokens``, sent
+        before the prompt is processed.
 
         Raises:
             RequestError: What this model cannot take: media for a text model, a
@@ -336,6 +338,14 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             prompt = self._render(messages, tools.openai_tools(), fmt, template_kwargs)
             tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
             in_reasoning = opens_reasoning(prompt, self._tokenizer)
+            if announce:
+                yield MLXGenerationOutput(
+                    text="",
+                    prompt_tokens=len(tokens),
+                    finish_reason=None,
+                    finished=False,
+                    starts_in_reasoning=in_reasoning,
+                )
             if request.format_constraint is not None or tools.tools:
                 # OpenAI-style constraints, built once the prompt is known: they hold from
                 # the end of a thinking block on (one the prompt opens, or one the model

@@ -385,3 +385,24 @@ def test_an_option_of_another_engine_type_names_the_type_that_takes_it(tiny_llam
         pool.engine_options("simple", {"max_num_seqs": 4})
     assert caught.value.path == "max_num_seqs"
     assert pool.engine_options("batched", {"max_num_seqs": 4}).max_num_seqs == 4
+
+
+# ------------------------------------------------------------ announce
+
+
+@pytest.mark.parametrize("outside", [False, True], ids=["ours", "outside"])
+async def test_a_turn_can_announce_its_prompt_before_the_first_token(engine, outside):
+    from mlx_integrations.chat.completion import Finished, Started, stream_chat_events
+
+    served: BaseEngine = Contractual(engine) if outside else engine
+    processor, _ = forcing(engine.tokenizer, "Paris is nice")
+    request = ChatRequest.build(USER, temperature=0, max_tokens=8, logits_processors=[processor])
+    events = [e async for e in stream_chat_events(served, request, announce=True)]
+    assert isinstance(events[0], Started)
+    assert isinstance(events[-1], Finished)
+    assert events[0].prompt_tokens == events[-1].prompt_tokens > 0
+    assert not any(isinstance(e, Started) for e in events[1:])
+    assert events[-1].text == "Paris is nice"
+    # Not asked for: no Started.
+    events = [e async for e in stream_chat_events(served, request)]
+    assert not any(isinstance(e, Started) for e in events)

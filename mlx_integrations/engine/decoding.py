@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +160,37 @@ def cuda_default_device() -> bool:
     return bool(mx.default_device().type == mx.gpu and cuda is not None and cuda.is_available())
 
 
+class PrefillStopped(Exception):
+    """The request whose prompt was being prefilled was aborted between two pieces."""
+
+
+_stop = threading.local()
+
+
+@contextmanager
+def stopping_prefill(stop: Callable[[], bool]) -> Iterator[None]:
+    """Within this block, on this thread, :func:`prefill` checks ``stop`` before each
+    piece and raises :class:`PrefillStopped` when it says so: a request aborted during
+    a long prompt frees its owner thread after the piece in progress, not after the
+    whole prompt."""
+    previous = getattr(_stop, "check", None)
+    _stop.check = stop
+    try:
+        yield
+    finally:
+        _stop.check = previous
+
+
+def stoppable(steps: Generator[Step, None, None], stop: Callable[[], bool]) -> Iterator[Step]:
+    """``steps`` whose prefill stops between two pieces when ``stop`` says so; the
+    iteration then just ends (the caller sees its request aborted)."""
+    with stopping_prefill(stop):
+        try:
+            yield from steps
+        except PrefillStopped:
+            return
+
+
 def prefill(
     model: Any,
     cache: list[Any],
@@ -169,7 +202,8 @@ def prefill(
     """Feed ``tokens`` into ``cache`` in pieces of ``step_size``.
 
     ``quantize`` (if given) runs on the cache after each piece, and MLX's buffer pool
-    is given back after each, as mlx-lm does. ``shapes`` pads a short last piece at its
+    is given back after each, as mlx-lm does; inside :func:`stopping_prefill` it stops
+    between pieces when told to. ``shapes`` pads a short last piece at its
     end (with copies of its last token) and trims the padding off the cache once the
     piece has run: ``cache`` then holds ``tokens`` alone, as without padding. A cache
     that is quantized is not padded.
@@ -177,8 +211,11 @@ def prefill(
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
 
+    stop = getattr(_stop, "check", None)
     with mx.stream(generation_stream):
         for start in range(0, len(tokens), step_size):
+            if stop is not None and stop():
+                raise PrefillStopped
             piece = list(tokens[start : start + step_size])
             pad = 0 if quantize is not None else shapes.padding(cache, len(piece))
             model(mx.array(piece + piece[-1:] * pad, mx.uint32)[None], cache=cache)

@@ -13,7 +13,7 @@ from mlx_integrations.engine.cache.kv_quantization import (
     maybe_quantize,
 )
 from mlx_integrations.engine.cache.prefix_cache import cache_nbytes
-from mlx_integrations.engine.decoding import Step, plain_steps
+from mlx_integrations.engine.decoding import Step, plain_steps, stoppable
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job
 from mlx_integrations.engine.options import EngineOptions
@@ -198,7 +198,7 @@ class SimpleEngine(SerialEngine):
         reusable = False
         final: MLXGenerationOutput | None = None
         try:
-            for token, drafted, accepted in steps:
+            for token, drafted, accepted in stoppable(steps, job.abort.is_set):
                 builder.drafted += drafted
                 builder.accepted += accepted
                 if run.cached_tokens:  # a vision prompt extending the previous turn
@@ -212,8 +212,9 @@ class SimpleEngine(SerialEngine):
                 if job.abort.is_set():
                     final = builder.finish("abort")
                     break
-            if final is None:
-                final = builder.finish("length")
+            if final is None:  # the tokens ran out, or the prefill stopped
+                final = builder.finish("abort" if job.abort.is_set() else "length")
+            # A prefill that stopped keeps what it fed: the entry holds those tokens.
             reusable = True
         finally:
             steps.close()

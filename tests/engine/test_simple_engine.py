@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_integrations.engine import EngineBusy, SimpleEngine
+from mlx_integrations.engine import BatchedEngine, EngineBusy, SimpleEngine
 from tests.support.event_loop import loop_ticks_while
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -391,3 +391,44 @@ async def test_template_probe_sets_native_tool_format(tiny_llama, tiny_plain):
     finally:
         for e in (native, plain, forced):
             await e.stop()
+
+
+@pytest.mark.parametrize("engine_cls", [SimpleEngine, BatchedEngine])
+async def test_an_abort_during_a_long_prompt_stops_its_prefill_between_pieces(
+    tiny_llama, engine_cls
+):
+    # A client gone while its long prompt is prefilled frees the owner thread after the
+    # piece in progress (BatchedEngine: a request alone prefills a piece per loop turn).
+    # The abort is raised from inside the third forward pass (the model is wrapped to
+    # count its passes), so where it lands is not left to timing.
+    engine = engine_cls(tiny_llama, prefill_step_size=16)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    model = engine._model
+    passes: list[int] = []
+
+    class Counted:
+        def __call__(self, inputs, *args, **kwargs):
+            passes.append(inputs.shape[1])
+            if len(passes) == 3:
+                asyncio.run_coroutine_threadsafe(engine.abort_request("r-long"), loop).result()
+            return model(inputs, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    engine._model = Counted()
+    try:
+        long = [{"role": "user", "content": "word " * 600}]
+        outs = [o async for o in engine.stream_chat(long, max_tokens=8, request_id="r-long")]
+        assert outs[-1].finish_reason == "abort" and outs[-1].completion_tokens == 0
+        assert outs[-1].prompt_tokens > 16 * 30  # more than 30 pieces to prefill...
+        assert len(passes) == 3  # ...and the third was the last
+        # The engine serves on, and the pieces fed are kept: the prompt sent again
+        # starts from them (a client that comes back after a timeout).
+        out = await engine.chat(long, max_tokens=3, temperature=0)
+        assert out.finished and out.completion_tokens == 3
+        assert out.cached_tokens == 3 * 16
+    finally:
+        engine._model = model
+        await engine.stop()

@@ -24,13 +24,15 @@ processes are checked against the cold one's.
 Runs on a tiny random model (always) and on SmolLM2-135M-Instruct (``--smollm``; the
 model of ``tests/support/smollm.py``), on the CPU.
 
-Run: ``.venv/bin/python bench/bench_disk_cache.py [--smollm] [--rounds 3] [--tokens 4000]``
+Run: ``.venv/bin/python bench/bench_disk_cache.py [--smollm] [--rounds 3] [--tokens 4000]
+[--json FILE]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import shutil
 import statistics
@@ -40,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import alternate, compare, parser, ratio, save
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -167,7 +171,7 @@ def run_child(
 # ----------------------------------------------------------------------- parent
 
 
-def bench(model: str, label: str, rounds: int, target: int) -> None:
+def bench(model: str, label: str, rounds: int, target: int) -> dict[str, Any]:
     from mlx_integrations.engine import warm_disk_cache
 
     tools, n = agent_prompt(model, target)
@@ -189,43 +193,47 @@ def bench(model: str, label: str, rounds: int, target: int) -> None:
             f"writer thread {fill['write_s'] * 1e3:.1f} ms; one of two requests wrote "
             f"{fill2['files']} files; warm_disk_cache stored {warm.tokens} tokens"
         )
-        sides: dict[str, list[dict[str, Any]]] = {side: [] for side in dirs}
-        for r in range(rounds):
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for side in order:
-                # Each run on a copy of the filled folder: it finds what the fillers left,
-                # not what an earlier run of the same question wrote.
-                folder = dirs[side]
-                if folder is not None:
-                    folder = str(shutil.copytree(folder, Path(tmp) / f"{side}-{r}"))
-                sides[side].append(run_child(model, tools_file, [QUESTION], folder))
-        cold = statistics.median(x["ttft_s"] for x in sides["cold"])
-        for side, runs in sides.items():
-            ttft = statistics.median(x["ttft_s"] for x in runs)
-            ratios = [x["ttft_s"] / c["ttft_s"] for x, c in zip(runs, sides["cold"], strict=True)]
+        runs_made = 0
+
+        def side(name: str) -> dict[str, Any]:
+            # Each run on a copy of the filled folder: it finds what the fillers left,
+            # not what an earlier run of the same question wrote.
+            nonlocal runs_made
+            runs_made += 1
+            folder = dirs[name]
+            if folder is not None:
+                folder = str(shutil.copytree(folder, Path(tmp) / f"{name}-{runs_made}"))
+            return run_child(model, tools_file, [QUESTION], folder)
+
+        sides = alternate({name: functools.partial(side, name) for name in dirs}, rounds)
+        cold_ttft = [x["ttft_s"] for x in sides["cold"]]
+        figures: dict[str, Any] = {"prompt_tokens": n, "tools": len(tools)}
+        for name, runs in sides.items():
+            ttft = [x["ttft_s"] for x in runs]
             same = all(x["tokens"] == sides["cold"][0]["tokens"] for x in runs)
             print(
-                f"  {side:6s} TTFT {ttft * 1e3:8.1f} ms  {ttft / cold:5.3f}x cold "
-                f"(rounds {min(ratios):.3f}-{max(ratios):.3f})  cached "
+                f"  {name:6s} TTFT {statistics.median(ttft) * 1e3:8.1f} ms  "
+                f"{ratio(ttft, cold_ttft)} of cold  cached "
                 f"{'/'.join(str(x['cached_tokens']) for x in runs)} of "
                 f"{runs[0]['prompt_tokens']} tokens, "
                 f"load {statistics.median(x['load_s'] for x in runs) * 1e3:.1f} ms, "
                 f"greedy reply as cold: {same}"
             )
+            figures[name] = compare(ttft, cold_ttft) | {"greedy_as_cold": same}
+        return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=4000)
-    parser.add_argument("--smollm", action="store_true", help="also SmolLM2-135M (slow)")
-    parser.add_argument("--skip-tiny", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
-    parser.add_argument("--tools", help=argparse.SUPPRESS)
-    parser.add_argument("--question", action="append", help=argparse.SUPPRESS)
-    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=3)
+    p.add_argument("--tokens", type=int, default=4000)
+    p.add_argument("--smollm", action="store_true", help="also SmolLM2-135M (slow)")
+    p.add_argument("--skip-tiny", action="store_true")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--tools", help=argparse.SUPPRESS)
+    p.add_argument("--question", action="append", help=argparse.SUPPRESS)
+    p.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    args = p.parse_args()
     import mlx_integrations  # noqa: F401  (BLAS preload before mlx.core)
 
     if args.child:
@@ -233,6 +241,7 @@ def main() -> None:
         return
     from tests.support.tiny_models import build_tiny_model
 
+    figures: dict[str, Any] = {}
     if not args.skip_tiny:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(
@@ -242,7 +251,9 @@ def main() -> None:
                 tie_word_embeddings=False,
                 max_position_embeddings=16384,
             )
-            bench(str(model), "tiny llama (hidden 256, 4 layers)", args.rounds, args.tokens)
+            figures["tiny"] = bench(
+                str(model), "tiny llama (hidden 256, 4 layers)", args.rounds, args.tokens
+            )
     if args.smollm:
         from tests.support.smollm import ensure_smollm2
 
@@ -250,7 +261,10 @@ def main() -> None:
             # A copy of its own: a test that converts the shared folder again meanwhile
             # would change the weights' identity, and the disk tier would start afresh.
             model = shutil.copytree(ensure_smollm2(), Path(tmp) / "smollm2-135m-instruct")
-            bench(str(model), "SmolLM2-135M-Instruct", args.rounds, args.tokens)
+            figures["smollm2"] = bench(
+                str(model), "SmolLM2-135M-Instruct", args.rounds, args.tokens
+            )
+    save(args.json, "bench_disk_cache", figures)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,12 @@ Without ``--model`` the model is all-MiniLM-L6-v2 from the PyPI package
 
 Besides wall-clock sentences/s it reports sentences per CPU-second of the whole process,
 which moves less when other programs compete for the cores. ``--threads N`` gives both
-halves N threads (OpenBLAS for MLX, intra-op threads for torch).
+halves N threads (OpenBLAS for MLX, intra-op threads for torch). ``--json FILE`` writes
+the figures with the date, commit and command (bench/harness.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import statistics
@@ -32,6 +31,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from harness import alternate, parser, ratio, save
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,14 +65,12 @@ def time_round(run: Callable[[], object]) -> tuple[float, float]:
 
 def main() -> None:
     """Parse arguments, run both halves alternately, print (or write) the result."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--sentences", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="threads for each half (default: theirs)")
-    parser.add_argument("--json", type=Path, help="also write the result here as JSON")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=3)
+    p.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
+    p.add_argument("--sentences", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, help="threads for each half (default: theirs)")
+    args = p.parse_args()
     if args.threads:
         # Read by OpenBLAS when it loads, which happens on the import below.
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -123,11 +122,11 @@ def main() -> None:
             return st_model.encode(sentences, batch_size=args.batch_size, convert_to_numpy=True)
 
         run_torch()  # warm-up
-        timings["torch"] = []
         # Alternate rounds so that load from other processes falls on both halves.
-        for _ in range(args.rounds):
-            timings["mlx"].append(time_round(run_mlx))
-            timings["torch"].append(time_round(run_torch))
+        timings = alternate(
+            {"mlx": lambda: time_round(run_mlx), "torch": lambda: time_round(run_torch)},
+            args.rounds,
+        )
         import numpy as np
 
         a = np.asarray(run_mlx(), dtype=np.float64)
@@ -151,14 +150,18 @@ def main() -> None:
         print(f"{'torch (sentence-transformers)':32}{t_wall:12.1f}{t_cpu:12.1f}")
         results["ratio"] = round(rates["mlx"][0] / t_wall, 3)
         results["ratio_per_cpu_s"] = round(rates["mlx"][1] / t_cpu, 3)
+        # Sentences/s a round is the inverse of its seconds: the per-round ratio is torch's
+        # seconds over MLX's.
+        per_round = ratio([t[0] for t in timings["torch"]], [t[0] for t in timings["mlx"]])
+        results["ratio_per_round"] = str(per_round)
         print(f"{'ratio MLX / torch':32}{results['ratio']:12.3f}{results['ratio_per_cpu_s']:12.3f}")
+        print(f"per-round ratios: {per_round}")
         print(f"max cosine distance between the two: {results['max_cosine_distance']:.2e}")
     print(
         f"({len(sentences)} sentences, batch {args.batch_size}, median of {args.rounds} "
         f"rounds, threads: {args.threads or 'default'})"
     )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    save(args.json, "bench_embeddings", results)
 
 
 if __name__ == "__main__":

@@ -11,23 +11,26 @@
    vocabulary), where a step costs little and the host work per request shows. Both
    sides start from the prompts' text (raw's run tokenizes them) and end with text.
 
-Runs alternate (raw, ours, raw, ours, ...) and the medians are compared, so load from
-other processes hits both sides alike.
+Sides alternate round by round (bench/harness.py); each ratio is the median of the
+per-round ratios, with their range.
 
 Run: python bench/bench_engine.py [--rounds 5] [--tokens 128] [--skip-smollm] [--batched]
+     [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import alternate, compare, parser, ratio, save
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
 from mlx_integrations.engine import SimpleEngine
@@ -54,31 +57,35 @@ async def decode_tps_engine(engine: SimpleEngine, prompt: str, tokens: int) -> f
         count = out.completion_tokens
         if first is None:
             first = time.perf_counter()
+    assert first is not None
     elapsed = time.perf_counter() - first
     return (count - 1) / elapsed
 
 
-def bench_decode(path: Path, label: str, rounds: int, tokens: int) -> float:
+def bench_decode(path: Path, label: str, rounds: int, tokens: int) -> dict[str, Any]:
     from mlx_lm import load
 
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path))[:2]
     engine = SimpleEngine(path, cache_memory_mb=0)
     # A continuation that does not end early, so both sides decode the same count.
     prompt = "Count from one to one thousand: one, two, three, four, five, six,"
     asyncio.run(engine.start())
     decode_tps_raw(model, tokenizer, prompt, 8)  # warm up both
     asyncio.run(decode_tps_engine(engine, prompt, 8))
-    raw, ours = [], []
-    for _ in range(rounds):
-        raw.append(decode_tps_raw(model, tokenizer, prompt, tokens))
-        ours.append(asyncio.run(decode_tps_engine(engine, prompt, tokens)))
-    ratio = statistics.median(ours) / statistics.median(raw)
+    tps = alternate(
+        {
+            "raw": lambda: decode_tps_raw(model, tokenizer, prompt, tokens),
+            "ours": lambda: asyncio.run(decode_tps_engine(engine, prompt, tokens)),
+        },
+        rounds,
+    )
     print(
-        f"{label}: decode tokens/s  raw mlx-lm {statistics.median(raw):8.1f}   "
-        f"SimpleEngine {statistics.median(ours):8.1f}   ratio {ratio:.3f} (target >= 0.95)"
+        f"{label}: decode tokens/s  raw mlx-lm {statistics.median(tps['raw']):8.1f}   "
+        f"SimpleEngine {statistics.median(tps['ours']):8.1f}   "
+        f"ratio {ratio(tps['ours'], tps['raw'])} (target >= 0.95)"
     )
     asyncio.run(engine.stop())
-    return ratio
+    return compare(tps["ours"], tps["raw"])
 
 
 async def _second_turn_ttft(engine: SimpleEngine, history: list[dict], question: dict) -> float:
@@ -93,7 +100,9 @@ async def _second_turn_ttft(engine: SimpleEngine, history: list[dict], question:
     return float("nan")
 
 
-def bench_kv_reuse(path: Path, label: str, rounds: int, target_tokens: int = 1500) -> float:
+def bench_kv_reuse(
+    path: Path, label: str, rounds: int, target_tokens: int = 1500
+) -> dict[str, Any]:
     reuse = SimpleEngine(path)
     fresh = SimpleEngine(path, cache_memory_mb=0)
     facts: list[str] = []
@@ -111,37 +120,49 @@ def bench_kv_reuse(path: Path, label: str, rounds: int, target_tokens: int = 150
     history = conversation()
     question = {"role": "user", "content": "Which lamp burns whale oil?"}
     tokens = len(reuse.tokenizer.encode(reuse.render_prompt(history)))
-    with_reuse, without = [], []
-    for _ in range(rounds):
+
+    def with_reuse() -> float:
         reuse.clear_runtime_caches()
-        with_reuse.append(asyncio.run(_second_turn_ttft(reuse, history, question)))
-        without.append(asyncio.run(_second_turn_ttft(fresh, history, question)))
-    ratio = statistics.median(with_reuse) / statistics.median(without)
+        return asyncio.run(_second_turn_ttft(reuse, history, question))
+
+    ttft = alternate(
+        {
+            "reuse": with_reuse,
+            "fresh": lambda: asyncio.run(_second_turn_ttft(fresh, history, question)),
+        },
+        rounds,
+    )
     print(
         f"{label}: second-turn TTFT of a {tokens}-token conversation  with KV reuse "
-        f"{statistics.median(with_reuse) * 1000:7.1f} ms   without "
-        f"{statistics.median(without) * 1000:7.1f} ms   ratio {ratio:.3f} (target <= 0.3)"
+        f"{statistics.median(ttft['reuse']) * 1000:7.1f} ms   without "
+        f"{statistics.median(ttft['fresh']) * 1000:7.1f} ms   "
+        f"ratio {ratio(ttft['reuse'], ttft['fresh'])} (target <= 0.3)"
     )
     asyncio.run(reuse.stop())
     asyncio.run(fresh.stop())
-    return ratio
+    return compare(ttft["reuse"], ttft["fresh"]) | {"prompt_tokens": tokens}
 
 
-def bench_batched_raw(path: Path, levels: list[int], rounds: int, tokens: int) -> None:
+def bench_batched_raw(path: Path, levels: list[int], rounds: int, tokens: int) -> dict[str, Any]:
     from mlx_lm import load
 
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path))[:2]
+    figures = {}
     for c in levels:
-        r_tps, o_tps, ratios = batched_vs_raw(path, model, tokenizer, c, rounds, tokens)
+        tps = batched_vs_raw(path, model, tokenizer, c, rounds, tokens)
         print(
-            f"c={c:3d}: total tokens/s  batch_generate {statistics.median(r_tps):8.0f}   "
-            f"BatchedEngine {statistics.median(o_tps):8.0f}   ratio median "
-            f"{statistics.median(ratios):.3f} ({min(ratios):.3f} to {max(ratios):.3f})"
+            f"c={c:3d}: total tokens/s  batch_generate {statistics.median(tps['raw']):8.0f}   "
+            f"BatchedEngine {statistics.median(tps['ours']):8.0f}   "
+            f"ratio {ratio(tps['ours'], tps['raw'])}"
         )
+        figures[f"c{c}"] = compare(tps["ours"], tps["raw"])
+    return figures
 
 
-def batched_vs_raw(path: Path, model, tokenizer, c: int, rounds: int, tokens: int):
-    """Total tokens/s of both sides over ``rounds`` alternating rounds, and their ratios."""
+def batched_vs_raw(
+    path: Path, model: Any, tokenizer: Any, c: int, rounds: int, tokens: int
+) -> dict[str, list[float]]:
+    """Total tokens/s of both sides over ``rounds`` alternating rounds."""
     from mlx_lm import batch_generate
 
     from mlx_integrations.engine import BatchedEngine
@@ -165,7 +186,7 @@ def batched_vs_raw(path: Path, model, tokenizer, c: int, rounds: int, tokens: in
             prefill_batch_size=c,
             return_token_ids=True,
         )
-        return sum(map(len, out.token_ids)) / (time.perf_counter() - start)
+        return sum(len(ids) for ids in out.token_ids or []) / (time.perf_counter() - start)
 
     async def serve() -> list:
         calls = [engine.generate(p, max_tokens=tokens, temperature=0.0) for p in prompts]
@@ -177,31 +198,28 @@ def batched_vs_raw(path: Path, model, tokenizer, c: int, rounds: int, tokens: in
         return sum(o.completion_tokens for o in outs) / (time.perf_counter() - start)
 
     raw(), ours()  # warm-up at this batch size
-    r_tps, o_tps, ratios = [], [], []
-    for i in range(rounds):
-        pair = (raw, ours) if i % 2 == 0 else (ours, raw)
-        got = {f.__name__: f() for f in pair}
-        r_tps.append(got["raw"])
-        o_tps.append(got["ours"])
-        ratios.append(got["ours"] / got["raw"])
+    tps = alternate({"raw": raw, "ours": ours}, rounds)
     loop.run_until_complete(engine.stop())
     loop.close()
-    return r_tps, o_tps, ratios
+    return tps
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--skip-smollm", action="store_true")
-    parser.add_argument("--batched", action="store_true", help="only part 3")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=5)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--skip-smollm", action="store_true")
+    p.add_argument("--batched", action="store_true", help="only part 3")
+    args = p.parse_args()
     from tests.support.tiny_models import build_tiny_model
 
+    figures: dict[str, Any] = {"tokens": args.tokens}
     if args.batched:
         with tempfile.TemporaryDirectory() as tmp:
             small = build_tiny_model(Path(tmp) / "tiny64", tie_word_embeddings=False)
-            bench_batched_raw(small, [8, 64], args.rounds, args.tokens)
+            figures["batched_vs_batch_generate"] = bench_batched_raw(
+                small, [8, 64], args.rounds, args.tokens
+            )
+        save(args.json, "bench_engine", figures)
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,14 +230,20 @@ def main() -> None:
             num_attention_heads=8,
             num_key_value_heads=4,
         )
-        bench_decode(tiny, "tiny (hidden 256)", args.rounds, args.tokens)
-        bench_kv_reuse(tiny, "tiny (hidden 256)", args.rounds)
+        figures["tiny"] = {
+            "decode": bench_decode(tiny, "tiny (hidden 256)", args.rounds, args.tokens),
+            "second_turn_ttft": bench_kv_reuse(tiny, "tiny (hidden 256)", args.rounds),
+        }
     if not args.skip_smollm:
         from tests.support.smollm import ensure_smollm2
 
         smol = ensure_smollm2()
-        bench_decode(smol, "SmolLM2-135M", max(2, args.rounds // 2), min(args.tokens, 64))
-        bench_kv_reuse(smol, "SmolLM2-135M", max(2, args.rounds // 2))
+        rounds = max(2, args.rounds // 2)
+        figures["smollm2"] = {
+            "decode": bench_decode(smol, "SmolLM2-135M", rounds, min(args.tokens, 64)),
+            "second_turn_ttft": bench_kv_reuse(smol, "SmolLM2-135M", rounds),
+        }
+    save(args.json, "bench_engine", figures)
 
 
 if __name__ == "__main__":

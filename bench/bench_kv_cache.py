@@ -24,6 +24,8 @@ token, over the time from then to the end), each as a ratio to the unquantized s
 (the median of the per-round ratios). A first untimed run per side prefills the
 contexts; later runs take them from the prefix cache, so a round is mostly decoding.
 
+Sides alternate round by round (bench/harness.py); ``--json FILE`` writes the figures.
+
 Run: python bench/bench_kv_cache.py [--rounds 3] [--context 4096] [--tokens 64]
 (on a 2-core CPU a round takes about six minutes; the README figures are of one round)
 or: python bench/bench_kv_cache.py --batched [--rounds 3] [--context 1024] [--tokens 64]
@@ -33,14 +35,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import alternate, compare, parser, ratio, save
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
@@ -113,6 +119,10 @@ async def timed_run(side: Side, messages: list[dict], tokens: int) -> None:
     )
 
 
+def run_one(side: Side, messages: list[dict], tokens: int) -> None:
+    asyncio.run(timed_run(side, messages, tokens))
+
+
 def agreement(a: list[int], b: list[int]) -> tuple[int, int, int]:
     """(tokens before the first difference, positions that agree, positions compared)."""
     n = min(len(a), len(b))
@@ -164,6 +174,10 @@ async def batched_run(side: BatchSide, chats: list[list[dict]], tokens: int) -> 
     )
 
 
+def run_batch(side: BatchSide, chats: list[list[dict]], tokens: int) -> None:
+    asyncio.run(batched_run(side, chats, tokens))
+
+
 def main_batched(path: Path, args: argparse.Namespace) -> None:
     sides = [
         BatchSide(bits, BatchedEngine(path, kv_bits=bits, max_num_seqs=4, cache_memory_mb=4096))
@@ -180,12 +194,15 @@ def main_batched(path: Path, args: argparse.Namespace) -> None:
         for side in sides:  # prefills the contexts into the prefix cache
             asyncio.run(batched_run(side, chats, args.tokens))
             side.decode.clear()
-        for r in range(args.rounds):
-            for side in sides if r % 2 == 0 else sides[::-1]:
-                asyncio.run(batched_run(side, chats, args.tokens))
+        alternate(
+            {
+                str(side.bits): functools.partial(run_batch, side, chats, args.tokens)
+                for side in sides
+            },
+            args.rounds,
+        )
         base, quantized = sides
         decode = [statistics.median(s.decode) for s in sides]
-        ratios = [q / b for q, b in zip(quantized.decode, base.decode, strict=True)]
         agree = [agreement(a, b)[0] for a, b in zip(base.tokens, quantized.tokens, strict=True)]
         print(
             f"SmolLM2-135M, BatchedEngine at concurrency 4, prompts of "
@@ -198,24 +215,33 @@ def main_batched(path: Path, args: argparse.Namespace) -> None:
         )
         print(
             f"decode tok/s: kv_bits=4 {decode[1]:.1f} / unquantized {decode[0]:.1f}; "
-            f"per-round ratio {statistics.median(ratios):.2f}x "
-            f"({min(ratios):.2f} to {max(ratios):.2f})"
+            f"per-round ratio {ratio(quantized.decode, base.decode)}"
         )
         print(f"greedy agreement with unquantized, tokens before the first difference: {agree}")
+        save(
+            args.json,
+            "bench_kv_cache",
+            {
+                "batched": True,
+                "prompt_tokens": [n for _, n in made],
+                "kv_bytes_ratio": quantized.nbytes / base.nbytes,
+                "decode": compare(quantized.decode, base.decode),
+                "agreement": agree,
+            },
+        )
     finally:
         for side in sides:
             asyncio.run(side.engine.stop())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--context", type=int, help="prompt + generated tokens (4096; 1024)")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
-    parser.add_argument(
+    p = parser(__doc__, rounds=3)
+    p.add_argument("--context", type=int, help="prompt + generated tokens (4096; 1024)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
+    p.add_argument(
         "--batched", action="store_true", help="BatchedEngine at concurrency 4, kv_bits=4"
     )
-    args = parser.parse_args()
+    args = p.parse_args()
 
     from tests.support.smollm import ensure_smollm2
 
@@ -233,10 +259,15 @@ def main() -> None:
         for side in sides:
             asyncio.run(side.engine.chat(warm, max_tokens=4, temperature=0))
             side.engine.clear_runtime_caches()
-        for _ in range(args.rounds):
-            for side in sides:
-                asyncio.run(timed_run(side, messages, args.tokens))
+        alternate(
+            {
+                str(side.bits): functools.partial(run_one, side, messages, args.tokens)
+                for side in sides
+            },
+            args.rounds,
+        )
         base = sides[0]
+        figures: dict[str, Any] = {"prompt_tokens": prompt_tokens, "tokens": args.tokens}
         print(
             f"SmolLM2-135M, {prompt_tokens} prompt + {args.tokens} generated tokens, "
             f"{args.rounds} rounds (medians)"
@@ -253,6 +284,14 @@ def main() -> None:
                 f"  decode {decode:6.1f} tok/s ({decode_ratio:.2f}x)"
                 f"  greedy agreement: first {prefix}/{n} tokens, {same}/{n} positions"
             )
+            figures[f"kv_bits={side.bits}"] = {
+                "kv_mb": side.nbytes,
+                "kv_ratio": memory,
+                "prefill": compare(side.prefill, base.prefill),
+                "decode": compare(side.decode, base.decode),
+                "first_tokens_agreeing": prefix,
+            }
+        save(args.json, "bench_kv_cache", figures)
     finally:
         for side in sides:
             asyncio.run(side.engine.stop())

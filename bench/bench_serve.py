@@ -22,14 +22,18 @@ Peers:
 - ``mlx_lm.server`` (mlx-lm, this virtualenv; it batches up to 32 requests); its
   ``/v1/models`` needs ``~/.cache/huggingface/hub`` to exist, which this script makes.
 - vllm-mlx 0.6.0 (``vllm-mlx serve --continuous-batching``), from its own virtualenv
-  (it pins mlx-lm < 0.32; see bench/bench_vllm_mlx.py for how to make it) with the
-  server's own dependencies added::
+  (it pins mlx-lm < 0.32; its full dependency set pulls torch, gradio and opencv, which
+  its server does not need)::
 
-      /tmp/vllm-venv/bin/pip install fastapi uvicorn "starlette>=1.0.1" prometheus-client \\
-          pyyaml pillow tqdm tabulate llguidance pytz
+      python3.11 -m venv /tmp/vllm-venv
+      /tmp/vllm-venv/bin/pip install --no-deps "vllm-mlx==0.6.0"
+      /tmp/vllm-venv/bin/pip install "mlx[cpu]==0.32.4" "mlx-lm>=0.31.3,<0.32" \\
+          "transformers==5.24.0" "tokenizers==0.23.3" jsonschema requests psutil \\
+          fastapi uvicorn "starlette>=1.0.1" prometheus-client pyyaml pillow tqdm \\
+          tabulate llguidance pytz
 
 Run: ``.venv/bin/python bench/bench_serve.py [--smollm] [--concurrency 1 4 8 16 32]
-[--tokens 64] [--rounds 2] [--peers mlx_lm vllm_mlx] [--plot bench_serve.png]``.
+[--tokens 64] [--rounds 2] [--peers mlx_lm vllm_mlx] [--json FILE] [--plot FILE.png]``.
 A peer that fails to start is reported and left out.
 """
 
@@ -53,7 +57,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _streams import QUESTIONS
+from harness import QUESTIONS, percentile, save
 
 DEFAULT_PEER_PYTHON = "/tmp/vllm-venv/bin/python"
 FOLLOW_UP = "Thank you. Now say it again, in other words."
@@ -235,16 +239,6 @@ async def level(
         "turn2_ttft_p99": percentile([r.ttft for r in second], 99),
         "tokens_each": sorted({r.tokens for r in first}),
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    k = (len(ordered) - 1) * q / 100
-    low = int(k)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
 # --------------------------------------------------------------------- run
@@ -462,10 +456,20 @@ def main() -> None:
                 f"{c:>3} {a['tokens_per_s'] / b['tokens_per_s']:7.2f} {b['ttft_p50'] / a['ttft_p50']:9.2f} "
                 f"{b['ttft_p99'] / a['ttft_p99']:9.2f} {b['turn2_ttft_p50'] / a['turn2_ttft_p50']:10.2f}"
             )
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps({"model": title, "tokens": args.tokens, "results": results}, indent=1)
-        )
+    figures: dict[str, Any] = {"model": title, "tokens": args.tokens, "results": results}
+    figures["ratios"] = {
+        f"mlxi serve / {name}": {
+            c: {
+                "tokens_per_s": ours[c]["tokens_per_s"] / by_c[c]["tokens_per_s"],
+                "ttft_p50": by_c[c]["ttft_p50"] / ours[c]["ttft_p50"],
+                "turn2_ttft_p50": by_c[c]["turn2_ttft_p50"] / ours[c]["turn2_ttft_p50"],
+            }
+            for c in sorted(set(by_c) & set(ours))
+        }
+        for name, by_c in results.items()
+        if name != "mlxi serve"
+    }
+    save(args.json, "bench_serve", figures)
     if args.plot is not None:
         plot(results, args.plot, f"{title}, {args.tokens} tokens a reply")
 

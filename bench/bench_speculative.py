@@ -18,24 +18,26 @@
    model as its own draft (every draft accepted) and a different-seed draft (few
    accepted), each divided by plain decoding; the replies must be identical.
 
-Runs alternate (plain, speculative, plain, ...) in one process and the medians are
-compared, so load from other programs hits both sides alike.
+Sides alternate round by round in one process (bench/harness.py); each ratio is the
+median of the per-round ratios, with their range.
 
 Run: python bench/bench_speculative.py [--rounds 5] [--tokens 160] [--lookup 8]
-     [--concurrency 4] [--skip-smollm] [--only-batch | --only-alone]
+     [--concurrency 4] [--skip-smollm] [--only-batch | --only-alone] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import alternate, compare, parser, ratio, save
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
 from mlx_integrations.engine import BatchedEngine, SimpleEngine
@@ -57,6 +59,8 @@ RAG_ASKS = [
     "Reproduce the passage above as it is.",
     "Give the passage above back word for word.",
 ]
+# Each measurement's figures, by its label, for --json.
+FIGURES: dict[str, Any] = {}
 TINY_COPY = [
     "The quick brown fox jumps over the lazy dog. Repeat it: The quick",
     "The capital of France is Paris. The capital of Italy is Rome. The",
@@ -78,31 +82,37 @@ async def timed(engine: MLXEngine, messages: list[dict], tokens: int) -> tuple[f
     return (last.completion_tokens - 1) / elapsed, last
 
 
-def compare(
+def speculation_vs_plain(
     label: str, plain: MLXEngine, fast: MLXEngine, messages: list, rounds: int, tokens: int
-) -> float:
+) -> None:
     asyncio.run(timed(plain, messages, 8))  # warm up both
     asyncio.run(timed(fast, messages, 8))
-    base, spec = [], []
-    same = True
-    drafted = accepted = completion = 0
-    for _ in range(rounds):
-        tps, ref = asyncio.run(timed(plain, messages, tokens))
-        base.append(tps)
-        tps, out = asyncio.run(timed(fast, messages, tokens))
-        spec.append(tps)
-        same &= out.tokens == ref.tokens
-        drafted += out.mtp_drafts
-        accepted += out.mtp_accepted
-        completion = out.completion_tokens
-    ratio = statistics.median(spec) / statistics.median(base)
+    replies: dict[str, list[Any]] = {"plain": [], "fast": []}
+
+    def side(name: str, engine: MLXEngine) -> float:
+        tps, out = asyncio.run(timed(engine, messages, tokens))
+        replies[name].append(out)
+        return tps
+
+    tps = alternate(
+        {"plain": lambda: side("plain", plain), "fast": lambda: side("fast", fast)}, rounds
+    )
+    ref = replies["plain"][0].tokens
+    same = all(o.tokens == ref for o in replies["plain"] + replies["fast"])
+    drafted = sum(o.mtp_drafts for o in replies["fast"])
+    accepted = sum(o.mtp_accepted for o in replies["fast"])
     rate = accepted / drafted if drafted else 0.0
     print(
-        f"{label}: tok/s plain {statistics.median(base):7.1f}  speculative "
-        f"{statistics.median(spec):7.1f}  ratio {ratio:.2f}  acceptance {rate:.2f} "
-        f"({accepted}/{drafted})  {completion} tokens  identical greedy: {same}"
+        f"{label}: tok/s plain {statistics.median(tps['plain']):7.1f}  speculative "
+        f"{statistics.median(tps['fast']):7.1f}  ratio {ratio(tps['fast'], tps['plain'])}  "
+        f"acceptance {rate:.2f} ({accepted}/{drafted})  "
+        f"{replies['fast'][-1].completion_tokens} tokens  identical greedy: {same}"
     )
-    return ratio
+    FIGURES[label] = compare(tps["fast"], tps["plain"]) | {
+        "drafted": drafted,
+        "accepted": accepted,
+        "identical_greedy": same,
+    }
 
 
 def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> None:
@@ -112,7 +122,7 @@ def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> No
     batched = BatchedEngine(path, cache_memory_mb=0, prompt_lookup=lookup)
     try:
         for what, messages in (("RAG quote", RAG_MESSAGES), ("story", STORY_MESSAGES)):
-            compare(
+            speculation_vs_plain(
                 f"SmolLM2-135M, {what}, prompt_lookup={lookup}",
                 plain,
                 fast,
@@ -123,7 +133,7 @@ def bench_prompt_lookup(path: Path, rounds: int, tokens: int, lookup: int) -> No
             reply = asyncio.run(fast.chat(messages, max_tokens=tokens, temperature=0))
             print(f"  reply begins: {reply.text[:100]!r}")
         for what, messages in (("RAG quote", RAG_MESSAGES), ("story", STORY_MESSAGES)):
-            compare(
+            speculation_vs_plain(
                 f"SmolLM2-135M, {what}, BatchedEngine prompt_lookup={lookup} / plain Simple",
                 plain,
                 batched,
@@ -157,48 +167,55 @@ async def batch_run(engine: MLXEngine, batch: list[list[dict]], tokens: int):
 
 def bench_shared_batch(
     label: str, path: Path, batch: list[list[dict]], rounds: int, tokens: int, options: dict
-) -> float:
+) -> None:
     """``len(batch)`` requests in one BatchedEngine batch, speculation off and on
     (``options``: ``prompt_lookup`` or ``draft_model`` and ``num_draft_tokens``)."""
     plain = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch))
     fast = BatchedEngine(path, cache_memory_mb=0, max_num_seqs=len(batch), **options)
     source = ", ".join(f"{k}={Path(str(v)).name}" for k, v in options.items())
+    replies: dict[str, list[Any]] = {"plain": [], "fast": []}
+
+    def side(name: str, engine: MLXEngine) -> float:
+        tps, outs = asyncio.run(batch_run(engine, batch, tokens))
+        replies[name].append(outs)
+        return tps
+
     try:
         for engine in (plain, fast):  # warm up
             asyncio.run(batch_run(engine, batch, 8))
         before = {id(e): e.get_stats() for e in (plain, fast)}
-        base, spec = [], []
-        same = True
-        drafted = accepted = completion = 0
-        for _ in range(rounds):
-            tps, refs = asyncio.run(batch_run(plain, batch, tokens))
-            base.append(tps)
-            tps, outs = asyncio.run(batch_run(fast, batch, tokens))
-            spec.append(tps)
-            same &= [o.tokens for o in outs] == [r.tokens for r in refs]
-            drafted += sum(o.mtp_drafts for o in outs)
-            accepted += sum(o.mtp_accepted for o in outs)
-            completion = sum(o.completion_tokens for o in outs)
+        tps = alternate(
+            {"plain": lambda: side("plain", plain), "fast": lambda: side("fast", fast)}, rounds
+        )
         after = {id(e): e.get_stats() for e in (plain, fast)}
     finally:
         for engine in (plain, fast):
             asyncio.run(engine.stop())
-    ratio = statistics.median(spec) / statistics.median(base)
+    ref = [o.tokens for o in replies["plain"][0]]
+    same = all([o.tokens for o in outs] == ref for outs in replies["plain"] + replies["fast"])
+    drafted = sum(o.mtp_drafts for outs in replies["fast"] for o in outs)
+    accepted = sum(o.mtp_accepted for outs in replies["fast"] for o in outs)
     rate = accepted / drafted if drafted else 0.0
 
     def per_round(engine: MLXEngine, key: str) -> float:
         return (after[id(engine)][key] - before[id(engine)][key]) / rounds
 
     print(
-        f"{label}: batch tok/s plain {statistics.median(base):7.1f}  {source} "
-        f"{statistics.median(spec):7.1f}  ratio {ratio:.2f}  acceptance {rate:.2f} "
-        f"({accepted}/{drafted})  {completion} tokens/round  identical greedy: {same}\n"
+        f"{label}: batch tok/s plain {statistics.median(tps['plain']):7.1f}  {source} "
+        f"{statistics.median(tps['fast']):7.1f}  ratio {ratio(tps['fast'], tps['plain'])}  "
+        f"acceptance {rate:.2f} ({accepted}/{drafted})  "
+        f"{sum(o.completion_tokens for o in replies['fast'][-1])} tokens/round  "
+        f"identical greedy: {same}\n"
         f"  decode steps per round: plain {per_round(plain, 'steps_executed'):.0f}, "
         f"drafting {per_round(fast, 'steps_executed'):.0f}; tokens of a request left alone "
         f"per round: plain {per_round(plain, 'solo_tokens'):.0f}, "
         f"drafting {per_round(fast, 'solo_tokens'):.0f}"
     )
-    return ratio
+    FIGURES[f"{label}, {source}"] = compare(tps["fast"], tps["plain"]) | {
+        "drafted": drafted,
+        "accepted": accepted,
+        "identical_greedy": same,
+    }
 
 
 def bench_draft_model(rounds: int, tokens: int, num_draft: int) -> None:
@@ -214,7 +231,7 @@ def bench_draft_model(rounds: int, tokens: int, num_draft: int) -> None:
                 target, cache_memory_mb=0, draft_model=str(draft), num_draft_tokens=num_draft
             )
             try:
-                compare(
+                speculation_vs_plain(
                     f"tiny (hidden 256), {label}, num_draft_tokens={num_draft}",
                     plain,
                     fast,
@@ -228,16 +245,22 @@ def bench_draft_model(rounds: int, tokens: int, num_draft: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=160)
-    parser.add_argument("--lookup", type=int, default=8, help="prompt_lookup for SmolLM2")
-    parser.add_argument("--num-draft", type=int, default=3, help="num_draft_tokens (tiny)")
-    parser.add_argument("--concurrency", type=int, default=4, help="requests in one batch")
-    parser.add_argument("--only-batch", action="store_true", help="the shared-batch parts only")
-    parser.add_argument("--only-alone", action="store_true", help="SmolLM2 alone, no batch")
-    parser.add_argument("--skip-smollm", action="store_true")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=5)
+    p.add_argument("--tokens", type=int, default=160)
+    p.add_argument("--lookup", type=int, default=8, help="prompt_lookup for SmolLM2")
+    p.add_argument("--num-draft", type=int, default=3, help="num_draft_tokens (tiny)")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in one batch")
+    p.add_argument("--only-batch", action="store_true", help="the shared-batch parts only")
+    p.add_argument("--only-alone", action="store_true", help="SmolLM2 alone, no batch")
+    p.add_argument("--skip-smollm", action="store_true")
+    args = p.parse_args()
+    try:
+        run(args)
+    finally:
+        save(args.json, "bench_speculative", FIGURES)
+
+
+def run(args: Any) -> None:
     c = args.concurrency
     if not args.skip_smollm:
         from tests.support.smollm import ensure_smollm2

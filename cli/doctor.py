@@ -30,7 +30,7 @@ def doctor(json_output: bool = JSON_OPTION) -> Result:
 
     info: dict[str, Any] = dict(backend_info())
     info["store"] = str(store_home())
-    lines = [f"{key:16} {value}" for key, value in info.items()]
+    lines = _backend_lines(info)
     versions = framework_versions()
     checks = check_requirements()
     hub = check_hub()
@@ -61,6 +61,32 @@ def doctor(json_output: bool = JSON_OPTION) -> Result:
         error=f"installed versions outside the ranges mlx-integrations needs: {found}",
         hint=f"pip install {wanted}",
     )
+
+
+def _backend_lines(info: dict[str, Any]) -> list[str]:
+    """The backend as a reader wants it: words for what is known, nothing for what does
+    not apply (no GPU rows on the CPU); the versions come once, under ``versions``."""
+    rows = [("backend", f"{info['backend']} ({info['device']})")]
+    if info.get("gpu_name"):
+        gpu = [info["gpu_name"]]
+        if info.get("gpu_memory_gb") is not None:
+            gpu.append(f"{info['gpu_memory_gb']} GB")
+        if info.get("gpu_arch"):
+            gpu.append(str(info["gpu_arch"]))
+        rows.append(("gpu", ", ".join(gpu)))
+    for key, label in (("tf32", "tf32"), ("cache_check", "cache check")):
+        if info.get(key) is not None:
+            rows.append((label, "on" if info[key] else "off"))
+    if info.get("backend") == "cpu":
+        rows.append(
+            (
+                "cpu blas",
+                info.get("cpu_blas")
+                or "MLX's reference BLAS (install OpenBLAS for about 30x faster float32)",
+            )
+        )
+    rows.append(("store", info["store"]))
+    return [f"{key:16} {value}" for key, value in rows]
 
 
 def _hub_lines(hub: Any) -> list[str]:

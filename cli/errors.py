@@ -35,7 +35,11 @@ def explain(exc: BaseException) -> tuple[str, str | None, int]:
     if isinstance(exc, InvalidNameError):
         return str(exc), exc.hint, EXIT_USAGE
     if isinstance(exc, StoreError):
-        return str(exc), exc.hint, EXIT_FAILURE
+        hint = exc.hint
+        if hint and "overwrite=True" in hint:
+            # The library's hint names its keyword; here the flag is what one types.
+            hint = "Pass --force to replace it, or choose another name."
+        return str(exc), hint, EXIT_FAILURE
     if isinstance(exc, ValueError | TypeError):
         # The library's messages name the bad value and the fix; a generic hint would
         # point away from it (to --help for a character in the prompt, say).

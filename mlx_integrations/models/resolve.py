@@ -81,10 +81,28 @@ def resolve_model(
         from mlx_integrations.models.hub.pull import pull
 
         return pull(text, store=store).model.path
+    close = _close_names(text, store)
+    if close:
+        hint = f"Did you mean {close!r}? (mlxi list shows the store)"
+    else:
+        hint = f"Run: mlxi pull {text}" if is_repo_id(text) else "See what is there: mlxi list"
     raise ModelNotFoundError(
         f"Model {text!r} is not in the store ({store.home}) nor in the Hugging Face cache.",
-        hint=f"Run: mlxi pull {text}" if is_repo_id(text) else "See what is there: mlxi list",
+        hint=hint,
     )
+
+
+def _close_names(text: str, store: ModelStore) -> str | None:
+    """The store name or alias closest to a mistyped ``text``, if one is close."""
+    import difflib
+
+    try:
+        names = {m.name for m in store.list()} | set(store.aliases())
+    except OSError:
+        return None  # an unreadable store: the error says where it is
+    by_case = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(text.lower(), list(by_case), n=1, cutoff=0.75)
+    return by_case[close[0]] if close else None
 
 
 def _resolve_path(path: Path, store: ModelStore) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -33,12 +34,14 @@ from mlx_integrations.chat.reasoning import (
     think_markers,
 )
 from mlx_integrations.chat.request import ChatRequest, RequestEngine
+from mlx_integrations.chat.schemas import unenforced_keywords
 from mlx_integrations.chat.tool_formats import (
     InvalidToolCall,
     ParsedToolCall,
     ToolFormat,
     detect_format,
 )
+from mlx_integrations.chat.tools import ToolRequest
 from mlx_integrations.engine.base import BaseEngine, GenerationOutput
 
 __all__ = [
@@ -315,11 +318,11 @@ async def _chat_events(
         if out.new_text:
             for event in parser.feed(out.new_text):
                 saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
-                yield event
+                yield _whole_schema(event, tools)
     assert last is not None and parser is not None, "the engine returned no output"
     for event in parser.finish():
         saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
-        yield event
+        yield _whole_schema(event, tools)
     reason = last.finish_reason
     if saw_call and reason == "stop":
         reason = "tool_calls"
@@ -345,6 +348,31 @@ async def _chat_events(
             bool(getattr(last, "starts_in_reasoning", False)),
         ),
     )
+
+
+def _whole_schema(event: Event, tools: ToolRequest) -> Event:
+    """A call of a tool whose schema the grammar could not hold it to entirely
+    (keywords such as ``propertyNames``), checked against the whole schema: one that
+    fails is an invalid call, with the reason."""
+    if not isinstance(event, ParsedToolCall):
+        return event
+    spec = next((t for t in tools.tools if t.name == event.name), None)
+    if spec is None or not unenforced_keywords(spec.parameters):
+        return event
+    from jsonschema import ValidationError, validate
+
+    try:
+        validate(event.arguments, spec.parameters)
+    except ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        return InvalidToolCall(
+            raw=json.dumps(event.arguments, ensure_ascii=False),
+            error=f"The arguments of {event.name!r} do not match its schema at {where}: "
+            f"{exc.message}",
+            name=event.name,
+            id=event.id,
+        )
+    return event
 
 
 async def _foreign_outputs(

@@ -80,13 +80,18 @@ def llguidance_tokenizer(tokenizer: Any) -> LLTokenizer:
     return built
 
 
-def check_grammar(grammar: str, ll_tokenizer: LLTokenizer | None = None) -> None:
-    """Raise ``ValueError`` with llguidance's message when a grammar does not compile."""
+def check_grammar(grammar: str, ll_tokenizer: LLTokenizer | None = None) -> list[str]:
+    """llguidance's warnings about a grammar that compiles (what it leaves out).
+
+    Raises:
+        ValueError: With llguidance's message, when the grammar does not compile.
+    """
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, ll_tokenizer)
     if is_error:
         raise ValueError(f"The constraint does not compile: {messages[0] if messages else ''}")
+    return list(messages)
 
 
 def compile_matcher(ll_tokenizer: LLTokenizer, grammar: str) -> LLMatcher:

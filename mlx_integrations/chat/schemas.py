@@ -19,6 +19,10 @@ COMPACT_JSON: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
+    # Keywords the grammar cannot express (propertyNames, if/then, not...) are left out
+    # of it rather than refused: the grammar holds the output to the rest, and the
+    # whole schema checks the result (see unenforced_keywords).
+    "lenient": True,
 }
 
 
@@ -42,7 +46,10 @@ class StructuredOutputError(ValueError):
 
 
 def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, Any]:
-    """Check that ``schema`` is a JSON schema llguidance can enforce; return it.
+    """Check that ``schema`` is a JSON schema a grammar can be made from; return it.
+
+    Keywords the grammar cannot express do not refuse it: see
+    :func:`unenforced_keywords`.
 
     Args:
         schema: The schema (a dict).
@@ -52,10 +59,6 @@ def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, A
         TypeError: ``schema`` is not a dict.
         ValueError: It is not a valid JSON schema, or llguidance cannot compile it.
     """
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
-    from llguidance import LLMatcher
-
     if not isinstance(schema, Mapping):
         raise TypeError(f"{what} must be a dict, got {type(schema).__name__}: {schema!r:.80}")
     schema = dict(schema)
@@ -65,6 +68,32 @@ def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, A
         key = None  # not JSON: checked below, and refused there
     if key is not None and key in _checked:
         return schema
+    _check_uncached(schema, what, key)
+    return schema
+
+
+def unenforced_keywords(schema: Any) -> tuple[str, ...]:
+    """What of ``schema`` (checked with :func:`check_json_schema`) the grammar cannot
+    enforce, as llguidance says it (``'Unimplemented keys: ["propertyNames"]'``); empty
+    when the grammar holds an output to the whole schema.
+
+    An output constrained by such a schema is checked against the whole schema
+    afterwards (a tool call that fails it is an invalid call).
+    """
+    try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):
+        return ()
+    if key not in _checked:
+        _check_uncached(dict(schema), "The JSON schema", key)
+    return _checked.get(key) or ()
+
+
+def _check_uncached(schema: dict[str, Any], what: str, key: str | None) -> None:
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+    from llguidance import LLMatcher
+
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
@@ -72,21 +101,20 @@ def check_json_schema(schema: Any, what: str = "The JSON schema") -> dict[str, A
         raise ValueError(f"{what} is not a valid JSON schema (at {where}): {exc.message}") from exc
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=COMPACT_JSON)
-        check_grammar(grammar)
+        warnings = check_grammar(grammar)
     except ValueError as exc:
         raise ValueError(f"{what} cannot be enforced: {exc}") from exc
     if key is not None:
         with _checked_lock:
-            _checked[key] = None
+            _checked[key] = tuple(warnings)
             while len(_checked) > _CHECKED_SIZE:
                 _checked.popitem(last=False)
-    return schema
 
 
-# Schemas already checked (compiling one takes milliseconds; a turn checks its tools
-# at the adapter and again in the engine).
+# Schemas already checked, with what their grammar leaves out (compiling one takes
+# milliseconds; the same tools come with every call of an agent).
 _CHECKED_SIZE = 256
-_checked: OrderedDict[str, None] = OrderedDict()
+_checked: OrderedDict[str, tuple[str, ...]] = OrderedDict()
 _checked_lock = threading.Lock()
 
 

@@ -406,3 +406,67 @@ async def test_a_turn_can_announce_its_prompt_before_the_first_token(engine, out
     # Not asked for: no Started.
     events = [e async for e in stream_chat_events(served, request)]
     assert not any(isinstance(e, Started) for e in events)
+
+
+# ------------------------------------------- keywords the grammar cannot express
+
+# Claude Code's TaskCreate tool, as it sends it: ``propertyNames`` has no grammar.
+TASK_CREATE = {
+    "type": "function",
+    "function": {
+        "name": "TaskCreate",
+        "description": "Create a task.",
+        "parameters": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "subject": {"type": "string"},
+                "description": {"type": "string"},
+                "metadata": {
+                    "type": "object",
+                    "propertyNames": {"type": "string"},
+                    "additionalProperties": {},
+                },
+            },
+            "required": ["subject", "description"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "TaskCreate"])
+async def test_a_schema_keyword_the_grammar_lacks_never_refuses_a_request(engine, choice):
+    from mlx_integrations.chat.completion import Finished, stream_chat_events
+
+    request = ChatRequest.build(
+        USER, tools=[WEATHER, TASK_CREATE], tool_choice=choice, temperature=0, max_tokens=64
+    )
+    events = [e async for e in stream_chat_events(engine, request)]
+    assert isinstance(events[-1], Finished)
+    if choice != "auto":  # a forced call still comes, held to what the grammar can hold
+        calls = [e for e in events if type(e).__name__ in ("ParsedToolCall", "InvalidToolCall")]
+        assert calls
+
+
+def test_a_call_is_checked_against_the_whole_schema_where_the_grammar_left_a_keyword_out():
+    from mlx_integrations.chat.completion import _whole_schema
+    from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
+
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
+        "required": ["tags"],
+    }
+    tools = ChatRequest.build(USER, tools=[_tool("tag", schema)]).tools
+    good = ParsedToolCall(name="tag", arguments={"tags": {"red": 1}}, id="call_1")
+    assert _whole_schema(good, tools) is good
+    bad = ParsedToolCall(name="tag", arguments={"tags": {"RED!": 1}}, id="call_2")
+    checked = _whole_schema(bad, tools)
+    assert isinstance(checked, InvalidToolCall)
+    assert checked.id == "call_2" and checked.name == "tag"
+    assert "do not match its schema at tags" in checked.error
+    # A schema the grammar enforces whole is not checked again.
+    weather = ChatRequest.build(USER, tools=[WEATHER]).tools
+    call = ParsedToolCall(name="get_weather", arguments={"city": 5}, id="call_3")
+    assert _whole_schema(call, weather) is call

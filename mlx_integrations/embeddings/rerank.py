@@ -35,6 +35,7 @@ from mlx_integrations.models.folders import read_json_object
 from mlx_integrations.models.resolve import resolve_model_path
 
 __all__ = [
+    "Ranking",
     "RerankResult",
     "Reranker",
     "RerankerKind",
@@ -98,21 +99,33 @@ def document_text(document: Any, index: int) -> str:
     return text
 
 
-def rank(scores: Sequence[float], texts: Sequence[str], top_n: int | None) -> list[RerankResult]:
-    """The ``top_n`` best results, highest score first (ties keep the input's order).
+@dataclass(frozen=True)
+class Ranking:
+    """What :func:`rerank` returns: the kept documents, best first, and the call's size."""
+
+    results: list[RerankResult]
+    """The ``top_n`` best documents, highest score first (ties keep the input's order)."""
+    tokens: int
+    """Tokens the reranker read, over all documents (a rerank API's usage)."""
+
+
+def rank(scored: RerankScores, texts: Sequence[str], top_n: int | None) -> Ranking:
+    """The ``top_n`` best of scored documents, highest score first.
 
     Raises:
         ValueError: A ``top_n`` that is not a positive integer.
     """
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise ValueError(f"top_n must be a positive integer or None, not {top_n!r}.")
+    scores = scored.scores
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    return [RerankResult(i, float(scores[i]), texts[i]) for i in order[:top_n]]
+    results = [RerankResult(i, float(scores[i]), texts[i]) for i in order[:top_n]]
+    return Ranking(results, scored.tokens)
 
 
 def rerank(
     reranker: Reranker, query: str, documents: Sequence[Any], *, top_n: int | None = None
-) -> list[RerankResult]:
+) -> Ranking:
     """Rank documents by relevance to the query, blocking the calling thread only.
 
     Args:
@@ -122,29 +135,29 @@ def rerank(
         top_n: How many results to return (None: all).
 
     Returns:
-        The results, highest score first.
+        The results, highest score first, and the tokens read.
 
     Examples:
         >>> reranker = load_reranker("ms-marco-minilm-l6")  # doctest: +SKIP
         >>> docs = ["Paris is in France.", {"text": "MLX runs on Apple silicon."}]
-        >>> [(r.index, round(r.relevance_score, 2)) for r in rerank(reranker, "Macs?", docs)]
-        ... # doctest: +SKIP
+        >>> ranking = rerank(reranker, "Macs?", docs)  # doctest: +SKIP
+        >>> [(r.index, round(r.relevance_score, 2)) for r in ranking.results]  # doctest: +SKIP
         [(1, 0.91), (0, 0.0)]
     """
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, not {type(query).__name__}.")
     texts = _texts(documents)
-    return rank(reranker.score(query, texts).scores, texts, top_n)
+    return rank(reranker.score(query, texts), texts, top_n)
 
 
 async def arerank(
     reranker: Reranker, query: str, documents: Sequence[Any], *, top_n: int | None = None
-) -> list[RerankResult]:
+) -> Ranking:
     """:func:`rerank` without blocking the event loop."""
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, not {type(query).__name__}.")
     texts = _texts(documents)
-    return rank((await reranker.ascore(query, texts)).scores, texts, top_n)
+    return rank(await reranker.ascore(query, texts), texts, top_n)
 
 
 def _texts(documents: Sequence[Any]) -> list[str]:

@@ -147,13 +147,13 @@ class RerankSettings(BaseModel):
 
     def rank(self, query: str, documents: Sequence[Any], top_n: int | None) -> list[RerankResult]:
         """The ``top_n`` best documents (strings or objects with a ``text``), best first."""
-        return rerank(_Bound(self), query, documents, top_n=top_n)
+        return rerank(_Bound(self), query, documents, top_n=top_n).results
 
     async def arank(
         self, query: str, documents: Sequence[Any], top_n: int | None
     ) -> list[RerankResult]:
         """:meth:`rank` without blocking the event loop."""
-        return await arerank(_Bound(self), query, documents, top_n=top_n)
+        return (await arerank(_Bound(self), query, documents, top_n=top_n)).results
 
 
 class _Bound:

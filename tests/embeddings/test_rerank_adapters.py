@@ -31,14 +31,16 @@ def test_rerank_ranks_strings_and_objects(cross_encoder: Path, expected: list[fl
 
     reranker = load_reranker(str(cross_encoder))
     docs: list[Any] = [DOCUMENTS[0], {"text": DOCUMENTS[1]}, *DOCUMENTS[2:]]
-    results = rerank(reranker, QUERY, docs, top_n=3)
+    ranking = rerank(reranker, QUERY, docs, top_n=3)
+    results = ranking.results
+    assert ranking.tokens > 128  # every pair counts, kept or not
     best = list(np.argsort(expected)[::-1][:3])
     assert [r.index for r in results] == best
     assert [r.relevance_score for r in results] == pytest.approx(
         [expected[i] for i in best], abs=2e-6
     )
     assert results[0].text == DOCUMENTS[best[0]]
-    assert len(rerank(reranker, QUERY, docs)) == len(docs)
+    assert len(rerank(reranker, QUERY, docs).results) == len(docs)
     with pytest.raises(TypeError, match=r"documents\[1\] is a dict without a text"):
         rerank(reranker, QUERY, ["a", {"content": "b"}])
     with pytest.raises(ValueError, match="top_n must be a positive integer or None, not 0"):

@@ -100,10 +100,13 @@ def thinking_rules(tokenizer: Any, end_marker: str, start_marker: str | None, th
     end = lark.marker_pieces(tokenizer, end_marker)
     lazy = "[lazy]" if isinstance(end[0], str) else ""
     thinking = f"thinking{lazy}: /(?s:.*)/ {lark.seq(end)}"
+    # A few blank characters between the thinking and the answer (templates write
+    # "\n\n"), not a free run: a model must not spend its tokens there.
+    gap = "/[ \\t\\n]{0,6}/"
     if start_marker is None:
-        return f"start: thinking /[ \\t\\n]*/ {then}\n{thinking}"
+        return f"start: thinking {gap} {then}\n{thinking}"
     opening = lark.seq(lark.marker_pieces(tokenizer, start_marker))
-    return f"start: (opening /[ \\t\\n]*/)? {then}\nopening: {opening} thinking\n{thinking}"
+    return f"start: (opening {gap})? {then}\nopening: {opening} thinking\n{thinking}"
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,50 @@ def _ends_incomplete(text: str, exc: json.JSONDecodeError) -> bool:
     if not stripped:
         return True
     return exc.pos >= len(stripped) or exc.msg.startswith("Unterminated string")
+
+
+def shortest_instance(schema: Any, defs: Mapping[str, Any] | None = None, depth: int = 0) -> Any:
+    """A small value valid against ``schema``: what a constrained output must at least
+    write (the required properties, the shortest strings and arrays allowed, the first
+    of an enum). Keywords it does not know are passed over: it is an estimate of a
+    length, not a validator.
+    """
+    if not isinstance(schema, Mapping) or depth > 16:
+        return None
+    defs = {**(defs or {}), **schema.get("$defs", {}), **schema.get("definitions", {})}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target = defs.get(ref.rsplit("/", 1)[-1])
+        if isinstance(target, Mapping):
+            return shortest_instance(target, defs, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return min(schema["enum"], key=lambda v: len(json.dumps(v)))
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            values = [shortest_instance(o, defs, depth + 1) for o in options]
+            return min(values, key=lambda v: len(json.dumps(v)))
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind is None and ("properties" in schema or "required" in schema):
+        kind = "object"
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {
+            name: shortest_instance(props.get(name, {}), defs, depth + 1)
+            for name in schema.get("required") or []
+        }
+    if kind == "array":
+        items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+        return [shortest_instance(items, defs, depth + 1)] * int(schema.get("minItems") or 0)
+    if kind == "string":
+        return "x" * int(schema.get("minLength") or 0)
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
+        return low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0
+    if kind == "boolean":
+        return False
+    return None

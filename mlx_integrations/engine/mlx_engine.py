@@ -16,17 +16,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from mlx_integrations.chat.constraints import constraint_processors
 from mlx_integrations.chat.fields import RequestError, checking
 from mlx_integrations.chat.media_parts import reject_media_for_text_model
 from mlx_integrations.chat.messages import check_text, normalize_messages
 from mlx_integrations.chat.reasoning import (
     apply_effort,
-    budget_processors,
-    constraint_markers,
     opens_reasoning,
     reasoning_switch,
 )
+from mlx_integrations.chat.reasoning.room import reply_processors
 from mlx_integrations.chat.request import ChatRequest, RequestEngine
 from mlx_integrations.chat.template import (
     NO_TEMPLATE,
@@ -346,21 +344,12 @@ class MLXEngine(ModelLifecycle, RequestEngine):
                     finished=False,
                     starts_in_reasoning=in_reasoning,
                 )
-            if request.format_constraint is not None or tools.tools:
-                # OpenAI-style constraints, built once the prompt is known: they hold from
-                # the end of a thinking block on (one the prompt opens, or one the model
-                # may open where its template has a switch). Off the event loop.
-                params.logits_processors += await asyncio.to_thread(
-                    constraint_processors,
-                    self._tokenizer,
-                    fmt,
-                    tools,
-                    request.format_constraint,
-                    *constraint_markers(prompt, self._tokenizer),
-                )
-            # Last: where the budget is spent it overrides the others.
-            params.logits_processors += budget_processors(
-                self._tokenizer, request.reasoning.budget, in_reasoning
+            limit = params.max_tokens
+            if self._context_length:
+                limit = min(limit, self._context_length - len(tokens))
+            # Off the event loop: building a grammar can take a moment.
+            params.logits_processors += await asyncio.to_thread(
+                reply_processors, self._tokenizer, prompt, fmt, request, limit, in_reasoning
             )
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning

@@ -73,6 +73,11 @@ class ThinkingBudgetProcessor:
         forced = self._forced()
         if forced is None:
             return logits
+        if _banned(logits, forced):
+            # A constraint before it does not admit the marker yet: the thinking ends in
+            # the middle of a character (its first bytes written), which must be whole
+            # first. The constraint admits only what completes it; the marker follows.
+            return logits
         width = logits.shape[-1]
         mask = self._masks.get((forced, width))
         if mask is None:
@@ -107,6 +112,14 @@ class ThinkingBudgetProcessor:
             if self._ends_with(self._end[:k]):
                 return self._end[k]
         return self._end[0]
+
+
+def _banned(logits: mx.array, token: int) -> bool:
+    """Whether a processor before this one ruled ``token`` out (a grammar's mask, -inf;
+    a bias, however large, is no ban)."""
+    import mlx.core as mx
+
+    return bool(mx.isneginf(logits[..., token]).any().item())
 
 
 def budget_processors(

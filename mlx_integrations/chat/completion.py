@@ -15,7 +15,7 @@ import copy
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from mlx_integrations.chat.constraints import constraint_processors, format_instructions
@@ -41,7 +41,7 @@ from mlx_integrations.chat.tool_formats import (
     ToolFormat,
     detect_format,
 )
-from mlx_integrations.chat.tools import ToolRequest
+from mlx_integrations.chat.tools import ToolChoiceMode, ToolRequest
 from mlx_integrations.engine.base import BaseEngine, GenerationOutput
 
 __all__ = [
@@ -275,6 +275,11 @@ async def _next(stream: AsyncIterator[T]) -> T:
 async def _chat_events(
     engine: BaseEngine, request: ChatRequest, stream: bool, announce: bool
 ) -> AsyncIterator[Event | Finished | Started]:
+    if request.response_format is not None and request.tools.mode is ToolChoiceMode.AUTO:
+        if repeats_a_call(request.messages):
+            # A model that calls again what it was answered, instead of answering, is
+            # looping (small models do, turn after turn): the answer is required now.
+            request = request.replace(tools=replace(request.tools, mode=ToolChoiceMode.NONE))
     tools = request.tools
     request = request.replace(
         messages=with_format_instructions(request.messages, request.response_format, tools.active)
@@ -348,6 +353,20 @@ async def _chat_events(
             bool(getattr(last, "starts_in_reasoning", False)),
         ),
     )
+
+
+def repeats_a_call(messages: list[dict[str, Any]]) -> bool:
+    """Whether the conversation holds one tool call twice (the same tool, the same
+    arguments), in one turn or in two."""
+    seen: set[tuple[str, str]] = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", call)
+            key = (function.get("name"), json.dumps(function.get("arguments"), sort_keys=True))
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
 
 
 def _whole_schema(event: Event, tools: ToolRequest) -> Event:

@@ -11,7 +11,7 @@ import pytest
 from mlx_integrations.cli.main import app
 from typer.testing import CliRunner
 
-from mlx_integrations.models import ModelNotFoundError, ModelStore, import_model, resolve_model
+from mlx_integrations.models import ModelNotFoundError, ModelStore, resolve_model
 from tests.cli.conftest import store_with
 
 
@@ -71,9 +71,3 @@ def test_doctor_prints_words_and_each_version_once(tmp_path, monkeypatch):
     # The JSON keeps every field, None where it does not apply.
     data = mlxi("doctor", "--json")
     assert '"mlx_version"' in data.stdout and '"gpu_name"' in data.stdout
-
-
-def test_an_import_into_a_fresh_store_is_found_by_its_name(tmp_path, tiny_llama):
-    store = ModelStore(tmp_path / "other")
-    import_model(tiny_llama, "tiny", store=store)
-    assert resolve_model("tiny", store=store) == store.get("tiny").path

@@ -23,9 +23,11 @@ from mlx_integrations.chat.media_parts import reject_media_for_text_model
 from mlx_integrations.chat.output_parser import (
     ChatOutputParser,
     Event,
+    Logprobs,
     ParsedOutput,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
 )
 from mlx_integrations.chat.reasoning import (
     ThinkingBudgetProcessor,
@@ -48,6 +50,7 @@ __all__ = [
     "ChatRequest",
     "Finished",
     "InvalidToolCall",
+    "Logprobs",
     "ParsedToolCall",
     "ReasoningDelta",
     "Started",
@@ -100,6 +103,9 @@ class Finished:
     reasoning_tokens: int = 0
     """Tokens of the reply inside thinking blocks (counted from the engine's tokens;
     0 where it gives none)."""
+    logprobs: list[TokenLogprob] | None = None
+    """Where the request asked for them (``logprobs``/``top_logprobs``) and the engine
+    gives them (ours do): every generated token's log-probability, in order."""
 
     def speculative_metadata(self) -> dict[str, Any]:
         """Acceptance figures for the adapters' metadata; empty without speculation."""
@@ -192,19 +198,26 @@ async def _whole(call: Awaitable[GenerationOutput]) -> AsyncIterator[GenerationO
 
 
 async def stream_chat_events(
-    engine: BaseEngine, request: ChatRequest, stream: bool = True, announce: bool = False
-) -> AsyncIterator[Event | Finished | Started]:
+    engine: BaseEngine,
+    request: ChatRequest,
+    stream: bool = True,
+    announce: bool = False,
+    logprob_events: bool = False,
+) -> AsyncIterator[Event | Finished | Started | Logprobs]:
     """Run one chat turn and yield its events, ending with :class:`Finished`.
 
     With ``stream=False`` (a caller that collects the whole reply) the engine's
     ``chat`` answers in one piece, which the parser reads at once: the same events,
     without a chunk per token on the way. With ``announce`` (and ``stream``) the first
     event is :class:`Started`, with the prompt's token count (a server's first frame).
+    With ``logprob_events`` (and ``stream``), where the request asked for
+    log-probabilities, a :class:`Logprobs` event follows the events of each engine
+    chunk; :attr:`Finished.logprobs` holds them all in any case.
 
     Raises:
         TimeoutError: The turn outlasted ``request.timeout`` (see :func:`within_timeout`).
     """
-    events = _chat_events(engine, request, stream, announce and stream)
+    events = _chat_events(engine, request, stream, announce and stream, logprob_events and stream)
     if request.timeout is not None:
         events = within_timeout(events, request.timeout, request.max_tokens)
     try:
@@ -273,8 +286,8 @@ async def _next(stream: AsyncIterator[T]) -> T:
 
 
 async def _chat_events(
-    engine: BaseEngine, request: ChatRequest, stream: bool, announce: bool
-) -> AsyncIterator[Event | Finished | Started]:
+    engine: BaseEngine, request: ChatRequest, stream: bool, announce: bool, logprob_events: bool
+) -> AsyncIterator[Event | Finished | Started | Logprobs]:
     if request.response_format is not None and request.tools.mode is ToolChoiceMode.AUTO:
         if repeats_a_call(request.messages):
             # A model that calls again what it was answered, instead of answering, is
@@ -306,6 +319,7 @@ async def _chat_events(
     first_at: float | None = None
     last = None
     saw_call = False
+    logprobs: list[TokenLogprob] = []
     async for out in outputs:
         if announce:  # an engine that cannot say it earlier says it with its first output
             yield Started(prompt_tokens=out.prompt_tokens)
@@ -324,6 +338,11 @@ async def _chat_events(
             for event in parser.feed(out.new_text):
                 saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
                 yield _whole_schema(event, tools)
+        chunk_logprobs = getattr(out, "logprobs", None)
+        if chunk_logprobs is not None:
+            logprobs.extend(chunk_logprobs)
+            if logprob_events and chunk_logprobs:
+                yield Logprobs(chunk_logprobs)
     assert last is not None and parser is not None, "the engine returned no output"
     for event in parser.finish():
         saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
@@ -352,6 +371,7 @@ async def _chat_events(
             engine.tokenizer,
             bool(getattr(last, "starts_in_reasoning", False)),
         ),
+        logprobs=logprobs if getattr(last, "logprobs", None) is not None else None,
     )
 
 

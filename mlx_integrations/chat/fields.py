@@ -20,6 +20,7 @@ __all__ = [
     "RequestTypeError",
     "Sampling",
     "check_logit_bias",
+    "check_logprobs",
     "check_max_tokens",
     "check_processors",
     "check_stop",
@@ -318,3 +319,30 @@ def check_timeout(value: Any) -> float | None:
             "timeout",
         )
     return float(value)
+
+
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token a request may ask for (OpenAI's bound)."""
+
+
+def check_logprobs(logprobs: Any, top_logprobs: Any) -> int | None:
+    """How many alternatives per token to report, or None for no log-probabilities.
+
+    Raises:
+        RequestError: ``logprobs`` not true or false, ``top_logprobs`` not an integer
+            from 0 to 20, or ``top_logprobs`` above 0 with ``logprobs=False``.
+    """
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise RequestTypeError(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
+    if top_logprobs is None:
+        return 0 if logprobs else None
+    top = _integer("top_logprobs", top_logprobs)
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(
+            f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {top}", "top_logprobs"
+        )
+    if logprobs is False and top:
+        raise RequestError(
+            f"top_logprobs={top} needs logprobs=true (or leave logprobs out)", "top_logprobs"
+        )
+    return top if (logprobs or top) else None

@@ -37,6 +37,31 @@ class ReasoningDelta:
     text: str
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token and its log-probability.
+
+    Attributes:
+        token_id: The token sampled.
+        logprob: Its log-probability (natural log) under the distribution it was
+            sampled from (after the request's logits processors, before temperature).
+        top: The most likely tokens of that step, ``(token_id, logprob)``, most likely
+            first (``top_logprobs`` of them).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = field(default=())
+
+
+@dataclass
+class Logprobs:
+    """The log-probabilities of the tokens of the reply's latest events (where the
+    request asked for them)."""
+
+    tokens: list[TokenLogprob]
+
+
 Event = TextDelta | ReasoningDelta | ParsedToolCall | InvalidToolCall
 
 

@@ -31,6 +31,7 @@ from mlx_integrations.chat.fields import (
     RequestError,
     RequestTypeError,
     Sampling,
+    check_logprobs,
     check_max_tokens,
     check_processors,
     check_stop,
@@ -174,6 +175,9 @@ class ChatRequest:
     """A tool-call family to use instead of the model's own."""
     request_id: str | None = None
     """The id to run it under (``abort_request``); None: a new one."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability and this many most likely
+    alternatives per step (0: none); None: no log-probabilities."""
     timeout: float | None = None
     """Seconds the whole turn may take; then its request is stopped and TimeoutError raised."""
     model: str | None = None
@@ -211,6 +215,8 @@ class ChatRequest:
         logits_processors: Any = None,
         tool_format: Any = None,
         request_id: Any = None,
+        logprobs: Any = None,
+        top_logprobs: Any = None,
         timeout: Any = None,
         model: Any = None,
     ) -> ChatRequest:
@@ -237,6 +243,9 @@ class ChatRequest:
             logits_processors: Custom processors ``(tokens, logits) -> logits``.
             tool_format: A tool-call family name to use instead of the model's own.
             request_id: The id to run the request under.
+            logprobs: Report the generated tokens' log-probabilities (True/False).
+            top_logprobs: And this many most likely alternatives per step (0 to 20;
+                given alone, it asks for the log-probabilities too).
             timeout: Seconds the whole turn may take (None: no limit).
             model: The model's name as the caller gave it.
 
@@ -284,6 +293,7 @@ class ChatRequest:
             logits_processors=check_processors(logits_processors),
             tool_format=tool_format,
             request_id=request_id,
+            logprobs=check_logprobs(logprobs, top_logprobs),
             timeout=check_timeout(timeout),
             model=model,
         )
@@ -397,6 +407,8 @@ CALL_KEYWORDS = frozenset(
         "tool_format",
         "reasoning_effort",
         "thinking_budget",
+        "logprobs",
+        "top_logprobs",
     }
 )
 """The keyword arguments our engines' ``chat``/``stream_chat`` take beyond the contract's

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlx_integrations.chat.stopping import StopMatcher
 from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.logprobs import LogprobRecorder, TokenLogprob
 from mlx_integrations.engine.params import SamplingParams
 
 
@@ -35,6 +36,9 @@ class MLXGenerationOutput(GenerationOutput):
     stop_sequence: str | None = None
     """The stop sequence that ended the reply (``finish_reason="stop"``), None for
     the end-of-sequence token or any other end."""
+    logprobs: list[TokenLogprob] | None = None
+    """Where the request asked for them: the log-probabilities of the tokens this chunk
+    brings (since the previous chunk; all of them in the only chunk of a whole reply)."""
 
 
 class OutputBuilder:
@@ -51,8 +55,11 @@ class OutputBuilder:
         max_tokens: int,
         arrival: float,
         stream: bool = True,
+        logprobs: LogprobRecorder | None = None,
     ):
         self._stream = stream  # False: only the last chunk is wanted
+        self._recorder = logprobs
+        self._logprobs: list[TokenLogprob] = []  # of the tokens since the last chunk
         self._detok = tokenizer.detokenizer
         self._eos = set(tokenizer.eos_token_ids)
         self._stop = StopMatcher(stop)
@@ -84,6 +91,8 @@ class OutputBuilder:
         if self._first_token_at is None:
             self._first_token_at = time.perf_counter()
         self.tokens.append(token)
+        if self._recorder is not None:
+            self._logprobs.append(self._recorder.resolve(token))
         if token in self._eos:
             return self.finish("stop")
         if self._deferred:
@@ -141,7 +150,14 @@ class OutputBuilder:
             ttft_s=ttft,
             generation_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
             stop_sequence=self._stop.matched,
+            logprobs=self._take_logprobs(),
         )
+
+    def _take_logprobs(self) -> list[TokenLogprob] | None:
+        if self._recorder is None:
+            return None
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
 
 def _reads_freely(detokenizer: Any) -> bool:

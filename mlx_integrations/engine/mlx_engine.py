@@ -351,6 +351,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             params.logits_processors += await asyncio.to_thread(
                 reply_processors, self._tokenizer, prompt, fmt, request, limit, in_reasoning
             )
+            params.record_logprobs(request.logprobs)  # after them: what they leave
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning
                 yield out
@@ -617,6 +618,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             max_tokens=p.max_tokens,
             arrival=job.arrival,
             stream=job.stream,
+            logprobs=p.logprobs,
         )
 
     def _mark_running(self, job: Job) -> None:

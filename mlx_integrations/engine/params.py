@@ -15,12 +15,14 @@ from typing import Any
 from mlx_integrations.chat.fields import (
     Sampling,
     check_logit_bias,
+    check_logprobs,
     check_max_tokens,
     check_processors,
     check_stop,
     check_template_kwargs,
 )
 from mlx_integrations.chat.request import CALL_KEYWORDS, ChatRequest, Reasoning, RequestTypeError
+from mlx_integrations.engine.logprobs import LogprobRecorder
 
 
 @dataclass
@@ -41,6 +43,15 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     logits_processors: list[Callable[..., Any]] = field(default_factory=list)
     request_id: str = ""
+    logprobs: LogprobRecorder | None = None
+    """Records the reply's token log-probabilities (the last of ``logits_processors``)."""
+
+    def record_logprobs(self, top: int | None) -> None:
+        """Record the log-probabilities of the reply's tokens (and ``top`` alternatives
+        per step): a processor after every other one. None: none."""
+        if top is not None:
+            self.logprobs = LogprobRecorder(top)
+            self.logits_processors.append(self.logprobs)
 
     @property
     def seeded_sampling(self) -> bool:
@@ -136,7 +147,7 @@ def generate_params(
     request_id = kwargs.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestTypeError(f"request_id must be a string, got {request_id!r}", "request_id")
-    return SamplingParams.of(
+    params = SamplingParams.of(
         sampling,
         check_max_tokens(max_tokens),
         check_stop(stop if stop is not None else kwargs.get("stop")),
@@ -144,6 +155,8 @@ def generate_params(
         request_id,
         vocab_size,
     )
+    params.record_logprobs(check_logprobs(kwargs.get("logprobs"), kwargs.get("top_logprobs")))
+    return params
 
 
 _NO_SIZE = 2**62

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_integrations.chat.completion import Finished, stream_chat_events
+from mlx_integrations.chat.completion import Finished, Logprobs, Started, stream_chat_events
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.chat.request import ChatRequest, RequestError
 from mlx_integrations.engine.base import BaseEngine
@@ -195,6 +195,8 @@ class ServerState:
         try:
             async with closing(stream_chat_events(served.engine, request, stream)) as events:
                 async for event in events:
+                    if isinstance(event, (Started, Logprobs)):
+                        continue  # not asked for here (announce, logprob_events)
                     if isinstance(event, Finished):
                         ttft = first if stream else (event.ttft_s or None)
                         self.metrics.finished(

@@ -62,29 +62,33 @@ def thinking_room(
 ) -> int | None:
     """The thinking budget for a request whose reply may begin with thinking.
 
-    Where the request requires an answer (a forced call, a JSON schema), the budget is
-    at most what leaves room for it within ``max_tokens``; otherwise ``budget`` as given.
+    Where the request requires an answer (a forced call, a JSON schema) and gives no
+    budget, the budget leaves room for it within ``max_tokens`` (its shortest form
+    with a margin); a budget given stands unless even the shortest answer could not
+    follow it. Otherwise ``budget`` as given.
 
     Raises:
-        RequestError: A ``budget`` larger than that room (at ``thinking_budget``),
-            before any work.
+        RequestError: A ``budget`` after which the shortest answer does not fit (at
+            ``thinking_budget``), before any work.
     """
     needed = answer_tokens(tokenizer, fmt, tools, answer)
     markers = marker_tokens(tokenizer)
     if needed is None or markers is None:
         return budget
-    reserve = math.ceil(needed * MARGIN) + SLACK
-    room = max_tokens - len(markers[0]) - len(markers[1]) - reserve
-    if budget is not None and budget > max(room, 0):
-        what = "tool call" if tools.forced else "JSON answer"
-        raise RequestError(
-            f"thinking_budget={budget} leaves no room for the required {what} within "
-            f"max_tokens={max_tokens}: it needs about {reserve} tokens after the thinking "
-            f"ends; lower thinking_budget to {max(room, 0)} or less, or raise max_tokens "
-            f"to {budget + max_tokens - room} or more",
-            "thinking_budget",
-        )
-    return budget if budget is not None else max(room, 0)
+    free = max_tokens - len(markers[0]) - len(markers[1])
+    if budget is not None:
+        # The user's budget stands unless even the shortest answer cannot follow it.
+        if budget > free - needed:
+            what = "tool call" if tools.forced else "JSON answer"
+            raise RequestError(
+                f"thinking_budget={budget} leaves no room for the required {what} within "
+                f"max_tokens={max_tokens}: its shortest form takes {needed} tokens after "
+                f"the thinking ends; lower thinking_budget to {max(free - needed, 0)} or "
+                f"less, or raise max_tokens to {max_tokens + budget - free + needed} or more",
+                "thinking_budget",
+            )
+        return budget
+    return max(free - math.ceil(needed * MARGIN) - SLACK, 0)
 
 
 def reply_processors(

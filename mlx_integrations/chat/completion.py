@@ -103,9 +103,10 @@ class Finished:
     reasoning_tokens: int = 0
     """Tokens of the reply inside thinking blocks (counted from the engine's tokens;
     0 where it gives none)."""
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[dict[str, Any]] | None = None
     """Where the request asked for them (``logprobs``/``top_logprobs``) and the engine
-    gives them (ours do): every generated token's log-probability, in order."""
+    gives them (ours do): every generated token's log-probability, in order, in
+    OpenAI's ``logprobs.content`` shape (:func:`logprob_content`)."""
 
     def speculative_metadata(self) -> dict[str, Any]:
         """Acceptance figures for the adapters' metadata; empty without speculation."""
@@ -319,7 +320,7 @@ async def _chat_events(
     first_at: float | None = None
     last = None
     saw_call = False
-    logprobs: list[TokenLogprob] = []
+    logprobs: list[dict[str, Any]] = []
     async for out in outputs:
         if announce:  # an engine that cannot say it earlier says it with its first output
             yield Started(prompt_tokens=out.prompt_tokens)
@@ -340,9 +341,10 @@ async def _chat_events(
                 yield _whole_schema(event, tools)
         chunk_logprobs = getattr(out, "logprobs", None)
         if chunk_logprobs is not None:
-            logprobs.extend(chunk_logprobs)
-            if logprob_events and chunk_logprobs:
-                yield Logprobs(chunk_logprobs)
+            content = logprob_content(engine.tokenizer, chunk_logprobs)
+            logprobs.extend(content)
+            if logprob_events and content:
+                yield Logprobs(content)
     assert last is not None and parser is not None, "the engine returned no output"
     for event in parser.finish():
         saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
@@ -373,6 +375,42 @@ async def _chat_events(
         ),
         logprobs=logprobs if getattr(last, "logprobs", None) is not None else None,
     )
+
+
+def logprob_content(tokenizer: Any, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Token log-probabilities as OpenAI's ``logprobs.content`` lists them: each token's
+    text, ``logprob`` and UTF-8 ``bytes`` (a token holding part of a character reads
+    as U+FFFD in its text, its bytes exact), and its step's ``top_logprobs``."""
+
+    def token(token_id: int, logprob: float) -> dict[str, Any]:
+        data = token_bytes(tokenizer, token_id)
+        return {
+            "token": data.decode("utf-8", "replace"),
+            "logprob": logprob,
+            "bytes": list(data),
+        }
+
+    return [
+        {
+            **token(entry.token_id, entry.logprob),
+            "top_logprobs": [token(i, lp) for i, lp in entry.top],
+        }
+        for entry in entries
+    ]
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The bytes a token stands for: exact for byte-level BPE vocabularies (mlx-lm's
+    own byte table), else the UTF-8 of its decoded text."""
+    tokenmap = getattr(getattr(tokenizer, "detokenizer", None), "tokenmap", None)
+    if tokenmap is not None and 0 <= token_id < len(tokenmap):
+        try:  # _byte_decoder is mlx-lm's own table; a later mlx-lm may move it
+            from mlx_lm.tokenizer_utils import _byte_decoder
+
+            return bytes(map(_byte_decoder().__getitem__, tokenmap[token_id]))
+        except (ImportError, KeyError):
+            pass
+    return str(tokenizer.decode([token_id])).encode("utf-8")
 
 
 def repeats_a_call(messages: list[dict[str, Any]]) -> bool:

@@ -57,9 +57,10 @@ class TokenLogprob:
 @dataclass
 class Logprobs:
     """The log-probabilities of the tokens of the reply's latest events (where the
-    request asked for them)."""
+    request asked for them), in OpenAI's ``logprobs.content`` shape
+    (:func:`~mlx_integrations.chat.completion.logprob_content`)."""
 
-    tokens: list[TokenLogprob]
+    content: list[dict[str, Any]]
 
 
 Event = TextDelta | ReasoningDelta | ParsedToolCall | InvalidToolCall

@@ -12,7 +12,7 @@ wait at a time.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from mlx_integrations.chat.output_parser import TokenLogprob
 
@@ -66,10 +66,3 @@ class LogprobRecorder:
         top_values = cast(list[float], values.tolist())
         pairs = sorted(zip(top_ids, top_values, strict=True), key=lambda p: -p[1])
         return TokenLogprob(token, chosen, tuple((int(i), float(v)) for i, v in pairs))
-
-
-def describe(tokenizer: Any, token_id: int) -> tuple[str, list[int]]:
-    """A token's text and its UTF-8 bytes, as the APIs report them (a token holding part
-    of a character reads as U+FFFD)."""
-    text = tokenizer.decode([token_id])
-    return text, list(text.encode("utf-8"))

@@ -176,6 +176,8 @@ class ChatMLX(ChatSettings, BaseChatModel):
             "thinking_budget": self.thinking_budget,
             "chat_template_kwargs": self.chat_template_kwargs,
             "tool_format": self.tool_format,
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
             "adapter_path": self.adapter_path,
             "kv_bits": self.kv_bits,
             "kv_group_size": self.kv_group_size,

@@ -55,6 +55,8 @@ def response_metadata(event: Finished) -> dict[str, Any]:
         "time_to_first_token_s": round(event.ttft_s, 6),
         "tokens_per_second": round(event.generation_tps, 3),
         **event.speculative_metadata(),
+        # As ChatOpenAI reports them (logprobs=True, top_logprobs=N).
+        **({"logprobs": {"content": event.logprobs}} if event.logprobs is not None else {}),
     }
 
 

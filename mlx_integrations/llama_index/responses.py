@@ -14,6 +14,7 @@ from typing import Any
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
+    LogProb,
     MessageRole,
     TextBlock,
     ThinkingBlock,
@@ -94,6 +95,8 @@ class ResponseState:
 
     def __init__(self) -> None:
         self.turn = Turn()
+        self.logprobs: list[list[LogProb]] | None = None
+        """Per token, its step's most likely tokens (or the token alone), once known."""
 
     def _message(self) -> ChatMessage:
         turn = self.turn
@@ -130,14 +133,31 @@ class ResponseState:
             raw["time_to_first_token_s"] = event.ttft_s
             raw["tokens_per_second"] = event.generation_tps
             raw.update(event.speculative_metadata())
+            if event.logprobs is not None:
+                raw["logprobs"] = {"content": event.logprobs}
+                self.logprobs = [
+                    [
+                        LogProb(token=t["token"], logprob=t["logprob"], bytes=t["bytes"])
+                        for t in (entry["top_logprobs"] or [entry])
+                    ]
+                    for entry in event.logprobs
+                ]
         if self.turn.invalid_tool_calls:
             extra["invalid_tool_calls"] = [
                 {"id": c.id, "name": c.name, "raw": c.raw, "error": c.error}
                 for c in self.turn.invalid_tool_calls
             ]
-        return ChatResponse(message=self._message(), delta=delta, raw=raw, additional_kwargs=extra)
+        return ChatResponse(
+            message=self._message(),
+            delta=delta,
+            raw=raw,
+            additional_kwargs=extra,
+            logprobs=self.logprobs if raw is not None else None,
+        )
 
 
 def final_response(last: ChatResponse) -> ChatResponse:
     extra = {k: v for k, v in last.additional_kwargs.items() if k != "thinking_delta"}
-    return ChatResponse(message=last.message, raw=last.raw, additional_kwargs=extra)
+    return ChatResponse(
+        message=last.message, raw=last.raw, additional_kwargs=extra, logprobs=last.logprobs
+    )

@@ -119,6 +119,12 @@ class ChatSettings(BaseModel):
     its own ``thinking_budget=``; a model that does not think refuses it."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables passed to the chat template."""
+    logprobs: bool | None = None
+    """Report each generated token's log-probability: ChatMLX in
+    ``response_metadata["logprobs"]`` (``{"content": [...]}``, as ChatOpenAI), MLXLLM in
+    ``ChatResponse.logprobs`` and ``raw["logprobs"]``."""
+    top_logprobs: int | None = None
+    """And this many most likely alternatives per token (0 to 20)."""
     tool_format: str | None = None
     """Tool-call family (``hermes``, ``llama3_json``, ``pythonic``, ``mistral``,
     ``qwen3_coder``, ``glm``, ``lfm``, ``deepseek`` or an mlx-lm parser name), to override
@@ -292,6 +298,8 @@ class ChatSettings(BaseModel):
             chat_template_kwargs={**self.chat_template_kwargs, **template_kwargs},
             tool_format=values["tool_format"],
             timeout=values["timeout"],
+            logprobs=values["logprobs"],
+            top_logprobs=values["top_logprobs"],
             model=model or self.model,
         )
 
@@ -310,6 +318,8 @@ CALL_FIELDS = frozenset(
         "thinking_budget",
         "tool_format",
         "timeout",
+        "logprobs",
+        "top_logprobs",
     }
 )
 """Adapter fields a call may set for itself (``llm.invoke(..., temperature=0)``);

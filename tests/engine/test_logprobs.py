@@ -94,3 +94,25 @@ def test_bad_logprobs_settings_name_their_field(fields, path):
     with pytest.raises(RequestError) as caught:
         ChatRequest.build(MESSAGES, **fields)
     assert caught.value.path == path
+
+
+def test_the_adapters_report_logprobs_as_their_frameworks_do(tiny_llama):
+    from llama_index.core.llms import ChatMessage
+
+    from mlx_integrations.langchain import ChatMLX
+    from mlx_integrations.llama_index import MLXLLM
+
+    llm = ChatMLX(model=str(tiny_llama), temperature=0, max_tokens=8, logprobs=True)
+    message = llm.invoke("Hello", top_logprobs=3)
+    content = message.response_metadata["logprobs"]["content"]
+    assert len(content) == message.usage_metadata["output_tokens"]
+    assert all(len(c["top_logprobs"]) == 3 and c["logprob"] <= 0 for c in content)
+    # Each token's bytes, joined, are the reply's (the end-of-sequence token aside).
+    text = b"".join(bytes(c["bytes"]) for c in content).decode("utf-8", "replace")
+    assert text.startswith(message.content)
+    assert "logprobs" not in ChatMLX(engine=llm.engine, max_tokens=4).invoke("Hi").response_metadata
+
+    li = MLXLLM(model=str(tiny_llama), temperature=0, max_tokens=8, top_logprobs=2)
+    response = li.chat([ChatMessage(role="user", content="Hello")])
+    assert response.logprobs and all(len(top) == 2 for top in response.logprobs)
+    assert len(response.raw["logprobs"]["content"]) == response.raw["usage"]["completion_tokens"]

@@ -277,7 +277,30 @@ def server_models(url: str) -> list[dict[str, Any]] | None:
     except ServerUnavailable:
         return None
     models = data.get("models") if isinstance(data, dict) else None
-    return models if isinstance(models, list) else None
+    return (
+        [_served_row(m) for m in models if isinstance(m, dict)]
+        if isinstance(models, list)
+        else None
+    )
+
+
+def _served_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of ``/api/ps`` as ``mlxi ps`` shows it: the served name (Ollama's
+    ``name:latest`` without its tag) and ``expires_at`` in seconds since the epoch
+    (Ollama's is a date)."""
+    from datetime import datetime
+
+    out = dict(row)
+    name = out.get("name")
+    if isinstance(name, str) and name.endswith(":latest"):
+        out["name"] = name.removesuffix(":latest")
+    expires = out.get("expires_at")
+    if isinstance(expires, str):
+        try:
+            out["expires_at"] = datetime.fromisoformat(expires).timestamp()
+        except ValueError:
+            out["expires_at"] = None
+    return out
 
 
 def server_ps_result(url: str, models: list[dict[str, Any]]) -> Result:

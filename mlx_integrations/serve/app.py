@@ -10,8 +10,10 @@
 ``POST /v1/messages/count_tokens``         Anthropic token count
 ``GET  /health``                           200 while serving, 503 while draining
 ``GET  /metrics``                          Prometheus text format
-``GET  /api/ps``                           models in memory (``mlxi ps``)
 ``POST /api/stop``                         unload a model (``mlxi stop``)
+``/api/chat``, ``/api/generate``...        Ollama's API (:mod:`.ollama`); ``/api/ps`` is
+                                           also ``mlxi ps``'s, ``GET /`` says
+                                           ``Ollama is running``
 ``GET  /openapi.json``, ``/docs``          the schema, generated from the protocol models
 =========================================  =============================================
 
@@ -43,6 +45,7 @@ from mlx_integrations.serve import (
     completions,
     embeddings,
     models,
+    ollama,
     openai_chat,
     responses,
 )
@@ -74,20 +77,29 @@ _GENERATING = {
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    *ollama.GENERATING,
 }
 # Answered without the API key: health, and the schema and its pages (no secrets there).
 _OPEN = {"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # Counted under their own path in the figures (any other path counts as "other").
-_KNOWN = {"/", "/health", "/metrics", "/v1/models", "/api/ps", "/api/stop"}
+_KNOWN = {"/", "/health", "/metrics", "/v1/models", "/api/stop", *ollama.PATHS}
 
 
 def _flavor(path: str) -> str:
+    if ollama.is_ollama_path(path):
+        return "ollama"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
 def error_response(error: APIError, flavor: str) -> Response:
     """An error in the shape the endpoint's clients read."""
-    body = anthropic_error_body(error) if flavor == "anthropic" else openai_error_body(error)
+    body: ReplyModel
+    if flavor == "ollama":
+        body = ollama.error_body(error)
+    elif flavor == "anthropic":
+        body = anthropic_error_body(error)
+    else:
+        body = openai_error_body(error)
     return Response(
         body.model_dump_json(),
         status_code=error.status,
@@ -297,11 +309,6 @@ async def _metrics(request: Request) -> Response:
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-async def _ps(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    return JSONResponse({"models": state.registry.running()})
-
-
 async def _stop(body: StopRequest, request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse(await state.registry.stop(body.model))
@@ -335,8 +342,6 @@ def _add_routes(app: FastAPI) -> None:
         )
 
     route("/health", _health, "GET", "server", Health)
-    # Claude Code checks the server with HEAD / before its first request.
-    app.add_api_route("/", _health, methods=["GET", "HEAD"], include_in_schema=False)
     route("/metrics", _metrics, "GET", "server", None)
     route(
         "/v1/chat/completions",
@@ -381,8 +386,9 @@ def _add_routes(app: FastAPI) -> None:
         "Anthropic",
         anthropic_wire.CountTokensReply,
     )
-    route("/api/ps", _ps, "GET", "server", None)
     route("/api/stop", _stop, "POST", "server", StopReply)
+    # Ollama's API, with GET and HEAD / (Claude Code checks the server with HEAD / first).
+    ollama.add_routes(app)
 
 
 def create_app(
@@ -429,7 +435,7 @@ def create_app(
     app = FastAPI(
         title="mlxi serve",
         version=mlx_integrations.__version__,
-        summary="Local MLX models behind OpenAI- and Anthropic-compatible endpoints.",
+        summary="Local MLX models behind OpenAI-, Anthropic- and Ollama-compatible endpoints.",
         description=_DESCRIPTION,
         lifespan=lifespan,
     )
@@ -453,8 +459,9 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     error = APIError(
         404,
         f"No endpoint {scope.get('method', '')} {path}; the endpoints are under /v1 "
-        "(chat/completions, completions, embeddings, responses, models, messages), and "
-        "/health, /metrics, /api/ps, /api/stop",
+        "(chat/completions, completions, embeddings, responses, models, messages), "
+        "Ollama's under /api (chat, generate, embed, tags, show, ps, pull...), and "
+        "/health, /metrics, /api/stop",
         code="unknown_endpoint",
     )
     response: Any = error_response(error, _flavor(path))

@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlx_integrations.chat.completion import Finished
-from mlx_integrations.serve.errors import api_error
+from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.ollama import protocol as wire
 from mlx_integrations.serve.ollama.names import iso_time
 from mlx_integrations.serve.replies import Accepted
 from mlx_integrations.serve.sse import EventStream
 
-__all__ = ["Clock", "error_line", "json_answer", "line", "ndjson_reply", "now_iso"]
+__all__ = ["Clock", "error_body", "error_line", "json_answer", "line", "ndjson_reply", "now_iso"]
 
 NDJSON = "application/x-ndjson"
 
@@ -34,9 +34,18 @@ def line(body: BaseModel) -> bytes:
     return body.model_dump_json().encode() + b"\n"
 
 
+def error_body(error: APIError) -> wire.ErrorBody:
+    """``{"error": "..."}``, as Ollama answers: the message, after the field at fault
+    when the message does not name it (Ollama's errors carry no separate field)."""
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"{error.param}: {message}"
+    return wire.ErrorBody(error=message)
+
+
 def error_line(exc: BaseException) -> bytes:
     """An error met after the stream began, as Ollama sends it."""
-    return line(wire.ErrorBody(error=api_error(exc).message))
+    return line(error_body(api_error(exc)))
 
 
 def now_iso() -> str:

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from mlx_integrations.serve.errors import APIError
 from mlx_integrations.serve.ollama import catalog, chat, embed, store
 from mlx_integrations.serve.ollama import protocol as wire
+from mlx_integrations.serve.ollama.ndjson import error_body
 
 __all__ = ["GENERATING", "PATHS", "add_routes", "error_body", "is_ollama_path"]
 
@@ -39,11 +39,6 @@ _NDJSON = "; with `stream: true` (the default), one object a line (`application/
 def is_ollama_path(path: str) -> bool:
     """An endpoint whose errors Ollama's clients read (``{"error": "..."}``)."""
     return path in PATHS
-
-
-def error_body(error: APIError) -> wire.ErrorBody:
-    """``{"error": "..."}``, as Ollama answers."""
-    return wire.ErrorBody(error=error.message)
 
 
 def add_routes(app: FastAPI) -> None:

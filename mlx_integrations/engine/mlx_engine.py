@@ -347,10 +347,12 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             limit = params.max_tokens
             if self._context_length:
                 limit = min(limit, self._context_length - len(tokens))
-            # Off the event loop: building a grammar can take a moment.
-            params.logits_processors += await asyncio.to_thread(
-                reply_processors, self._tokenizer, prompt, fmt, request, limit, in_reasoning
-            )
+            shape = (self._tokenizer, prompt, fmt, request, limit, in_reasoning)
+            if request.format_constraint is not None or tools.tools:
+                # Off the event loop: building a grammar can take a moment.
+                params.logits_processors += await asyncio.to_thread(reply_processors, *shape)
+            else:  # at once, so that requests sent together arrive together
+                params.logits_processors += reply_processors(*shape)
             params.record_logprobs(request.logprobs)  # after them: what they leave
             async for out in self._submit(params, prompt, tokens, media, final_only):
                 out.starts_in_reasoning = in_reasoning

@@ -121,9 +121,7 @@ def _sampling(options: wire.Options | None) -> dict[str, Any]:
 def _user(text: str, images: list[str] | None) -> dict[str, Any]:
     if not images:
         return {"role": "user", "content": text}
-    parts: list[dict[str, Any]] = [
-        {"type": "image", "image": f"data:image/png;base64,{data}"} for data in images
-    ]
+    parts: list[dict[str, Any]] = [{"type": "image", "image": data} for data in images]
     if text:
         parts.append({"type": "text", "text": text})
     return {"role": "user", "content": parts}

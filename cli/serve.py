@@ -135,13 +135,15 @@ def serve(
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
-    """Serve models over OpenAI- and Anthropic-compatible HTTP endpoints.
+    """Serve models over OpenAI-, Anthropic- and Ollama-compatible HTTP endpoints.
 
     Requests name a model by store alias, pulled Hub id or folder; the MODELS given
     load at start, any other loads at its first request and stays loaded for
     --keep-alive after its last. Endpoints: /v1/chat/completions, /v1/completions,
-    /v1/embeddings, /v1/responses, /v1/models, /v1/messages (Anthropic), /health,
-    /metrics; mlxi ps and mlxi stop talk to it. Binds 127.0.0.1 unless --host says
+    /v1/embeddings, /v1/responses, /v1/models, /v1/messages (Anthropic), Ollama's
+    /api/chat, /api/generate, /api/embed, /api/tags... on the same port (--port 11434
+    for apps that assume Ollama's address), /health, /metrics; mlxi ps and mlxi stop
+    talk to it. Binds 127.0.0.1 unless --host says
     otherwise; SIGTERM lets replies in flight finish. Under mlxi launch
     (mlxi launch -n 2 -- mlxi serve MODEL) the one MODEL is sharded over the ranks.
     """

@@ -30,13 +30,13 @@ def debug_enabled() -> bool:
 
 def explain(exc: BaseException) -> tuple[str, str | None, int]:
     """The message, hint and exit code for an exception a command raised."""
-    from mlx_integrations.models.errors import InvalidNameError, StoreError
+    from mlx_integrations.models.errors import InvalidNameError, ModelExistsError, StoreError
 
     if isinstance(exc, InvalidNameError):
         return str(exc), exc.hint, EXIT_USAGE
     if isinstance(exc, StoreError):
         hint = exc.hint
-        if hint and "overwrite=True" in hint:
+        if isinstance(exc, ModelExistsError):
             # The library's hint names its keyword; here the flag is what one types.
             hint = "Pass --force to replace it, or choose another name."
         return str(exc), hint, EXIT_FAILURE

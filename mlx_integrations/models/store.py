@@ -138,7 +138,7 @@ class ModelBuild:
                 if not self.overwrite:
                     raise ModelExistsError(
                         f"Model {self.name!r} is already in the store.",
-                        hint="Pass --force (overwrite=True) to replace it.",
+                        hint="Pass overwrite=True to replace it.",
                     )
                 users = holders(self.store.home, target)
                 if users:
@@ -404,7 +404,7 @@ class ModelStore:
         if not overwrite and self.model_dir(name).exists():
             raise ModelExistsError(
                 f"Model {name!r} is already in the store.",
-                hint="Pass --force (overwrite=True) to replace it, or choose another name.",
+                hint="Pass overwrite=True to replace it, or choose another name.",
             )
         self.ensure()
         tmp = self.models_dir / (

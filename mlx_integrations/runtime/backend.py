@@ -169,7 +169,7 @@ def quantized_attention_error(dtype: str, head_dim: int, bits: int, group_size: 
     A quantized KV cache (``kv_bits``) is mlx-lm's ``QuantizedKVCache``, attended over
     with two ``mx.quantized_matmul`` calls. MLX's CUDA backend (0.32.4) has no kernel
     for them at the shapes such a cache gives (every head size, dtype and bit width
-    tried on an H200 failed: bench/gpu/kv_probe.py), so on CUDA this tries a prompt and
+    tried on an H200 failed), so on CUDA this tries a prompt and
     one decode step with the model's ``dtype`` (an ``mlx.core`` dtype name), head size
     and options; Metal and the CPU have every kernel and are not probed. Run it on the
     thread that owns the model: it builds MLX arrays.

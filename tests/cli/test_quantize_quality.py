@@ -37,8 +37,8 @@ def test_a_damaging_setting_is_reported_with_a_warning_and_remedies(home):
 @pytest.mark.xfail(
     cuda_default_device(),
     reason="MLX 0.32.4's CUDA quantized matmul with float32 activations gives wrong "
-    "products at K=64 with group size 64 and more than one row (bench/gpu/qmm_probe.py, "
-    "H100): the tiny model's 8-bit copy is damaged there, and the check says so",
+    "products at K=64 with group size 64 and more than one row (on an H100)"
+    ": the tiny model's 8-bit copy is damaged there, and the check says so",
     strict=False,
 )
 def test_a_benign_setting_prints_the_figures_without_a_warning(home):

@@ -25,7 +25,7 @@ from mlx_integrations.models.quality.measure import sample_text
 
 # The tiny models are 64 wide, where MLX 0.32.4's CUDA quantized matrix product with
 # float32 activations and group size 64 gives wrong results for more than one row
-# (bench/gpu/qmm_probe.py): on CUDA these figures are the kernels' (a copy judged
+# (measured on an H100): on CUDA these figures are the kernels' (a copy judged
 # close in one test was judged damaged in another, on one machine).
 pytestmark = pytest.mark.xfail(
     cuda_default_device(),

@@ -100,14 +100,13 @@ class DistributedEngine(SerialEngine):
 
     Args:
         model: A model folder (the same path on every machine), or a store name.
-        parallel: ``"tensor"`` or ``"pipeline"``.
-        rank_timeout: Seconds of silence after which a rank counts as lost
-            (default ``$MLXI_RANK_TIMEOUT`` or 30).
-        start_timeout: Seconds to wait for every rank to join (default
-            ``$MLXI_START_TIMEOUT`` or 120).
         options: :class:`~mlx_integrations.engine.distributed.options.DistributedOptions`
             (``parallel``, the timeouts, ``admission``, ``prefill_step_size``, ...).
-        **kwargs: Fields of ``DistributedOptions`` as keywords, and ``pinned``. A
+        **kwargs: Fields of ``DistributedOptions`` as keywords: ``parallel``
+            (``"tensor"`` or ``"pipeline"``), ``rank_timeout`` (seconds of silence after
+            which a rank counts as lost; default ``$MLXI_RANK_TIMEOUT`` or 30),
+            ``start_timeout`` (seconds to wait for every rank to join; default
+            ``$MLXI_START_TIMEOUT`` or 120)...; and ``pinned``. A
             ``keep_alive`` other than forever (-1 or None) is refused with
             ``ValueError``: the ranks cannot load the model again, so the engine keeps
             it until :meth:`stop`, and the memory budget never unloads it.

@@ -10,8 +10,8 @@ behave the same in-process and over HTTP.
 - :mod:`.config`: the server's settings and each model's engine (a TOML/JSON file);
 - :mod:`.registry`: a request's model name to its pooled engine;
 - :mod:`.state`: what the handlers share, and the chat turn every format ends in;
-- :mod:`.openai_chat`, :mod:`.completions`, :mod:`.embeddings`, :mod:`.models`,
-  :mod:`.responses`: OpenAI's endpoints; :mod:`.anthropic`: Anthropic's Messages API;
+- :mod:`.openai`: OpenAI's endpoints (chat, completions, responses, embeddings,
+  models); :mod:`.anthropic`: Anthropic's Messages API; :mod:`.ollama`: Ollama's API;
 - :mod:`.app`: routes, the API key, body limits, draining; :mod:`.server`: uvicorn;
 - :mod:`.paths`, :mod:`.errors`, :mod:`.replies`, :mod:`.sse`, :mod:`.metrics`: field
   paths in each API's names, error shapes, replies and the ignored-fields header,

@@ -40,15 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import mlx_integrations
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.serve import (
-    anthropic,
-    completions,
-    embeddings,
-    models,
-    ollama,
-    openai_chat,
-    responses,
-)
+from mlx_integrations.serve import anthropic, ollama
 from mlx_integrations.serve.config import (
     ServeConfig,
     apply_memory_budget,
@@ -62,6 +54,8 @@ from mlx_integrations.serve.errors import (
     openai_error_body,
     validation_error,
 )
+from mlx_integrations.serve.openai import chat as openai_chat
+from mlx_integrations.serve.openai import completions, embeddings, models, responses
 from mlx_integrations.serve.protocol import anthropic as anthropic_wire
 from mlx_integrations.serve.protocol import openai as openai_wire
 from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, field_errors

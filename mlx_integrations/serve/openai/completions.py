@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.serve.errors import APIError, api_error
-from mlx_integrations.serve.openai_chat import core_response_format, openai_error_frame
+from mlx_integrations.serve.openai.chat import core_response_format, openai_error_frame
 from mlx_integrations.serve.protocol import openai as wire
 from mlx_integrations.serve.registry import Served
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply

@@ -28,7 +28,7 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
-from mlx_integrations.serve.openai_chat import core_response_format
+from mlx_integrations.serve.openai.chat import core_response_format
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import responses as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply

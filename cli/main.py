@@ -582,9 +582,10 @@ app.command()(serve)
 app.command()(stop)
 
 
-from mlx_integrations.cli.launch import launch_command  # noqa: E402
+from mlx_integrations.cli.launch import code_command, launch_command  # noqa: E402
 
 app.command("launch", context_settings={"ignore_unknown_options": True})(launch_command)
+app.command("code", context_settings={"ignore_unknown_options": True})(code_command)
 
 
 def main() -> None:

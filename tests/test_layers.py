@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("adapter settings", ("mlx_integrations.settings",)),
     ("adapters", ("mlx_integrations.langchain", "mlx_integrations.llama_index")),
     ("server", ("mlx_integrations.serve",)),
+    ("coding agents", ("mlx_integrations.coding_agents",)),
     ("cli", ("mlx_integrations.cli",)),
 ]
 MAX_MODULES_PER_FOLDER = 13

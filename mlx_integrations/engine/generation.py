@@ -210,14 +210,15 @@ def request_processors(p: SamplingParams) -> list[Callable[..., Any]]:
     """mlx-lm's processors for the request's penalties and bias, then the caller's."""
     from mlx_lm.sample_utils import make_logits_processors
 
+    s = p.sampling
     return make_logits_processors(
-        p.logit_bias,
-        p.repetition_penalty,
-        p.repetition_context_size,
-        p.presence_penalty,
-        p.repetition_context_size,
-        p.frequency_penalty,
-        p.repetition_context_size,
+        dict(s.logit_bias) if s.logit_bias else None,
+        s.repetition_penalty,
+        s.repetition_context_size,
+        s.presence_penalty,
+        s.repetition_context_size,
+        s.frequency_penalty,
+        s.repetition_context_size,
     ) + list(p.logits_processors)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlx_integrations.chat.fields import (
@@ -27,19 +27,12 @@ from mlx_integrations.engine.logprobs import LogprobRecorder
 
 @dataclass
 class SamplingParams:
-    """Validated decoding settings of one request."""
+    """One request's decoding settings as its decode loop runs them."""
 
+    sampling: Sampling = field(default_factory=Sampling)
+    """How tokens are drawn, checked (``top_k`` within the vocabulary, ``logit_bias``
+    ids in it)."""
     max_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    repetition_context_size: int = 20
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logits_processors: list[Callable[..., Any]] = field(default_factory=list)
     request_id: str = ""
@@ -57,7 +50,7 @@ class SamplingParams:
     def seeded_sampling(self) -> bool:
         """Sampling with a seed: its draws must depend on its tokens alone (never on
         timing or on the requests beside it), so speculation adapts nothing to it."""
-        return self.seed is not None and self.temperature > 0
+        return self.sampling.seed is not None and self.sampling.temperature > 0
 
     @classmethod
     def of(
@@ -85,17 +78,8 @@ class SamplingParams:
         if bias:
             bias = check_logit_bias(bias, vocab_size if vocab_size is not None else _NO_SIZE)
         return cls(
+            sampling=replace(sampling, top_k=top_k, logit_bias=dict(bias) if bias else None),
             max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=top_k,
-            min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
-            repetition_context_size=sampling.repetition_context_size,
-            presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            logit_bias=dict(bias) if bias else None,
-            seed=sampling.seed,
             stop=list(stop),
             logits_processors=list(processors),
             request_id=request_id or f"req-{uuid.uuid4().hex[:16]}",

@@ -170,9 +170,10 @@ class SimpleEngine(SerialEngine):
                 # Before the first prefill step (mlx-lm quantizes after it), so the reply
                 # does not depend on how much of the prompt came from the prefix cache.
                 quantize(cache)
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+        s = p.sampling
+        if s.seed is not None:
+            mx.random.seed(s.seed)
+        sampler = make_sampler(s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
         processors = request_processors(p)
         builder = self._output_builder(job, reused)
         draft_cache: list[Any] | None = None

@@ -97,7 +97,7 @@ class LoneRequests:
         from mlx_lm.models.cache import trim_prompt_cache
 
         p = act.job.params
-        if act.processors is not None or p.seed is not None or not act.builder.tokens:
+        if act.processors is not None or p.sampling.seed is not None or not act.builder.tokens:
             return
         with self._state_lock:
             if self._inbox or self._arrivals:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mlx_integrations.chat.fields import Sampling
 from mlx_integrations.engine.decoding import repair_random_state
 from mlx_integrations.engine.params import SamplingParams
 
@@ -76,7 +77,7 @@ class SeededSampler:
     else runs beside it. The filters are mlx-lm's, in ``make_sampler``'s order.
     """
 
-    def __init__(self, p: SamplingParams, seed: int):
+    def __init__(self, p: Sampling, seed: int):
         import mlx.core as mx
         from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
@@ -113,9 +114,10 @@ class SharedSamplers:
     def __init__(self) -> None:
         self._shared: dict[tuple[float, float, float, int], GuardedSampler] = {}
 
-    def for_request(self, p: SamplingParams) -> GuardedSampler | None:
+    def for_request(self, params: SamplingParams) -> GuardedSampler | None:
         from mlx_lm.sample_utils import make_sampler
 
+        p = params.sampling
         if p.temperature == 0:
             return None
         if p.seed is not None:

@@ -306,9 +306,10 @@ class DistributedEngine(SerialEngine):
 
         group, model, p = self._group, self._model, job.params
         assert group is not None
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        sampler = make_sampler(p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+        s = p.sampling
+        if s.seed is not None:
+            mx.random.seed(s.seed)
+        sampler = make_sampler(s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
         processors = request_processors(p)
         builder = self._output_builder(job, 0)
         self._busy_since = time.monotonic()

@@ -14,13 +14,12 @@ It needs an environment with both this package and torch + sentence-transformers
 
 Besides wall-clock pairs/s it reports pairs per CPU-second of the whole process, which
 moves less when other programs compete for the cores. ``--threads N`` gives both halves
-N threads (OpenBLAS for MLX, intra-op threads for torch).
+N threads (OpenBLAS for MLX, intra-op threads for torch). ``--json FILE`` writes the
+figures with the date, commit and command (bench/harness.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import statistics
@@ -28,14 +27,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+
+from harness import alternate, parser, ratio, save
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_pairs(count: int, seed: int = 0) -> tuple[str, list[str]]:
     """One query and ``count`` documents of 8 to 80 words, like retrieved chunks."""
-    sys.path.insert(0, str(REPO / "bench"))
     from bench_embeddings import _WORDS
 
     rng = random.Random(seed)
@@ -56,14 +57,12 @@ def time_round(run: Callable[[], object]) -> tuple[float, float]:
 
 def main() -> None:
     """Parse arguments, run both halves alternately for each batch size, print the ratios."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="cross-encoder folder (default: see above)")
-    parser.add_argument("--pairs", type=int, default=256)
-    parser.add_argument("--batch-sizes", default="1,32,256", help="comma-separated")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="threads for each half (default: theirs)")
-    parser.add_argument("--json", type=Path, help="also write the result here as JSON")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=3)
+    p.add_argument("--model", type=Path, help="cross-encoder folder (default: see above)")
+    p.add_argument("--pairs", type=int, default=256)
+    p.add_argument("--batch-sizes", default="1,32,256", help="comma-separated")
+    p.add_argument("--threads", type=int, help="threads for each half (default: theirs)")
+    args = p.parse_args()
     if args.threads:
         # Read by OpenBLAS when it loads, which happens on the import below.
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -104,34 +103,37 @@ def main() -> None:
 
             run_mlx()
             run_torch()  # warm-up
-            timings: dict[str, list[tuple[float, float]]] = {"mlx": [], "torch": []}
-            for _ in range(args.rounds):
-                timings["mlx"].append(time_round(run_mlx))
-                timings["torch"].append(time_round(run_torch))
+            # Sides take turns, the first rotating, so that load falls on both alike.
+            timings = alternate(
+                {"mlx": partial(time_round, run_mlx), "torch": partial(time_round, run_torch)},
+                args.rounds,
+            )
             wall = {k: len(docs) / statistics.median(t[0] for t in v) for k, v in timings.items()}
             cpu = {k: len(docs) / statistics.median(t[1] for t in v) for k, v in timings.items()}
             diff = max(
                 abs(a - b)
                 for a, b in zip(run_mlx().scores, run_torch().tolist(), strict=True)  # type: ignore[attr-defined]
             )
-            ratio, ratio_cpu = wall["mlx"] / wall["torch"], cpu["mlx"] / cpu["torch"]
+            ratio_wall, ratio_cpu = wall["mlx"] / wall["torch"], cpu["mlx"] / cpu["torch"]
+            # Pairs/s of a round is the inverse of its seconds: torch's seconds over MLX's.
+            per_round = ratio([t[0] for t in timings["torch"]], [t[0] for t in timings["mlx"]])
             print(
-                f"{batch:>6}{wall['mlx']:>14.1f}{wall['torch']:>15.1f}{ratio:>8.2f}"
-                f"{ratio_cpu:>11.2f}   max |score diff| {diff:.1e}"
+                f"{batch:>6}{wall['mlx']:>14.1f}{wall['torch']:>15.1f}{ratio_wall:>8.2f}"
+                f"{ratio_cpu:>11.2f}   per round {per_round}, max |score diff| {diff:.1e}"
             )
             results[f"batch_{batch}"] = {
                 "mlx_pairs_per_s": round(wall["mlx"], 1),
                 "torch_pairs_per_s": round(wall["torch"], 1),
-                "ratio": round(ratio, 3),
+                "ratio": round(ratio_wall, 3),
                 "ratio_per_cpu_s": round(ratio_cpu, 3),
+                "ratio_per_round": str(per_round),
                 "max_score_difference": diff,
             }
         engine.close()
     print(
         f"({len(docs)} pairs, median of {args.rounds} rounds, threads: {args.threads or 'default'})"
     )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    save(args.json, "bench_rerank", results)
 
 
 if __name__ == "__main__":

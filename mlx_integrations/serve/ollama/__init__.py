@@ -16,12 +16,19 @@ with ``--port 11434`` and an app that assumes Ollama's address works unchanged.
 - :mod:`.routes`: the routes, and Ollama's error shape.
 """
 
-from mlx_integrations.serve.ollama.routes import (
-    GENERATING,
-    PATHS,
-    add_routes,
-    error_body,
-    is_ollama_path,
-)
+from mlx_integrations.lazy_imports import lazy_attributes
 
 __all__ = ["GENERATING", "PATHS", "add_routes", "error_body", "is_ollama_path"]
+
+# Resolved on first use, so that the modules here importing one another through this
+# package never make a loop.
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "GENERATING": "mlx_integrations.serve.ollama.routes",
+        "PATHS": "mlx_integrations.serve.ollama.routes",
+        "add_routes": "mlx_integrations.serve.ollama.routes",
+        "error_body": "mlx_integrations.serve.ollama.ndjson",
+        "is_ollama_path": "mlx_integrations.serve.ollama.routes",
+    },
+)

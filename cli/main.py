@@ -22,6 +22,7 @@ from mlx_integrations.cli.output import (
     damaged_legend,
     human_age,
     human_size,
+    kind_text,
     prints_result,
     quality_text,
     quality_warnings,
@@ -129,8 +130,13 @@ def pull(
         line = f"pulled {model.name} ({pin}, {human_size(model.manifest.size_bytes)})"
     else:
         line = f"{model.name} is up to date ({pin})"
+    from mlx_integrations.models.resolve import model_kind
+
+    kind = model_kind(model.path)
+    if kind != "chat":  # a model for another adapter says which
+        line += f"; {kind_text(kind)}"
     if quantize_bits is None:
-        return Result(result.to_dict(), [line])
+        return Result({**result.to_dict(), "kind": kind}, [line])
     from mlx_integrations.models.quantize import quantize_model
 
     with progress_bars() as progress:
@@ -190,10 +196,14 @@ def import_(
             model = import_model(
                 source, name, overwrite=force, dtype=dtype or "float32", progress=progress
             )
+    from mlx_integrations.models.resolve import model_kind
+
+    kind = model_kind(model.path)
     return Result(
-        model.summary(),
+        {**model.summary(), "kind": kind},
         [
             f"imported {model.name} ({human_size(model.manifest.size_bytes)})"
+            + ("" if kind == "chat" else f"; {kind_text(kind)}")
             if model.name == name
             else f"{name} now names {model.name}, which holds the same file (nothing copied)"
         ],

@@ -169,6 +169,16 @@ def quality_warnings(quality: Any, settings: Any) -> list[tuple[str, str | None]
     return [(warning.message, warning.hint)] if warning is not None else []
 
 
+def kind_text(kind: str) -> str:
+    """A model's kind with the adapters that run it: ``reranker (MLXRerank)``."""
+    adapters = {
+        "chat": "ChatMLX, MLXLLM",
+        "embedding": "MLXEmbeddings, MLXEmbedding",
+        "reranker": "MLXRerank",
+    }
+    return f"{kind} ({adapters[kind]})" if kind in adapters else kind
+
+
 def human_size(n: float | None) -> str:
     """Bytes as ``12.3 MB`` (decimal units, as Ollama and hf print them)."""
     if n is None:

@@ -11,6 +11,7 @@ from mlx_integrations.cli.output import (
     generation_text,
     human_count,
     human_size,
+    kind_text,
     measurement_text,
     prints_result,
     quality_text,
@@ -45,6 +46,7 @@ def show(
     lines = [
         ("name", info.name + (f" (aliases: {', '.join(info.aliases)})" if info.aliases else "")),
         ("path", info.path),
+        ("type", kind_text(info.kind)),
         ("architecture", info.architecture or "-"),
         ("input", "text and images (vision)" if info.vision else "text"),
         ("parameters", human_count(info.parameters)),

@@ -47,8 +47,8 @@ def ok_json(*args: str):
 def test_pull_list_show_verify_json(hub, env, tiny_llama):
     sha = hub.add_repo("org/tiny", tiny_llama)
     pulled = ok_json("pull", "org/tiny")
-    assert set(pulled) == SUMMARY_KEYS | {"downloaded"}
-    assert pulled["downloaded"] is True and pulled["commit"] == sha
+    assert set(pulled) == SUMMARY_KEYS | {"downloaded", "kind"}
+    assert pulled["downloaded"] is True and pulled["commit"] == sha and pulled["kind"] == "chat"
     assert pulled["source"] == "hub" and pulled["repo_id"] == "org/tiny"
 
     before = len(hub.requests)

@@ -40,3 +40,21 @@ def test_a_chat_adapter_given_a_cross_encoder_says_to_rerank(
     ce = write_minilm_cross_encoder(minilm_path, tmp_path / "ce")
     with pytest.raises(ValueError, match=r"holds a reranker .*MLXRerank\(model="):
         ChatMLX(model=str(ce))
+
+
+def test_mlxi_import_and_show_say_reranker(
+    minilm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlx_integrations.cli.main import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("MLXI_HOME", str(tmp_path / "store"))
+    ce = write_minilm_cross_encoder(minilm_path, tmp_path / "ce")
+    done = CliRunner().invoke(app, ["import", str(ce), "minilm-ce"])
+    assert done.exit_code == 0, done.output
+    assert "imported minilm-ce (" in done.stdout and "; reranker (MLXRerank)" in done.stdout
+    shown = CliRunner().invoke(app, ["show", "minilm-ce"])
+    assert shown.exit_code == 0, shown.output
+    assert "type               reranker (MLXRerank)" in shown.stdout
+    data = CliRunner().invoke(app, ["show", "minilm-ce", "--json"])
+    assert json.loads(data.stdout)["kind"] == "reranker"

@@ -181,7 +181,7 @@ def forced_or_cut(calls: list[dict[str, Any]], text: str, cut: bool, names: set[
     """
     if calls:
         return calls[0]["name"] in names
-    return cut and any(text.startswith(f'{{"name": "{name}"') for name in names)
+    return cut and any(text.lstrip().startswith(f'{{"name": "{name}"') for name in names)
 
 
 @pytest.mark.parametrize(
@@ -425,6 +425,61 @@ def test_the_fixtures_keep_every_tool_schema():
     assert all(t["function"]["parameters"]["type"] == "object" for t in opencode["tools"])
 
 
+# ---------------------------------------------------------------- OpenAI Agents SDK
+
+
+def end_every_reply(folder: Path) -> Path:
+    """Make every token of the model at ``folder`` an end token: its replies end at
+    once (with no text), as a real model's stop on their own."""
+    config = json.loads((folder / "config.json").read_text())
+    config["eos_token_id"] = list(range(config["vocab_size"]))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_openai_agents_sdk_runs_streamed_and_not(tmp_path: Path):
+    """``Runner.run`` and ``Runner.run_streamed`` of the OpenAI Agents SDK, over chat
+    completions and over Responses, all end with a final output (the streamed runs
+    were once reported to end in ``APIConnectionError``; here the client is made in
+    the event loop that uses it, as the SDK needs)."""
+    pytest.importorskip("agents", reason="openai-agents is not installed")
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    from tests.support.tiny_models import build_tiny_model
+
+    set_tracing_disabled(True)  # traces would go to OpenAI's platform
+    folder = end_every_reply(build_tiny_model(tmp_path / "quiet"))
+    config = ServeConfig(models=[ModelConfig("quiet", source=str(folder), preload=True)])
+
+    async def runs(url: str) -> list[str]:
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        outputs = []
+        for model in (
+            OpenAIChatCompletionsModel(model="quiet", openai_client=client),
+            OpenAIResponsesModel(model="quiet", openai_client=client),
+        ):
+            agent = Agent(name="a", model=model, model_settings=ModelSettings(max_tokens=16))
+            outputs.append((await Runner.run(agent, "Say hello")).final_output)
+            streamed = Runner.run_streamed(agent, "Say hello")
+            kinds = {event.type async for event in streamed.stream_events()}
+            assert "raw_response_event" in kinds
+            outputs.append(streamed.final_output)
+        return outputs
+
+    with BackgroundServer(config) as url:
+        assert asyncio.run(runs(url)) == ["", "", "", ""]
+
+
 # ---------------------------------------------------------------- real clients
 
 
@@ -485,13 +540,12 @@ def ending_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -
         "max_position_embeddings": 65536,
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
-        "eos_token_id": list(range(vocab)),
     }
     mx.random.seed(0)
     save_model(folder, llama.Model(llama.ModelArgs.from_dict(config)), config, "float32")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_path / name, folder / name)
-    return folder
+    return end_every_reply(folder)
 
 
 def free_port() -> int:

@@ -9,8 +9,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import Field
 
 from mlx_integrations.embeddings.rerank import RerankResult
-from mlx_integrations.embeddings.rerank_settings import RerankSettings
-from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.settings.rerank import RerankSettings
 
 
 class MLXRerank(RerankSettings, BaseDocumentCompressor):
@@ -99,21 +98,6 @@ class MLXRerank(RerankSettings, BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """:meth:`compress_documents` without blocking the event loop."""
         return _ranked(documents, await self.arank(query, _contents(documents), self.top_n))
-
-    def _pooled_chat_engine(self, model: str) -> BaseEngine:
-        from mlx_integrations.engine import pool
-
-        engine_type = pool.default_engine_type(model, {})
-        engine, _ = pool.engine_for(
-            self,
-            model,
-            None,
-            engine_type=engine_type,
-            options={},
-            adapter=type(self).__name__,
-            keep_alive=self.keep_alive,
-        )
-        return engine
 
 
 def _contents(documents: Sequence[Document]) -> list[str]:

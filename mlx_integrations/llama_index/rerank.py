@@ -9,8 +9,7 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import Field
 
 from mlx_integrations.embeddings.rerank import RerankResult
-from mlx_integrations.embeddings.rerank_settings import RerankSettings
-from mlx_integrations.engine.base import BaseEngine
+from mlx_integrations.settings.rerank import RerankSettings
 
 
 class MLXRerank(RerankSettings, BaseNodePostprocessor):
@@ -87,21 +86,6 @@ class MLXRerank(RerankSettings, BaseNodePostprocessor):
             return []
         query = _query(query_bundle)
         return _ranked(nodes, await self.arank(query, _contents(nodes), self.top_n))
-
-    def _pooled_chat_engine(self, model: str) -> BaseEngine:
-        from mlx_integrations.engine import pool
-
-        engine_type = pool.default_engine_type(model, {})
-        engine, _ = pool.engine_for(
-            self,
-            model,
-            None,
-            engine_type=engine_type,
-            options={},
-            adapter=type(self).__name__,
-            keep_alive=self.keep_alive,
-        )
-        return engine
 
 
 def _query(query_bundle: QueryBundle | None) -> str:

@@ -1,13 +1,11 @@
 """The fields and reranker access that LangChain's and LlamaIndex's ``MLXRerank`` share.
 
-An adapter subclasses :class:`RerankSettings` before its framework's base class and
-gives, with :meth:`RerankSettings._pooled_chat_engine`, the shared chat engine an LLM
-reranker runs on (the engine pool is a layer above this one).
+An adapter subclasses :class:`RerankSettings` before its framework's base class; an LLM
+reranker runs on the model's shared chat engine, from the engine pool.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal, Self
 
@@ -107,9 +105,20 @@ class RerankSettings(BaseModel):
         self._reranker = self._make_reranker()
         return self._reranker
 
-    @abstractmethod
     def _pooled_chat_engine(self, model: str) -> BaseEngine:
-        """The process's shared chat engine for ``model`` (an LLM reranker's)."""
+        """The shared chat engine of ``model`` (made on first use), for an LLM reranker."""
+        from mlx_integrations.engine import pool
+
+        engine, _ = pool.engine_for(
+            self,
+            model,
+            None,
+            engine_type=pool.default_engine_type(model, {}),
+            options={},
+            adapter=type(self).__name__,
+            keep_alive=self.keep_alive,
+        )
+        return engine
 
     def _make_reranker(self) -> Reranker:
         if self.engine is not None:

@@ -366,3 +366,22 @@ def test_what_ollama_has_and_this_server_does_not_is_refused_clearly(url: str):
     # /api/stop stays this server's own (mlxi stop reads OpenAI's error shape).
     stop = httpx.post(f"{url}/api/stop", json={"model": "other"})
     assert stop.status_code == 404 and "not loaded" in stop.json()["error"]["message"]
+
+
+def test_with_an_api_key_ollama_clients_send_it_from_ollama_api_key(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+):
+    config = ServeConfig(models=[ModelConfig("tiny", source=str(tiny_llama))], api_key="s3cret")
+    with BackgroundServer(config) as base:
+        with pytest.raises(ollama.ResponseError) as refused:
+            ollama.Client(host=base).list()
+        assert refused.value.status_code == 401 and "API key" in refused.value.error
+        assert httpx.get(f"{base}/").text == "Ollama is running"  # the probe needs no key
+        monkeypatch.setenv("OLLAMA_API_KEY", "s3cret")
+        assert "tiny:latest" in [m.model for m in ollama.Client(host=base).list().models]
+
+
+def test_a_request_without_a_model_says_what_to_send(url: str):
+    reply = httpx.post(f"{url}/api/show", json={})
+    assert reply.status_code == 400
+    assert reply.json()["error"].startswith("The request body must name its model in 'model'")

@@ -246,7 +246,9 @@ class Named(WireModel):
     @model_validator(mode="after")
     def _one_name(self) -> Named:
         if not (self.model or self.name):
-            raise ValueError("'model' is required: the model's name, e.g. 'smollm2:latest'")
+            raise ValueError(
+                "must name its model in 'model' (e.g. 'smollm2:latest'; older clients send 'name')"
+            )
         return self
 
     @property

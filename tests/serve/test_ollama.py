@@ -17,7 +17,7 @@ import pytest
 
 from mlx_integrations.serve.config import ModelConfig, ServeConfig
 from mlx_integrations.serve.server import BackgroundServer
-from tests.serve.conftest import CITY_SCHEMA, WEATHER, engine_of, wait_for
+from tests.serve.conftest import CITY_SCHEMA, LONG, WEATHER, engine_of, wait_for
 from tests.support.thinking import QWEN3_TEMPLATE, build_thinking_model
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -26,10 +26,14 @@ GREEDY = {"temperature": 0, "num_predict": 6}
 
 @pytest.fixture(scope="module")
 def server(
-    tiny_llama: Path, thinking_model: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_llama: Path,
+    thinking_model: Path,
+    long_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[BackgroundServer]:
     """``tiny`` (no prefix cache: greedy replies do not depend on what was cached),
-    ``thinker`` (its prompt opens a thinking block) and ``qwen3`` (Qwen3's switch)."""
+    ``thinker`` (its prompt opens a thinking block), ``qwen3`` (Qwen3's switch) and
+    ``long`` (64k context: greedy, it writes until num_predict)."""
     qwen3 = build_thinking_model(tmp_path_factory.mktemp("ollama-qwen3"), QWEN3_TEMPLATE)
     config = ServeConfig(
         models=[
@@ -38,6 +42,7 @@ def server(
             ),
             ModelConfig("thinker", source=str(thinking_model)),
             ModelConfig("qwen3", source=str(qwen3)),
+            ModelConfig("long", source=str(long_model)),
         ],
         only_listed=True,
     )
@@ -77,7 +82,7 @@ def test_the_probes_clients_send(url: str):
 
 def test_tags_list_each_model_as_name_latest_and_show_reads_its_files(client: ollama.Client):
     listed = {m.model: m for m in client.list().models}
-    assert set(listed) == {"tiny:latest", "thinker:latest", "qwen3:latest"}
+    assert set(listed) == {"tiny:latest", "thinker:latest", "qwen3:latest", "long:latest"}
     tiny = listed["tiny:latest"]
     assert tiny.size and tiny.size > 100_000 and len(tiny.digest or "") == 64
     assert tiny.details and tiny.details.family == "llama"
@@ -288,6 +293,21 @@ def test_num_ctx_bounds_the_prompt_and_the_reply(client: ollama.Client):
     assert refused.value.status_code == 400 and "options.num_ctx" in refused.value.error
 
 
+def test_a_client_gone_mid_stream_aborts_its_request(server: BackgroundServer, url: str):
+    engine = engine_of(server, "long")
+    body = {"model": "long", "messages": USER, "options": {"temperature": 0, "num_predict": LONG}}
+    # Loaded first (a request without messages), so the stream starts at once.
+    httpx.post(f"{url}/api/chat", json={"model": "long", "messages": []}, timeout=120)
+    before = engine.get_stats()["num_requests_aborted"]
+    with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=60) as response:
+        first = json.loads(next(response.iter_lines()))
+        assert first["done"] is False
+    wait_for(lambda: engine.get_stats()["num_requests_aborted"] == before + 1, "the abort")
+    assert engine.get_stats()["num_running"] == 0
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'mlxi_client_disconnects_total{endpoint="/api/chat"}' in metrics
+
+
 # -------------------------------------------------------------- residency
 
 
@@ -320,7 +340,7 @@ def test_keep_alive_is_the_models_and_a_request_without_input_loads_or_unloads(
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"model": "nothing"}, 404, "this server serves only: tiny, thinker, qwen3"),
+        ({"model": "nothing"}, 404, "this server serves only: tiny, thinker, qwen3, long"),
         ({"model": "tiny:7b"}, 404, "tags other than ':latest'"),
         ({"options": {"temperature": "hot"}}, 400, "'options.temperature' must be a number"),
         ({"options": {"num_predict": 0}}, 400, "options.num_predict"),

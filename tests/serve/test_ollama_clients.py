@@ -201,3 +201,16 @@ def test_llama_index_ollama_chats_streams_and_predicts_structures(smollm_url: st
         Capital, PromptTemplate("What is the capital of {country}?"), country="France"
     )
     assert isinstance(answer, Capital) and answer.city == "Paris"
+
+
+def test_ollama_llm_generates_through_api_generate(url: str):
+    from langchain_ollama import OllamaLLM
+
+    llm = OllamaLLM(base_url=url, model="vlm", temperature=0, num_predict=6)
+    text = llm.invoke("Once upon a time")
+    assert isinstance(text, str) and text
+    assert "".join(llm.stream("Once upon a time")) == text
+    same = ollama.Client(host=url).generate(
+        model="vlm", prompt="Once upon a time", options={"temperature": 0, "num_predict": 6}
+    )
+    assert same.response == text

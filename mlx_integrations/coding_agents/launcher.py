@@ -9,12 +9,15 @@ server it started once the client exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,10 +230,34 @@ def find_executable(client: str | CodingClient, path: str | None = None) -> str:
     return found
 
 
+_STOPS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end this process, forwarded to the client (or ending the wait for the
+server) so that the server it started is stopped, not left behind."""
+
+
+@contextmanager
+def _signals(handlers: Mapping[signal.Signals, Any]) -> Iterator[None]:
+    """Set signal handlers for the block (only the main thread may; elsewhere none)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_on(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_client(setup: ClientSetup, *, env: Mapping[str, str] | None = None) -> int:
     """Write the client's settings and run it in this terminal; return its exit code.
 
-    Ctrl-C goes to the client (which decides what it means) while this process waits.
+    Ctrl-C goes to the client (which decides what it means) while this process waits;
+    SIGTERM and SIGHUP sent to this process are passed on to it.
 
     Args:
         setup: What to run.
@@ -243,12 +270,17 @@ def run_client(setup: ClientSetup, *, env: Mapping[str, str] | None = None) -> i
     full = {**base, **setup.env}
     executable = find_executable(setup.client, full.get("PATH"))
     setup.write()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    process: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, frame: Any) -> None:
+        if process is not None and process.poll() is None:
+            process.send_signal(signum)
+
+    # A handler, not SIG_IGN: an ignored signal stays ignored in the client after exec,
+    # a handled one is reset to its default there.
+    with _signals({signal.SIGINT: lambda signum, frame: None, **dict.fromkeys(_STOPS, forward)}):
         process = subprocess.Popen([executable, *setup.command[1:]], env=full)
         code = process.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
     return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
 
 
@@ -281,10 +313,13 @@ def launch(
         say(f"using the mlxi serve at {plan.setup.url}")
         return run_client(plan.setup, env=env)
     say(f"starting mlxi serve {plan.setup.model} at {server.url} (log: {server.log_path})")
-    server.start(timeout=start_timeout)
-    try:
-        say(f"starting {plan.setup.client.title}")
-        return run_client(plan.setup, env=env)
-    finally:
-        say("stopping mlxi serve")
-        server.stop()
+    # Ctrl-C, SIGTERM or SIGHUP while the model loads stop the server too.
+    with _signals(dict.fromkeys(_STOPS, _exit_on)):
+        try:
+            server.start(timeout=start_timeout)
+            say(f"starting {plan.setup.client.title}")
+            return run_client(plan.setup, env=env)
+        finally:
+            with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+                say("stopping mlxi serve")
+            server.stop()

@@ -315,3 +315,38 @@ def test_launch_starts_a_server_runs_the_client_and_stops_the_server(
     assert '"POST /v1/responses HTTP/1.1" 200' in log
     assert "Finished server process" in log  # stopped, not killed
     assert running_models(f"http://127.0.0.1:{port}") is None
+
+
+SLEEPER = """#!{python}
+# A stand-in client that says whether Ctrl-C would reach it, then waits to be stopped.
+import signal, time
+print("stand-in ready, SIGINT ignored:", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+time.sleep(120)
+"""
+
+
+def test_sigterm_stops_the_client_and_the_server(home: Path, tiny_llama: Path, tmp_path: Path):
+    """``mlxi code`` stopped with SIGTERM passes it to the client and stops the server
+    it started (which runs in a session of its own, out of reach of the terminal); the
+    client gets Ctrl-C (SIGINT is not ignored in it, though the launcher waits it out)."""
+    import signal
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "codex"
+    stand_in.write_text(SLEEPER.format(python=sys.executable))
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
+    port = free_port()
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}
+    command = [sys.executable, "-m", "mlx_integrations.cli", "code", "codex"]
+    command += ["-m", str(tiny_llama), "--port", str(port)]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as launcher:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline().strip() == "stand-in ready, SIGINT ignored: False"
+        assert running_models(f"http://127.0.0.1:{port}") is not None
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) == 128 + signal.SIGTERM
+    log = (home / "clients" / "codex" / "server.log").read_text()
+    assert "Finished server process" in log
+    assert running_models(f"http://127.0.0.1:{port}") is None

@@ -337,6 +337,9 @@ def _codex(
     lines += [f"{key} = {_toml(value)}" for key, value in top.items()]
     lines.append(f"\n[model_providers.{PROVIDER_ID}]")
     lines += [f"{key} = {_toml(value)}" for key, value in provider.items()]
+    # Its terminal UI otherwise starts a shared background server that outlives it,
+    # holding the settings (the server's URL) of the launch that started it.
+    lines += ["\n[features]", "daemon_auto_start = false"]
     lines += ["\n[analytics]", "enabled = false", CODEX_BLOCK_END]
     text = "\n".join(lines) + "\n"
     tomllib.loads(text)  # a model name that breaks the file fails here, not in Codex

@@ -3,7 +3,8 @@
 Each client gets its settings in a profile folder of its own
 (``$MLXI_HOME/clients/<client>``) and through environment variables given to its
 process only, so the user's own settings (``~/.claude``, ``~/.codex``,
-``~/.config/opencode``) are never read or written by the launch:
+``~/.config/opencode``) are never written by the launch (OpenCode still reads its global
+settings, under the profile's; the other two read only the profile):
 
 - Claude Code speaks Anthropic's Messages API: ``ANTHROPIC_BASE_URL`` and a token,
   every model slot (main, Opus, Sonnet, Haiku, subagents) set to the local model,

@@ -338,7 +338,7 @@ async def _chat_events(
         if out.new_text:
             for event in parser.feed(out.new_text):
                 saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
-                yield _whole_schema(event, tools)
+                yield _checked_call(event, tools)
         chunk_logprobs = getattr(out, "logprobs", None)
         if chunk_logprobs is not None:
             content = logprob_content(engine.tokenizer, chunk_logprobs)
@@ -348,7 +348,7 @@ async def _chat_events(
     assert last is not None and parser is not None, "the engine returned no output"
     for event in parser.finish():
         saw_call |= isinstance(event, (ParsedToolCall, InvalidToolCall))
-        yield _whole_schema(event, tools)
+        yield _checked_call(event, tools)
     reason = last.finish_reason
     if saw_call and reason == "stop":
         reason = "tool_calls"
@@ -427,14 +427,24 @@ def repeats_a_call(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _whole_schema(event: Event, tools: ToolRequest) -> Event:
-    """A call of a tool whose schema the grammar could not hold it to entirely
-    (keywords such as ``propertyNames``), checked against the whole schema: one that
-    fails is an invalid call, with the reason."""
+def _checked_call(event: Event, tools: ToolRequest) -> Event:
+    """A parsed call, checked where the grammar did not hold it: a call of a tool that
+    is not among the request's (a model writing calls freely, ``tool_choice`` auto) is
+    an invalid call; so is one of a tool whose schema the grammar could not hold it to
+    entirely (keywords such as ``propertyNames``) that fails the whole schema."""
     if not isinstance(event, ParsedToolCall):
         return event
     spec = next((t for t in tools.tools if t.name == event.name), None)
-    if spec is None or not unenforced_keywords(spec.parameters):
+    if spec is None:
+        names = ", ".join(t.name for t in tools.tools) or "none"
+        return InvalidToolCall(
+            raw=json.dumps({"name": event.name, "arguments": event.arguments}, ensure_ascii=False),
+            error=f"The model called {event.name!r}, which is not among the request's tools "
+            f"({names})",
+            name=event.name,
+            id=event.id,
+        )
+    if not unenforced_keywords(spec.parameters):
         return event
     from jsonschema import ValidationError, validate
 

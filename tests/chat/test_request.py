@@ -450,7 +450,7 @@ async def test_a_schema_keyword_the_grammar_lacks_never_refuses_a_request(engine
 
 
 def test_a_call_is_checked_against_the_whole_schema_where_the_grammar_left_a_keyword_out():
-    from mlx_integrations.chat.completion import _whole_schema
+    from mlx_integrations.chat.completion import _checked_call
     from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
 
     schema = {
@@ -460,13 +460,25 @@ def test_a_call_is_checked_against_the_whole_schema_where_the_grammar_left_a_key
     }
     tools = ChatRequest.build(USER, tools=[_tool("tag", schema)]).tools
     good = ParsedToolCall(name="tag", arguments={"tags": {"red": 1}}, id="call_1")
-    assert _whole_schema(good, tools) is good
+    assert _checked_call(good, tools) is good
     bad = ParsedToolCall(name="tag", arguments={"tags": {"RED!": 1}}, id="call_2")
-    checked = _whole_schema(bad, tools)
+    checked = _checked_call(bad, tools)
     assert isinstance(checked, InvalidToolCall)
     assert checked.id == "call_2" and checked.name == "tag"
     assert "do not match its schema at tags" in checked.error
     # A schema the grammar enforces whole is not checked again.
     weather = ChatRequest.build(USER, tools=[WEATHER]).tools
     call = ParsedToolCall(name="get_weather", arguments={"city": 5}, id="call_3")
-    assert _whole_schema(call, weather) is call
+    assert _checked_call(call, weather) is call
+
+
+def test_a_call_of_a_tool_the_request_does_not_have_is_an_invalid_call():
+    from mlx_integrations.chat.completion import _checked_call
+    from mlx_integrations.chat.tool_formats import InvalidToolCall, ParsedToolCall
+
+    tools = ChatRequest.build(USER, tools=[WEATHER]).tools
+    call = ParsedToolCall(name="sunshine", arguments={"city": "Paris"}, id="call_9")
+    checked = _checked_call(call, tools)
+    assert isinstance(checked, InvalidToolCall)
+    assert checked.id == "call_9" and checked.name == "sunshine"
+    assert "not among the request's tools (get_weather)" in checked.error

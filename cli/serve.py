@@ -131,7 +131,16 @@ def serve(
         help="Let image URLs reach loopback and private addresses.",
     ),
     shutdown_timeout: float | None = typer.Option(
-        None, "--shutdown-timeout", help="Seconds replies in flight get on SIGTERM (default 30)."
+        None,
+        "--shutdown-timeout",
+        help="Seconds replies in flight get to finish on SIGTERM (default 30); those still "
+        "running then end with their API's closing event (at once on Ctrl-C).",
+    ),
+    stream_keepalive: float | None = typer.Option(
+        None,
+        "--stream-keepalive",
+        help="Seconds of silence after which a stream gets a keep-alive while a long "
+        "prompt is processed (default 10); its headers go out within this too.",
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
@@ -180,6 +189,7 @@ def serve(
         "allowed_media_domains": _split(allowed_media_domains) or None,
         "allow_private_media_urls": allow_private_media_urls or None,
         "shutdown_timeout_s": shutdown_timeout,
+        "stream_keepalive_s": stream_keepalive,
         "engine_options": {k: v for k, v in options.items() if v is not None},
         "models": models_from_names(models or []),
     }
@@ -197,9 +207,12 @@ def serve(
             err=True,
         )
 
+    def stopped(line: str) -> None:
+        typer.echo(f"mlxi serve: {line}", err=True)
+
     try:
-        asyncio.run(run_server(config, log_level=log_level, announce=announce))
-    except KeyboardInterrupt:
+        asyncio.run(run_server(config, log_level=log_level, announce=announce, stopped=stopped))
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping: the first one said it
         pass
     except Exception as exc:
         from mlx_integrations.runtime.residency import ModelTooLarge

@@ -28,6 +28,7 @@ from mlx_integrations.chat.completion import (
     InvalidToolCall,
     ParsedToolCall,
     ReasoningDelta,
+    Started,
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
@@ -36,7 +37,7 @@ from mlx_integrations.serve.errors import APIError, anthropic_error_body, api_er
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import anthropic as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, stream_reply
-from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
+from mlx_integrations.serve.sse import KEEPALIVE_COMMENT, closing, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = ["count_tokens", "messages"]
@@ -303,7 +304,7 @@ def _message(message_id: str, model: str) -> wire.Message:
 
 
 async def whole_message(
-    events: AsyncIterator[Event | Finished], message_id: str, model: str
+    events: AsyncIterator[Event | Finished | Started], message_id: str, model: str
 ) -> wire.Message:
     """The non-streamed message: its blocks in the order the model wrote them."""
     body = _message(message_id, model)
@@ -331,66 +332,96 @@ async def whole_message(
     return body
 
 
-async def message_frames(
-    events: AsyncIterator[Event | Finished], message_id: str, model: str
-) -> AsyncIterator[bytes]:
-    """The streamed message, event by event."""
+_PING = sse(wire.StreamEvent(type="ping"), "ping")
 
-    def frame(kind: str, **fields: Any) -> bytes:
-        return sse(wire.StreamEvent(type=kind, **fields), kind)
 
-    yield frame("message_start", message=_message(message_id, model))
-    yield frame("ping")
-    index = -1
-    open_kind: str | None = None
+class MessageStream:
+    """The streamed message, event by event.
 
-    def start(block: Any) -> bytes:
-        nonlocal index, open_kind
-        index += 1
-        open_kind = block.type
-        return frame("content_block_start", index=index, content_block=block)
+    ``message_start`` comes first, once the prompt is counted (the turn's
+    :class:`~mlx_integrations.chat.completion.Started`), with its ``input_tokens``;
+    while the prompt is processed the keep-alive is a ``ping`` event, as the API sends
+    (an SSE comment before ``message_start``, which must come first).
+    """
 
-    def delta(delta: Any) -> bytes:
-        return frame("content_block_delta", index=index, delta=delta)
+    def __init__(self, message_id: str, model: str):
+        self.message_id = message_id
+        self.model = model
+        self.started = False
 
-    def stop() -> bytes:
-        nonlocal open_kind
-        open_kind = None
-        return frame("content_block_stop", index=index)
+    def keepalive(self) -> bytes:
+        return _PING if self.started else KEEPALIVE_COMMENT
 
-    async with closing(events):
-        async for event in events:
-            if isinstance(event, (TextDelta, InvalidToolCall)):
-                if open_kind != "text":
+    def _start(self, prompt_tokens: int) -> bytes:
+        message = _message(self.message_id, self.model)
+        # Cached tokens are not known before the prefill: the count here is all of
+        # them, and message_delta's usage splits it (input and cache_read add up to it).
+        message.usage.input_tokens = prompt_tokens
+        self.started = True
+        return _frame("message_start", message=message)
+
+    async def frames(
+        self, events: AsyncIterator[Event | Finished | Started]
+    ) -> AsyncIterator[bytes]:
+        index = -1
+        open_kind: str | None = None
+
+        def start(block: Any) -> bytes:
+            nonlocal index, open_kind
+            index += 1
+            open_kind = block.type
+            return _frame("content_block_start", index=index, content_block=block)
+
+        def delta(delta: Any) -> bytes:
+            return _frame("content_block_delta", index=index, delta=delta)
+
+        def stop() -> bytes:
+            nonlocal open_kind
+            open_kind = None
+            return _frame("content_block_stop", index=index)
+
+        async with closing(events):
+            async for event in events:
+                if not self.started:
+                    yield self._start(event.prompt_tokens if isinstance(event, Started) else 0)
+                    yield _PING
+                if isinstance(event, Started):
+                    continue
+                if isinstance(event, (TextDelta, InvalidToolCall)):
+                    if open_kind != "text":
+                        if open_kind is not None:
+                            yield stop()
+                        yield start(wire.TextOut(text=""))
+                    text = event.text if isinstance(event, TextDelta) else event.raw
+                    yield delta(wire.TextDeltaOut(text=text))
+                elif isinstance(event, ReasoningDelta):
+                    if open_kind != "thinking":
+                        if open_kind is not None:
+                            yield stop()
+                        yield start(wire.ThinkingOut(thinking=""))
+                    yield delta(wire.ThinkingDeltaOut(thinking=event.text))
+                elif isinstance(event, ParsedToolCall):
                     if open_kind is not None:
                         yield stop()
-                    yield start(wire.TextOut(text=""))
-                text = event.text if isinstance(event, TextDelta) else event.raw
-                yield delta(wire.TextDeltaOut(text=text))
-            elif isinstance(event, ReasoningDelta):
-                if open_kind != "thinking":
+                    yield start(_tool_use(event, arguments=False))
+                    arguments = json.dumps(event.arguments, ensure_ascii=False)
+                    yield delta(wire.InputJSONDelta(partial_json=arguments))
+                    yield stop()
+                elif isinstance(event, Finished):
                     if open_kind is not None:
                         yield stop()
-                    yield start(wire.ThinkingOut(thinking=""))
-                yield delta(wire.ThinkingDeltaOut(thinking=event.text))
-            elif isinstance(event, ParsedToolCall):
-                if open_kind is not None:
-                    yield stop()
-                yield start(_tool_use(event, arguments=False))
-                arguments = json.dumps(event.arguments, ensure_ascii=False)
-                yield delta(wire.InputJSONDelta(partial_json=arguments))
-                yield stop()
-            elif isinstance(event, Finished):
-                if open_kind is not None:
-                    yield stop()
-                yield frame(
-                    "message_delta",
-                    delta=wire.MessageDelta(
-                        stop_reason=stop_reason(event), stop_sequence=event.stop_sequence
-                    ),
-                    usage=anthropic_usage(event),
-                )
-    yield frame("message_stop")
+                    yield _frame(
+                        "message_delta",
+                        delta=wire.MessageDelta(
+                            stop_reason=stop_reason(event), stop_sequence=event.stop_sequence
+                        ),
+                        usage=anthropic_usage(event),
+                    )
+        yield _frame("message_stop")
+
+
+def _frame(kind: str, **fields: Any) -> bytes:
+    return sse(wire.StreamEvent(type=kind, **fields), kind)
 
 
 def anthropic_error_frame(exc: BaseException) -> bytes:
@@ -410,15 +441,16 @@ async def messages(body: wire.MessagesRequest, request: Request) -> Response:
         parts.thinking_budget = None  # nothing to cap (Anthropic's clients send it)
     message_id = new_id("msg_")
     chat = state.chat_request(served, parts, request_id=message_id)
-    events = state.turn(served, chat, body.stream, parts.paths)
+    events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
     if not body.stream:
         reply = await until_disconnected(
             request.receive, whole_message(events, message_id, parts.model)
         )
         return json_reply(reply, accepted)
-    _, events = await until_disconnected(request.receive, prime(events))
-    frames = message_frames(events, message_id, parts.model)
-    return stream_reply(request, frames, anthropic_error_frame, accepted)
+    stream = MessageStream(message_id, parts.model)
+    return await stream_reply(
+        request, events, stream.frames, anthropic_error_frame, accepted, stream.keepalive
+    )
 
 
 def thinks(engine: Any) -> bool:

@@ -24,6 +24,7 @@ what the server takes.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -49,6 +50,7 @@ from mlx_integrations.serve.config import (
 from mlx_integrations.serve.errors import (
     RETRY_AFTER_S,
     APIError,
+    ServerStopping,
     anthropic_error_body,
     api_error,
     openai_error_body,
@@ -203,13 +205,43 @@ class _Gate:
         if scope["method"] == "POST":
             scope = _as_json(scope)
         generating = path in _GENERATING
-        if generating:
-            state.metrics.in_flight += 1
-        try:
+        if not generating:
             await self.app(scope, limited_receive, counted_send)
+            return
+        state.metrics.in_flight += 1
+        try:
+            await self._unless_stopped(scope, limited_receive, counted_send)
         finally:
-            if generating:
-                state.metrics.in_flight -= 1
+            state.metrics.in_flight -= 1
+
+    async def _unless_stopped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the handler; should the server stop before its answer began, cancel it
+        (which aborts its engine request) and answer 503. An answer that began (a
+        stream) is ended by the stream itself, with its API's closing event."""
+        began = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal began
+            began = True
+            await send(message)
+
+        handler = asyncio.ensure_future(self.app(scope, receive, watched_send))
+        stopped = asyncio.ensure_future(self.state.stopping.wait())
+        try:
+            await asyncio.wait({handler, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done() and not began:
+                handler.cancel()
+                await asyncio.wait({handler})
+                if not began:
+                    error = ServerStopping()
+                    await error_response(error, _flavor(scope["path"]))(scope, receive, send)
+                    return
+            if not handler.cancelled():
+                await handler  # a stream ends itself when the server stops
+        finally:
+            for task in (handler, stopped):
+                task.cancel()
+            await asyncio.wait({handler, stopped})
 
     def _refusal(self, scope: Scope, path: str) -> APIError | None:
         state = self.state
@@ -223,12 +255,7 @@ class _Gate:
                 code="invalid_api_key",
             )
         if state.draining and path not in _OPEN and path != "/metrics":
-            return APIError(
-                503,
-                "The server is shutting down; send the request to another server or retry",
-                code="shutting_down",
-                retry_after=RETRY_AFTER_S,
-            )
+            return ServerStopping()
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > state.config.max_body_bytes:
             return _too_large(state.config.max_body_mb)

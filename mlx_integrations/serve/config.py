@@ -152,7 +152,13 @@ class ServeConfig:
             None: no local files.
         allowed_media_domains: Hosts images may be downloaded from; None: any public host.
         allow_private_media_urls: Let image URLs reach loopback and private addresses.
-        shutdown_timeout_s: On SIGTERM, how long replies in flight may take to finish.
+        shutdown_timeout_s: On SIGTERM, how long replies in flight may take to finish;
+            those still running then end with their API's closing event (at once on
+            Ctrl-C).
+        stream_keepalive_s: A streamed reply's headers go out once the prompt is
+            counted, or after this many seconds at the latest; then, whenever nothing
+            was sent for this long (a long prompt being processed), a keep-alive: an
+            SSE comment, or Anthropic's ``ping`` event.
     """
 
     host: str = "127.0.0.1"
@@ -171,6 +177,7 @@ class ServeConfig:
     allowed_media_domains: list[str] | None = None
     allow_private_media_urls: bool = False
     shutdown_timeout_s: float = 30.0
+    stream_keepalive_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -185,6 +192,7 @@ class ServeConfig:
         for name, value, low in (
             ("max_body_mb", self.max_body_mb, 0.0),
             ("shutdown_timeout_s", self.shutdown_timeout_s, -1.0),
+            ("stream_keepalive_s", self.stream_keepalive_s, 0.0),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {value!r}")
@@ -325,6 +333,7 @@ _TOP_KEYS = {
     "allowed_media_domains",
     "allow_private_media_urls",
     "shutdown_timeout_s",
+    "stream_keepalive_s",
     "models",
 }
 

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "APIError",
     "PathMap",
+    "ServerStopping",
     "anthropic_error_body",
     "api_error",
     "openai_error_body",
@@ -90,6 +91,19 @@ class APIError(Exception):
     @property
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+
+
+class ServerStopping(APIError):
+    """503: the server is shutting down. New requests get it while the server drains,
+    and a reply still running when it stops ends with it (its API's closing event)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            503,
+            "The server is shutting down; send the request to another server or retry",
+            code="shutting_down",
+            retry_after=RETRY_AFTER_S,
+        )
 
 
 def openai_error_body(error: APIError) -> openai.ErrorBody:

@@ -11,15 +11,18 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 from mlx_integrations.serve.protocol.base import IGNORED_HEADER, ignored_fields
-from mlx_integrations.serve.sse import EventStream
+from mlx_integrations.serve.sse import KEEPALIVE_COMMENT, EventStream, prime, until_disconnected
 
 logger = logging.getLogger(__name__)
+
+E = TypeVar("E")
 
 __all__ = ["Accepted", "json_reply", "new_id", "now", "stream_reply"]
 
@@ -59,17 +62,37 @@ def json_reply(body: BaseModel, accepted: Accepted | None = None) -> Response:
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
-def stream_reply(
+async def stream_reply(
     request: Request,
-    frames: AsyncIterator[bytes],
+    events: AsyncIterator[E],
+    frames: Callable[[AsyncIterator[E]], AsyncIterator[bytes]],
     on_error: Callable[[BaseException], bytes],
     accepted: Accepted,
+    keepalive: Callable[[], bytes] = lambda: KEEPALIVE_COMMENT,
 ) -> Response:
-    """An :class:`EventStream` of ``frames`` that counts a client gone mid-stream."""
+    """A stream of the ``frames`` made of ``events``, sent as soon as the first event
+    (a turn's :class:`~mlx_integrations.chat.completion.Started`) has come, or after
+    ``stream_keepalive_s`` at the latest; a ``keepalive`` frame whenever nothing was
+    sent for that long. An error before the first event answers with its own status.
+
+    Raises:
+        ClientGone: The client left before the first event (its turn is closed).
+        APIError: What the events raised before their first.
+    """
     state = request.app.state.server
     endpoint = request.url.path
+    wait = state.config.stream_keepalive_s
+    _, primed = await until_disconnected(request.receive, prime(events, wait))
 
     def gone() -> None:
         state.metrics.add("client_disconnects_total", endpoint=endpoint)
 
-    return EventStream(frames, on_error=on_error, on_disconnect=gone, headers=accepted.headers)
+    return EventStream(
+        frames(primed),
+        on_error=on_error,
+        on_disconnect=gone,
+        headers=accepted.headers,
+        keepalive=keepalive,
+        keepalive_s=wait,
+        stopping=state.stopping,
+    )

@@ -1,9 +1,11 @@
 """Running the app: uvicorn in the foreground (``mlxi serve``) or in a background thread.
 
-On SIGTERM or Ctrl-C the server stops taking connections and new requests (503 with
-Retry-After), lets the replies in flight finish for up to ``shutdown_timeout_s``,
-then cancels what is left (each cancelled reply stops its engine request) and lets
-go of its models.
+On SIGTERM the server stops taking connections and new requests (503 with
+Retry-After) and lets the replies in flight finish for up to ``shutdown_timeout_s``;
+on Ctrl-C it does not wait. The replies still running then end: a stream with its
+API's closing event (``[DONE]`` after an error event, Anthropic's ``error`` event,
+``response.failed``), an answer not begun with 503, and each one's engine request is
+aborted. Then the engines stop (their owner threads end) and the process exits 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -49,21 +52,54 @@ def security_warnings(config: ServeConfig) -> list[str]:
     return warnings
 
 
+# uvicorn's own limit, after ours: what it cancels then has had its chance to end.
+_BACKSTOP_S = 10
+
+
 def _uvicorn_server(app: Any, config: ServeConfig, log_level: str, **extra: Any) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server that marks the app draining as soon as shutdown begins."""
+        """uvicorn's server that marks the app draining as soon as shutdown begins,
+        and ends the replies still running once the grace is over (at once on Ctrl-C)."""
 
         ready = threading.Event()
+        interrupted = False
+        """Stopped by Ctrl-C (SIGINT): replies in flight end without waiting."""
+        ended = 0
+        """Replies that were still running when they were ended."""
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             self.ready.set()
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGINT:
+                self.interrupted = True
+            super().handle_exit(sig, frame)
+
+        def stop_line(self) -> str:
+            """What stopped the server and what became of the replies in flight."""
+            how = "Ctrl-C" if self.interrupted else "SIGTERM"
+            if not self.ended:
+                return f"stopped ({how})"
+            replies = "reply" if self.ended == 1 else "replies"
+            after = "" if self.interrupted else f" after {config.shutdown_timeout_s:g} s"
+            return f"stopped ({how}); {self.ended} {replies} still running{after} ended"
+
+        def end_replies(self) -> None:
+            state: ServerState = app.state.server
+            self.ended = state.metrics.in_flight
+            state.stopping.set()
+
         async def shutdown(self, sockets: Any = None) -> None:
             app.state.server.draining = True
-            await super().shutdown(sockets=sockets)
+            grace = 0.0 if self.interrupted else config.shutdown_timeout_s
+            timer = asyncio.get_running_loop().call_later(grace, self.end_replies)
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                timer.cancel()
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -83,7 +119,7 @@ def _uvicorn_server(app: Any, config: ServeConfig, log_level: str, **extra: Any)
         port=config.port,
         log_level=log_level,
         lifespan="off",  # the models are loaded before, and let go after
-        timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
+        timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s) + _BACKSTOP_S,
         timeout_keep_alive=5,
         **extra,
     )
@@ -124,6 +160,7 @@ async def serve(
     *,
     log_level: str = "info",
     announce: Callable[[str], None] | None = None,
+    stopped: Callable[[str], None] | None = None,
 ) -> None:
     """Bind the address, load the preloaded models, then serve until SIGTERM or Ctrl-C.
 
@@ -132,6 +169,9 @@ async def serve(
         log_level: uvicorn's log level.
         announce: Called with the base URL once the models are loaded and the socket
             listens (``--port 0`` picks a free port: this says which).
+        stopped: Called with one line once the server has stopped and let go of its
+            models: the signal, and the replies it ended (``stopped (Ctrl-C); 1 reply
+            still running ended``).
 
     Raises:
         OSError: The address is taken (before any model loads).
@@ -159,8 +199,10 @@ async def serve(
     finally:
         sock.close()
         state.registry.close()
-        await pool.ashutdown()
+        await pool.ashutdown()  # each engine's owner thread ends before the interpreter
         restore_memory_budget(budget)
+    if stopped is not None:
+        stopped(server.stop_line())
 
 
 class BackgroundServer:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from mlx_integrations.chat.completion import Finished, Logprobs, Started, stream_chat_events
 from mlx_integrations.chat.output_parser import Event
@@ -101,6 +101,10 @@ class ServerState:
         self.metrics = Metrics()
         self.draining = False
         """Set on shutdown: new requests get 503 while replies in flight finish."""
+        self.stopping = asyncio.Event()
+        """Set when the replies still running must end (Ctrl-C, or SIGTERM's
+        ``shutdown_timeout_s`` passed): each stream ends with its API's closing event,
+        an answer not begun gets 503; their engine requests are aborted."""
         self.started_at = time.time()
         self._defaults: dict[Path, Any] = {}
 
@@ -180,23 +184,47 @@ class ServerState:
                 self._defaults[path] = None
         return self._defaults[path]
 
+    @overload
+    def turn(
+        self,
+        served: Served,
+        request: ChatRequest,
+        stream: bool,
+        paths: WirePaths,
+        announce: Literal[False] = False,
+    ) -> AsyncIterator[Event | Finished]: ...
+
+    @overload
+    def turn(
+        self, served: Served, request: ChatRequest, stream: bool, paths: WirePaths, announce: bool
+    ) -> AsyncIterator[Event | Finished | Started]: ...
+
     async def turn(
-        self, served: Served, request: ChatRequest, stream: bool, paths: WirePaths
-    ) -> AsyncIterator[Event | Finished]:
+        self,
+        served: Served,
+        request: ChatRequest,
+        stream: bool,
+        paths: WirePaths,
+        announce: bool = False,
+    ) -> AsyncIterator[Event | Finished | Started]:
         """The chat turn's events, as the adapters get them; figures counted at the end.
 
-        Closing this iterator early (a client gone) closes the turn, which stops the
-        engine's request between two tokens. A bad value the engine finds (an image
-        it cannot read, a prompt longer than the context) is raised as a 400 naming
-        the field by its path in the request (``paths``).
+        With ``announce`` (and ``stream``), the first event is :class:`Started`: the
+        prompt is rendered and counted, and its prefill is about to begin (a stream's
+        headers and first frame go out then). Closing this iterator early (a client
+        gone) closes the turn, which stops the engine's request between two prefill
+        pieces or two tokens. A bad value the engine finds (an image it cannot read, a
+        prompt longer than the context) is raised as a 400 naming the field by its
+        path in the request (``paths``).
         """
         started = time.perf_counter()
         first: float | None = None
+        events = stream_chat_events(served.engine, request, stream, announce=announce)
         try:
-            async with closing(stream_chat_events(served.engine, request, stream)) as events:
+            async with closing(events):
                 async for event in events:
-                    if isinstance(event, (Started, Logprobs)):
-                        continue  # not asked for here (announce, logprob_events)
+                    if isinstance(event, Logprobs):
+                        continue  # not asked for here (logprob_events)
                     if isinstance(event, Finished):
                         ttft = first if stream else (event.ttft_s or None)
                         self.metrics.finished(
@@ -206,7 +234,7 @@ class ServerState:
                             event.cached_tokens,
                             ttft,
                         )
-                    elif first is None:
+                    elif first is None and not isinstance(event, Started):
                         first = time.perf_counter() - started
                     yield event
         except RequestError as exc:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from mlx_integrations.serve.config import ModelConfig, ServeConfig
 from mlx_integrations.serve.server import BackgroundServer, security_warnings
-from tests.serve.conftest import engine_of, no_eos_bias, sse_events, wait_for
+from tests.serve.conftest import LONG, engine_of, no_eos_bias, sse_events, wait_for
 from tests.support.tiny_models import build_tiny_model
 
 USER = [{"role": "user", "content": "Hello"}]
@@ -30,10 +30,12 @@ def mlxi(*args: str, env: dict[str, str] | None = None):
 
 
 @pytest.fixture
-def serve_process(long_model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``mlxi serve MODEL --port 0``, and the URL it prints once it serves. Should the
-    process abort, Python's fault handler writes every thread's stack to the stderr that
-    the tests' messages end with."""
+def serve_process(
+    long_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``mlxi serve MODEL --port 0`` (and the options a test gives as its parameter),
+    and the URL it prints once it serves. Should the process abort, Python's fault
+    handler writes every thread's stack to the stderr that the tests' messages end with."""
     env = {**os.environ, "MLXI_HOME": str(tmp_path / "home"), "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         [
@@ -46,6 +48,7 @@ def serve_process(long_model: Path, tmp_path: Path) -> Iterator[tuple[subprocess
             "0",
             "--log-level",
             "warning",
+            *getattr(request, "param", []),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -91,6 +94,55 @@ def test_sigterm_lets_the_reply_in_flight_finish(serve_process, long_model: Path
     assert rest[-2]["usage"]["completion_tokens"] == 100  # type: ignore[index]
     code = process.wait(timeout=120)
     assert code == 0, process.stderr.read()[-3000:] if process.stderr else code
+
+
+def _endless(long_model: Path) -> dict[str, object]:
+    return {
+        "model": str(long_model),
+        "messages": USER,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": no_eos_bias(long_model),
+    }
+
+
+def test_ctrl_c_ends_the_stream_in_flight_in_one_line(serve_process, long_model: Path):
+    """Ctrl-C stops at once: the stream in flight ends as OpenAI's streams end on an
+    error, the server says so in one line (no traceback) and exits 0."""
+    process, url = serve_process
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=_endless(long_model), timeout=120
+    ) as response:
+        events = sse_events(response)
+        next(events)
+        process.send_signal(signal.SIGINT)
+        rest = [data for _, data in events]
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["error"]["code"] == "shutting_down"  # type: ignore[index]
+    code = process.wait(timeout=120)
+    said = process.stderr.read() if process.stderr else ""
+    assert code == 0, said[-3000:]
+    assert said.splitlines() == ["mlxi serve: stopped (Ctrl-C); 1 reply still running ended"]
+
+
+@pytest.mark.parametrize("serve_process", [["--shutdown-timeout", "1"]], indirect=True)
+def test_sigterm_ends_what_outlasts_the_shutdown_timeout(serve_process, long_model: Path):
+    process, url = serve_process
+    body = {**_endless(long_model), "messages": [{"role": "user", "content": "Hi"}]}
+    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=120) as response:
+        events = sse_events(response)
+        next(events)
+        process.send_signal(signal.SIGTERM)
+        rest = list(events)
+    assert rest[-1][0] == "error"
+    assert rest[-1][1]["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    code = process.wait(timeout=120)
+    said = process.stderr.read() if process.stderr else ""
+    assert code == 0, said[-3000:]
+    assert said.splitlines() == [
+        "mlxi serve: stopped (SIGTERM); 1 reply still running after 1 s ended"
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from mlx_integrations.chat.completion import (
     InvalidToolCall,
     ParsedToolCall,
     ReasoningDelta,
+    Started,
     TextDelta,
     Turn,
 )
@@ -31,7 +32,7 @@ from mlx_integrations.serve.errors import api_error, openai_error_body
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import openai as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
-from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
+from mlx_integrations.serve.sse import closing, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = [
@@ -148,12 +149,13 @@ def chat_parts(body: wire.ChatCompletionRequest) -> ChatParts:
 # ----------------------------------------------------------------- response
 
 
-async def collect(events: AsyncIterator[Event | Finished]) -> Turn:
+async def collect(events: AsyncIterator[Event | Finished | Started]) -> Turn:
     """A whole turn folded from its events."""
     turn = Turn()
     async with closing(events):
         async for event in events:
-            turn.add(event)
+            if not isinstance(event, Started):
+                turn.add(event)
     return turn
 
 
@@ -199,7 +201,10 @@ def completion_body(turn: Turn, completion_id: str, model: str) -> wire.ChatComp
 
 
 async def chunk_frames(
-    events: AsyncIterator[Event | Finished], completion_id: str, model: str, include_usage: bool
+    events: AsyncIterator[Event | Finished | Started],
+    completion_id: str,
+    model: str,
+    include_usage: bool,
 ) -> AsyncIterator[bytes]:
     """The streamed answer: ``chat.completion.chunk`` events, then ``[DONE]``.
 
@@ -259,11 +264,13 @@ async def chat_completions(body: wire.ChatCompletionRequest, request: Request) -
     served = await state.served(parts.model)
     completion_id = new_id("chatcmpl-")
     chat = state.chat_request(served, parts, request_id=completion_id)
-    events = state.turn(served, chat, body.stream, parts.paths)
+    events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
     if not body.stream:
         turn = await until_disconnected(request.receive, collect(events))
         return json_reply(completion_body(turn, completion_id, parts.model), accepted)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    _, events = await until_disconnected(request.receive, prime(events))
-    frames = chunk_frames(events, completion_id, parts.model, include_usage)
-    return stream_reply(request, frames, openai_error_frame, accepted)
+
+    def frames(events: AsyncIterator[Event | Finished | Started]) -> AsyncIterator[bytes]:
+        return chunk_frames(events, completion_id, parts.model, include_usage)
+
+    return await stream_reply(request, events, frames, openai_error_frame, accepted)

@@ -20,7 +20,7 @@ from mlx_integrations.serve.openai.chat import core_response_format, openai_erro
 from mlx_integrations.serve.protocol import openai as wire
 from mlx_integrations.serve.registry import Served
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
-from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
+from mlx_integrations.serve.sse import closing, sse, until_disconnected
 from mlx_integrations.serve.state import SAMPLING_FIELDS, ServerState
 
 __all__ = ["completions"]
@@ -128,13 +128,13 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
         )
         return json_reply(reply, accepted)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    _, outs_stream = await until_disconnected(
-        request.receive, prime(_generate(state, served, prompts[0], call))
-    )
-    frames = _completion_frames(
-        outs_stream, completion_id, body.model, prompts[0] if body.echo else "", include_usage
-    )
-    return stream_reply(request, frames, openai_error_frame, accepted)
+    echo = prompts[0] if body.echo else ""
+
+    def frames(outs: AsyncIterator[GenerationOutput]) -> AsyncIterator[bytes]:
+        return _completion_frames(outs, completion_id, body.model, echo, include_usage)
+
+    stream = _generate(state, served, prompts[0], call)
+    return await stream_reply(request, stream, frames, openai_error_frame, accepted)
 
 
 async def _completion_frames(

@@ -24,6 +24,7 @@ from mlx_integrations.chat.completion import (
     InvalidToolCall,
     ParsedToolCall,
     ReasoningDelta,
+    Started,
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
@@ -32,7 +33,7 @@ from mlx_integrations.serve.openai.chat import core_response_format
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import responses as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
-from mlx_integrations.serve.sse import closing, prime, sse, until_disconnected
+from mlx_integrations.serve.sse import closing, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = ["responses"]
@@ -242,6 +243,16 @@ class _Builder:
         self.sequence += 1
         return sse(frame, kind)
 
+    def failed(self, exc: BaseException) -> bytes:
+        """``response.failed``: what ends a stream that met an error (or a server that
+        stops) after its first event; the response carries the error."""
+        error = openai_error_body(api_error(exc)).error
+        self.response.status = "failed"
+        self.response.error = wire.ResponseError(
+            code=error.code or error.type, message=error.message
+        )
+        return self.event("response.failed", response=self.response)
+
     def finish(self, finished: Finished) -> None:
         truncated = finished.finish_reason == "length"
         self.response.status = "incomplete" if truncated else "completed"
@@ -266,7 +277,7 @@ def _call_item(call: ParsedToolCall) -> wire.OutputFunctionCall:
 
 
 async def response_frames(
-    events: AsyncIterator[Event | Finished], built: _Builder
+    events: AsyncIterator[Event | Finished | Started], built: _Builder
 ) -> AsyncIterator[bytes]:
     """The streamed response: created, items added, deltas, items done, completed."""
     yield built.event("response.created", response=built.response)
@@ -374,19 +385,13 @@ async def response_frames(
                 yield built.event("response.completed", response=built.response)
 
 
-async def whole_response(events: AsyncIterator[Event | Finished], built: _Builder) -> wire.Response:
+async def whole_response(
+    events: AsyncIterator[Event | Finished | Started], built: _Builder
+) -> wire.Response:
     """The non-streamed response (the same items the stream builds)."""
     async for _ in response_frames(events, built):
         pass
     return built.response
-
-
-def responses_error_frame(exc: BaseException) -> bytes:
-    error = openai_error_body(api_error(exc)).error
-    return sse(
-        {"type": "error", "code": error.code, "message": error.message, "param": error.param},
-        "error",
-    )
 
 
 async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
@@ -397,9 +402,12 @@ async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     served = await state.served(parts.model)
     built = _Builder(new_id("resp_"), body)
     chat = state.chat_request(served, parts, request_id=built.response.id)
-    events = state.turn(served, chat, body.stream, parts.paths)
+    events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
     if not body.stream:
         reply = await until_disconnected(request.receive, whole_response(events, built))
         return json_reply(reply, accepted)
-    _, events = await until_disconnected(request.receive, prime(events))
-    return stream_reply(request, response_frames(events, built), responses_error_frame, accepted)
+
+    def frames(events: AsyncIterator[Event | Finished | Started]) -> AsyncIterator[bytes]:
+        return response_frames(events, built)
+
+    return await stream_reply(request, events, frames, built.failed, accepted)

@@ -331,13 +331,20 @@ class IncompleteDetails(ReplyModel):
     reason: Literal["max_output_tokens"]
 
 
+class ResponseError(ReplyModel):
+    """Why a response failed (``status: failed``)."""
+
+    code: str
+    message: str
+
+
 class Response(ReplyModel):
     """The answer of ``POST /v1/responses`` (and the snapshot its stream events carry)."""
 
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
+    status: Literal["in_progress", "completed", "incomplete", "failed"] = "in_progress"
     model: str
     output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
@@ -348,7 +355,7 @@ class Response(ReplyModel):
     max_output_tokens: int | None = None
     instructions: str | None = None
     text: Any = Field(default_factory=lambda: {"format": {"type": "text"}})
-    error: None = None
+    error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     usage: ResponseUsage | None = None

@@ -6,11 +6,12 @@ calls, each ``tool_result`` a tool message, ``thinking`` the assistant's reasoni
 reply comes back as blocks in the order the model wrote them; a stream sends the
 event sequence strict clients check: ``message_start``, per block
 ``content_block_start``/``_delta``/``_stop``, ``message_delta`` (stop reason, usage),
-``message_stop``. ``thinking`` turns thinking on or off where the chat template
-allows, and ``budget_tokens`` caps it on a model that thinks (the model writes its end
-of thinking after that many tokens); a model that does not think ignores it. Fields
-Claude Code sends that change nothing here (``cache_control``,
-``context_management``, ``metadata``...) are accepted and reported.
+``message_stop``. ``thinking`` (``enabled``, ``adaptive``, ``disabled``) turns thinking
+on or off where the chat template allows, ``enabled``'s ``budget_tokens`` caps it on a
+model that thinks (the model writes its end of thinking after that many tokens), and
+``output_config.effort`` is the template's ``reasoning_effort``; a model that does not
+think leaves them out. Fields Claude Code sends that change nothing here
+(``cache_control``, ``context_management``, ``metadata``...) are accepted and reported.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mlx_integrations.chat.completion import (
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.chat.reasoning import reasoning_switch
+from mlx_integrations.chat.reasoning import EFFORT_LEVELS, ReasoningSwitch, reasoning_switch
 from mlx_integrations.serve.errors import APIError, anthropic_error_body, api_error
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import anthropic as wire
@@ -238,22 +239,12 @@ def read_tool_choice(choice: wire.ToolChoice | None) -> tuple[Any, bool | None]:
 
 
 def read_parts(body: wire.MessagesRequest) -> ChatParts:
-    sampling = sampling_fields(body)
-    thinking = body.thinking
-    enable_thinking = None
-    if thinking is not None:
-        enable_thinking = thinking.type in ("enabled", "adaptive")
-        if thinking.type == "enabled" and thinking.budget_tokens is not None:
-            sampling["thinking_budget"] = thinking.budget_tokens
+    """The chat-core pieces of a request; its thinking settings come in
+    :func:`fit_reasoning`, once the model is known."""
     output = body.output_config
     response_format = None
     if output is not None and output.format is not None:
         response_format = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}
-    if output is not None and output.effort is not None:  # templates that take it read it
-        sampling["chat_template_kwargs"] = {
-            **(body.chat_template_kwargs or {}),
-            "reasoning_effort": output.effort,
-        }
     tools = read_tools(body)
     tool_choice, parallel = read_tool_choice(body.tool_choice)
     paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
@@ -267,9 +258,55 @@ def read_parts(body: wire.MessagesRequest) -> ChatParts:
         response_format=response_format,
         max_tokens=body.max_tokens,
         stop=body.stop_sequences or None,
-        enable_thinking=enable_thinking,
-        **sampling,
+        **sampling_fields(body),
     )
+
+
+# Anthropic's effort levels as the chat core's reasoning_effort ("max" is its "high").
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+
+def fit_reasoning(
+    parts: ChatParts, body: wire.MessagesRequest, switch: ReasoningSwitch
+) -> list[str]:
+    """``thinking`` and ``output_config.effort`` as the model's template takes them.
+
+    ``enabled`` and ``adaptive`` turn thinking on (``enabled``'s ``budget_tokens`` caps
+    it: ``thinking_budget``), ``disabled`` turns it off; the effort is the template's
+    ``reasoning_effort`` (``max`` is ``high``; a level the template lacks, the nearest
+    one it takes). A model that does not think has no use for a budget or an effort,
+    and thinking turned off none for an effort: those are left out, not refused.
+
+    Returns:
+        The paths of the fields left out (for the ignored-fields header).
+    """
+    left_out: list[str] = []
+    thinking, output = body.thinking, body.output_config
+    effort = output.effort if output is not None else None
+    if thinking is not None:
+        parts.enable_thinking = thinking.type != "disabled"
+        if thinking.type == "enabled" and thinking.budget_tokens is not None:
+            if switch.thinks:
+                parts.thinking_budget = thinking.budget_tokens
+            else:
+                left_out.append("thinking.budget_tokens")
+    if effort is not None:
+        level = _EFFORTS.get(effort)
+        if level is None or not switch.thinks or parts.enable_thinking is False:
+            left_out.append("output_config.effort")
+        else:
+            parts.reasoning_effort = _nearest(level, switch.levels)
+    return left_out
+
+
+def _nearest(level: str, levels: tuple[str, ...]) -> str:
+    """``level``, or the level of ``levels`` nearest to it that thinks (the higher one
+    on a tie): Qwen3's template takes only "none" and "high"."""
+    taken = [name for name in levels if name != "none"] or [level]
+    if level in taken:
+        return level
+    rank = EFFORT_LEVELS.index
+    return min(taken, key=lambda name: (abs(rank(name) - rank(level)), -rank(name)))
 
 
 # ----------------------------------------------------------------- response
@@ -434,11 +471,10 @@ def anthropic_error_frame(exc: BaseException) -> bytes:
 async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     """Answer ``POST /v1/messages``."""
     state: ServerState = request.app.state.server
-    accepted = Accepted(request, body)
     parts = read_parts(body)
     served = await state.served(parts.model)
-    if parts.thinking_budget is not None and not await asyncio.to_thread(thinks, served.engine):
-        parts.thinking_budget = None  # nothing to cap (Anthropic's clients send it)
+    switch = await asyncio.to_thread(switch_of, served.engine)
+    accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
     message_id = new_id("msg_")
     chat = state.chat_request(served, parts, request_id=message_id)
     events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
@@ -453,9 +489,9 @@ async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     )
 
 
-def thinks(engine: Any) -> bool:
-    """Whether the engine's model thinks (reading the tokenizer may load it)."""
-    return reasoning_switch(engine.tokenizer).thinks
+def switch_of(engine: Any) -> ReasoningSwitch:
+    """How the engine's model switches thinking (reading the tokenizer may load it)."""
+    return reasoning_switch(engine.tokenizer)
 
 
 async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Response:
@@ -463,9 +499,10 @@ async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Respo
     chat template, tools included (what ``usage.input_tokens`` of a call reports,
     cached tokens included)."""
     state: ServerState = request.app.state.server
-    accepted = Accepted(request, body)
     parts = read_parts(body)
     served = await state.served(parts.model)
+    switch = await asyncio.to_thread(switch_of, served.engine)
+    accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
     chat = state.chat_request(served, parts)
     tokens = await state.prompt_tokens(served, chat, parts.paths)
     return json_reply(wire.CountTokensReply(input_tokens=tokens), accepted)

@@ -22,6 +22,7 @@ from typing import Any, Literal, overload
 
 from mlx_integrations.chat.completion import Finished, Logprobs, Started, stream_chat_events
 from mlx_integrations.chat.output_parser import Event
+from mlx_integrations.chat.reasoning import apply_effort
 from mlx_integrations.chat.request import ChatRequest, RequestError
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve.config import ServeConfig
@@ -258,9 +259,14 @@ class ServerState:
             )
 
         def count() -> int:
-            prompt = render(
-                request.messages, tools=request.tools.openai_tools(), **request.template_kwargs()
+            # The effort through the template's own switch, as the engine renders a call.
+            messages, template_kwargs = apply_effort(
+                engine.tokenizer,
+                request.reasoning.effort,
+                request.messages,
+                request.template_kwargs(),
             )
+            prompt = render(messages, tools=request.tools.openai_tools(), **template_kwargs)
             return len(engine.tokenizer.encode(prompt, add_special_tokens=False))
 
         try:

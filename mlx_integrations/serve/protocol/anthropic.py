@@ -167,9 +167,11 @@ class ToolChoice(WireModel):
 
 class Thinking(WireModel):
     type: Literal["enabled", "disabled", "adaptive"]
-    """``enabled`` and ``adaptive`` turn thinking on where the chat template can."""
+    """``enabled`` and ``adaptive`` turn thinking on where the chat template can,
+    ``disabled`` turns it off."""
     budget_tokens: int | None = Field(default=None, ge=1)
-    """Caps the thinking of a model that thinks (ignored by one that does not)."""
+    """With ``enabled``: caps the thinking of a model that thinks (left out, and
+    reported, for one that does not)."""
     display: str | None = unused()
 
 
@@ -180,7 +182,10 @@ class OutputFormat(WireModel):
 
 class OutputConfig(WireModel):
     effort: str | None = None
-    """Passed to templates that read ``reasoning_effort``."""
+    """The chat template's ``reasoning_effort``: ``low``, ``medium``, ``high`` (``max``
+    is ``high``; a level the template lacks, the nearest it takes). Left out, and
+    reported, for a model that does not think, with thinking ``disabled``, or for
+    another value."""
     format: OutputFormat | None = None
 
 

@@ -150,10 +150,9 @@ def test_what_codex_sends_is_served(url: str):
     }
     with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=60) as response:
         assert response.status_code == 200, response.read()
-        assert ignored(response) == [
+        assert ignored(response) == [  # store: false is honoured, not ignored
             "tools[0].strict",
             "reasoning.summary",
-            "store",
             "include",
             "prompt_cache_key",
             "client_metadata",
@@ -516,10 +515,11 @@ def test_a_system_message_in_the_conversation_joins_the_system_prompt(url: str):
     assert "'messages[1].content[0].type'" in refused.json()["error"]["message"]
 
 
-def test_responses_take_namespaces_and_leave_out_hosted_and_custom_tools(url: str):
+def test_responses_take_namespaces_and_custom_tools_and_leave_out_hosted_ones(url: str):
     """Codex sends its sub-agent tools as a namespace, web_search, and apply_patch as a
-    custom (freeform) tool: the namespace's functions are served, the others are left
-    out and named in the header, and a namespaced function can be forced."""
+    custom (freeform) tool: the namespace's functions and the custom tool are served,
+    web_search is left out and named in the header, and a namespaced function can be
+    forced."""
     inner = {"type": "function", **TIME["function"]}
     body = {
         "model": "exact",
@@ -533,14 +533,14 @@ def test_responses_take_namespaces_and_leave_out_hosted_and_custom_tools(url: st
             {
                 "type": "custom",
                 "name": "apply_patch",
-                "format": {"type": "grammar", "syntax": "lark"},
+                "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "x"'},
             },
         ],
         "tool_choice": {"type": "function", "name": "get_time"},
     }
     reply = post(url, "responses", body)
     assert reply.status_code == 200, reply.text
-    assert ignored(reply) == ["tools[1].name", "tools[1].description", "tools[2]", "tools[3]"]
+    assert ignored(reply) == ["tools[1].name", "tools[1].description", "tools[2]"]
     calls = [item for item in reply.json()["output"] if item["type"] == "function_call"]
     assert [c["name"] for c in calls] == ["get_time"]
     jsonschema.validate(json.loads(calls[0]["arguments"]), TIME["function"]["parameters"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -127,3 +129,100 @@ def test_stateful_fields_are_refused(client: openai.OpenAI):
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_1")
     assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+# A custom (freeform) tool whose input is held to a regular expression.
+PATCH_RE = r"(add|drop) [a-z]{1,8}(, (add|drop) [a-z]{1,8}){0,2}"
+EDIT = {
+    "type": "custom",
+    "name": "edit",
+    "description": "Edits the list.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": PATCH_RE},
+}
+# Codex's apply_patch is a custom tool with a Lark grammar.
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edits files. This is a FREEFORM tool, so do not wrap the patch in JSON.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "*** Begin Patch" LF /(.+)/ LF "*** End Patch"\n%import common.LF',
+    },
+}
+
+
+def test_a_custom_tool_call_is_a_custom_tool_call_item(client: openai.OpenAI):
+    """Served as a function of one string, the call comes back as OpenAI's custom call,
+    its input held to the tool's regular expression."""
+    kwargs = dict(
+        model="tiny",
+        input="Edit the list.",
+        tools=[TOOL, EDIT],
+        tool_choice={"type": "custom", "name": "edit"},
+        max_output_tokens=80,
+        temperature=0,
+    )
+    reply = client.responses.create(**kwargs)  # type: ignore[call-overload]
+    [call] = [o for o in reply.output if o.type == "custom_tool_call"]
+    assert call.name == "edit" and call.call_id and call.id.startswith("ctc_")
+    assert re.fullmatch(PATCH_RE, call.input), call.input
+    with client.responses.stream(**kwargs) as stream:  # type: ignore[arg-type]
+        events = list(stream)
+        final = stream.get_final_response()
+    [done] = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+    [streamed] = [o for o in final.output if o.type == "custom_tool_call"]
+    assert done.input == "".join(deltas) == streamed.input == call.input
+
+
+def test_a_custom_tool_round_trip(client: openai.OpenAI):
+    """Codex's apply_patch (a Lark grammar) is offered and forced; its call and output
+    go back into the next request's input."""
+    forced = client.responses.create(
+        model="tiny",
+        input="Patch the file.",
+        tools=[APPLY_PATCH],
+        tool_choice={"type": "custom", "name": "apply_patch"},
+        max_output_tokens=80,
+        temperature=0,
+    )
+    [call] = [o for o in forced.output if o.type == "custom_tool_call"]
+    assert call.name == "apply_patch" and isinstance(call.input, str)
+    history = [
+        {"role": "user", "content": "Patch the file."},
+        {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "x"},
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done, 1 file."},
+    ]
+    follow = client.responses.create(
+        model="tiny",
+        input=history,  # type: ignore[arg-type]
+        tools=[APPLY_PATCH],
+        tool_choice="none",
+        max_output_tokens=1,
+        temperature=0,
+    )
+    plain = client.responses.create(
+        model="tiny",
+        input="Patch the file.",
+        tools=[APPLY_PATCH],
+        tool_choice="none",
+        max_output_tokens=1,
+        temperature=0,
+    )
+    # The call and its output are in the prompt.
+    assert follow.usage.input_tokens > plain.usage.input_tokens + 10  # type: ignore[union-attr]
+
+
+def test_store_false_is_honoured_and_true_reported(url: str):
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 1}
+    header = "x-mlxi-ignored-fields"
+    kept = httpx.post(f"{url}/v1/responses", json={**body, "store": False}, timeout=60)
+    assert kept.status_code == 200 and header not in kept.headers
+    stored = httpx.post(f"{url}/v1/responses", json={**body, "store": True}, timeout=60)
+    assert stored.status_code == 200 and stored.headers[header] == "store"
+    include = ["reasoning.encrypted_content"]
+    codex = httpx.post(
+        f"{url}/v1/responses", json={**body, "store": False, "include": include}, timeout=60
+    )
+    assert codex.status_code == 200 and codex.headers[header] == "include"

@@ -1,20 +1,21 @@
 """``POST /v1/responses``: OpenAI's Responses API, for clients that speak only it.
 
-Stateless: each request carries its whole conversation in ``input`` (messages,
-``function_call`` and ``function_call_output`` items); ``previous_response_id`` is
-refused, since nothing is kept between requests, and ``store`` is accepted and
-reported. Text, images (``input_image``), function tools (a ``namespace``'s too) with
-``tool_choice`` enforced, ``text.format`` (JSON object or schema) and streaming are
-served; reasoning comes back as a ``reasoning`` item. Custom (freeform) tools and the
-hosted API's own tools (``web_search``...) are left out of the prompt and named in
-the ignored-fields header.
+Stateless: each request carries its whole conversation in ``input`` (messages, tool
+calls and their outputs); ``previous_response_id`` is refused, since nothing is kept
+between requests (``store: false`` is honoured as it is; ``store: true`` is reported).
+Text, images (``input_image``), function tools (a ``namespace``'s too) and custom
+(freeform) tools (:mod:`.custom_tools`) with ``tool_choice`` enforced, ``text.format``
+(JSON object or schema) and streaming are served; reasoning comes back as a
+``reasoning`` item (in clear: ``include``'s encrypted reasoning is not made here). The
+hosted API's own tools (``web_search``...) are left out of the prompt and named in the
+ignored-fields header.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +30,7 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
+from mlx_integrations.serve.openai import custom_tools
 from mlx_integrations.serve.openai.chat import core_response_format
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import responses as wire
@@ -103,11 +105,16 @@ def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, 
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _content(item.content, f"{where}.content")})
             origins.append(where)
-        elif isinstance(item, wire.FunctionCallItem):
+        elif isinstance(item, (wire.FunctionCallItem, wire.CustomToolCallItem)):
+            arguments = (
+                item.arguments
+                if isinstance(item, wire.FunctionCallItem)
+                else custom_tools.call_arguments(item.input)
+            )
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
+                "function": {"name": item.name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
@@ -116,7 +123,7 @@ def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, 
                 origins.append(where)
             last.setdefault("tool_calls", []).append(call)
             paths.calls.setdefault(len(messages) - 1, []).append(where)
-        elif isinstance(item, wire.FunctionCallOutputItem):
+        elif isinstance(item, (wire.FunctionCallOutputItem, wire.CustomToolCallOutputItem)):
             output = item.output
             content = output if isinstance(output, str) else _content(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
@@ -126,8 +133,8 @@ def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, 
         else:
             raise APIError(
                 400,
-                f"'{where}.type' is {item.type!r}; use 'message', 'function_call' or "
-                "'function_call_output'",
+                f"'{where}.type' is {item.type!r}; use 'message', 'function_call', "
+                "'function_call_output', 'custom_tool_call' or 'custom_tool_call_output'",
                 param=f"{where}.type",
             )
     return messages
@@ -144,12 +151,14 @@ def _function(tool: wire.FunctionTool) -> dict[str, Any]:
 
 def read_tools(
     body: wire.ResponsesRequest, paths: WirePaths
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The function tools, a namespace's among them, and the paths of the tools left
-    out: custom (freeform) tools and the hosted API's own (``web_search``...)."""
+) -> tuple[list[dict[str, Any]], list[str], set[str]]:
+    """The tools as the chat core's function tools (a namespace's functions, and each
+    custom tool as a function of one string), the paths of the tools left out (the
+    hosted API's own: ``web_search``...), and the names of the custom tools."""
     out: list[dict[str, Any]] = []
     origins: list[str] = []
     left_out: list[str] = []
+    custom: set[str] = set()
     for i, tool in enumerate(body.tools or ()):
         if isinstance(tool, wire.FunctionTool):
             out.append(_function(tool))
@@ -158,20 +167,25 @@ def read_tools(
             for j, inner in enumerate(tool.tools):
                 out.append(_function(inner))
                 origins.append(f"tools[{i}].tools[{j}]")
+        elif isinstance(tool, wire.CustomTool):
+            out.append(custom_tools.as_function(tool))
+            origins.append(f"tools[{i}]")
+            custom.add(tool.name)
         else:
             left_out.append(f"tools[{i}]")
     paths.tools = origins
-    return out, left_out
+    return out, left_out, custom
 
 
 def read_tool_choice(body: wire.ResponsesRequest) -> Any:
     choice = body.tool_choice
     if isinstance(choice, wire.ToolChoiceObject):
-        if choice.type == "function" and choice.name:
+        if choice.type in ("function", "custom") and choice.name:
             return choice.name
         raise APIError(
             400,
-            "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+            "'tool_choice' must be 'auto', 'none', 'required', or {'type': 'function', "
+            "'name': ...} or {'type': 'custom', 'name': ...}",
             param="tool_choice",
         )
     return choice
@@ -184,10 +198,21 @@ def read_format(value: Any) -> dict[str, Any] | None:
     return core_response_format(value)
 
 
-def read_parts(body: wire.ResponsesRequest) -> tuple[ChatParts, list[str]]:
-    """The chat-core pieces of a request, and the paths of the tools left out."""
+class Read(NamedTuple):
+    """A request read: its chat-core pieces, the paths of what was left out, and the
+    names of its custom tools (whose calls come back as ``custom_tool_call`` items)."""
+
+    parts: ChatParts
+    left_out: list[str]
+    custom: set[str]
+
+
+def read_parts(body: wire.ResponsesRequest) -> Read:
+    """The chat-core pieces of a request, and what was left out of them."""
     paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
-    tools, left_out = read_tools(body, paths)
+    tools, left_out, custom = read_tools(body, paths)
+    if body.store:  # nothing is kept here; store=false is honoured as it is
+        left_out.append("store")
     parts = ChatParts(
         model=body.model,
         messages=read_input(body, paths),
@@ -200,7 +225,7 @@ def read_parts(body: wire.ResponsesRequest) -> tuple[ChatParts, list[str]]:
         reasoning_effort=body.reasoning.effort if body.reasoning else None,
         **sampling_fields(body),
     )
-    return parts, left_out
+    return Read(parts, left_out, custom)
 
 
 # ----------------------------------------------------------------- response
@@ -217,7 +242,9 @@ def _dumped(value: Any) -> Any:
 class _Builder:
     """The response object and its output items, built from the turn's events."""
 
-    def __init__(self, response_id: str, body: wire.ResponsesRequest):
+    def __init__(self, response_id: str, body: wire.ResponsesRequest, custom: set[str]):
+        self.custom = custom
+        """The custom tools' names: their calls are ``custom_tool_call`` items."""
         self.response = wire.Response(
             id=response_id,
             created_at=now(),
@@ -274,6 +301,23 @@ def _call_item(call: ParsedToolCall) -> wire.OutputFunctionCall:
         name=call.name,
         arguments=json.dumps(call.arguments, ensure_ascii=False),
     )
+
+
+def _custom_call_frames(call: ParsedToolCall, built: _Builder) -> list[bytes]:
+    """A custom tool's call: a ``custom_tool_call`` item and its input's events."""
+    item = wire.OutputCustomToolCall(
+        id=new_id("ctc_"), call_id=call.id, name=call.name, input=custom_tools.input_of(call)
+    )
+    built.output.append(item)
+    index = len(built.output) - 1
+    shown = item.model_copy(update={"input": "", "status": "in_progress"})
+    at = {"item_id": item.id, "output_index": index}
+    return [
+        built.event("response.output_item.added", output_index=index, item=shown),
+        built.event("response.custom_tool_call_input.delta", delta=item.input, **at),
+        built.event("response.custom_tool_call_input.done", input=item.input, **at),
+        built.event("response.output_item.done", output_index=index, item=item),
+    ]
 
 
 async def response_frames(
@@ -357,6 +401,11 @@ async def response_frames(
                     content_index=0,
                     delta=event.text,
                 )
+            elif isinstance(event, ParsedToolCall) and event.name in built.custom:
+                for frame in close():
+                    yield frame
+                for frame in _custom_call_frames(event, built):
+                    yield frame
             elif isinstance(event, ParsedToolCall):
                 for frame in close():
                     yield frame
@@ -397,10 +446,10 @@ async def whole_response(
 async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     """Answer ``POST /v1/responses``."""
     state: ServerState = request.app.state.server
-    parts, left_out = read_parts(body)
+    parts, left_out, custom = read_parts(body)
     accepted = Accepted(request, body, left_out)
     served = await state.served(parts.model)
-    built = _Builder(new_id("resp_"), body)
+    built = _Builder(new_id("resp_"), body, custom)
     chat = state.chat_request(served, parts, request_id=built.response.id)
     events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
     if not body.stream:

@@ -92,6 +92,25 @@ class FunctionCallOutputItem(WireModel):
     status: str | None = unused()
 
 
+class CustomToolCallItem(WireModel):
+    """An earlier call of a custom (freeform) tool: its input is one string."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    id: str | None = unused()
+    status: str | None = unused()
+
+
+class CustomToolCallOutputItem(WireModel):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[InputContent]
+    id: str | None = unused()
+    status: str | None = unused()
+
+
 class ReasoningItem(WireModel):
     """Reasoning of an earlier turn: not shown to the model again."""
 
@@ -106,7 +125,14 @@ class ReasoningItem(WireModel):
 class OtherItem(Fallback):
     """An item of another type (``item_reference``, hosted tools' calls...)."""
 
-    model_config = other_than("message", "function_call", "function_call_output", "reasoning")
+    model_config = other_than(
+        "message",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "reasoning",
+    )
 
     type: str
 
@@ -115,6 +141,8 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("type=message")]
     | Annotated[FunctionCallItem, Tag("type=function_call")]
     | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("type=custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("type=custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("type=reasoning")]
     | Annotated[OtherItem, Tag("type=other")],
     tagged(
@@ -124,6 +152,8 @@ InputItem = Annotated[
             "message": "type=message",
             "function_call": "type=function_call",
             "function_call_output": "type=function_call_output",
+            "custom_tool_call": "type=custom_tool_call",
+            "custom_tool_call_output": "type=custom_tool_call_output",
             "reasoning": "type=reasoning",
         },
         other="type=other",
@@ -153,12 +183,43 @@ class NamespaceTool(WireModel):
     tools: list[FunctionTool]
 
 
-class OtherTool(Fallback):
-    """A tool of another type: ``custom`` (freeform) tools and the tools only the
-    hosted API runs (``web_search``, ``file_search``...). Left out of the prompt, and
-    named in the ignored-fields header."""
+class TextToolFormat(WireModel):
+    """Free text."""
 
-    model_config = other_than("function", "namespace")
+    type: Literal["text"]
+
+
+class GrammarToolFormat(WireModel):
+    """Text of a grammar: Lark (llguidance's dialect) or a regular expression."""
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+CustomToolFormat = Annotated[
+    Annotated[TextToolFormat, Tag("type=text")] | Annotated[GrammarToolFormat, Tag("type=grammar")],
+    tagged("type", {"text": "type=text", "grammar": "type=grammar"}),
+]
+
+
+class CustomTool(WireModel):
+    """A freeform tool: its input is one string (Codex's ``apply_patch``). Offered to
+    the model as a function of one string argument, ``input``."""
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: CustomToolFormat | None = None
+    """Free text (the default), or text of a grammar: a regular expression holds the
+    input; a Lark grammar is shown to the model in the tool's description."""
+
+
+class OtherTool(Fallback):
+    """A tool only the hosted API runs (``web_search``, ``file_search``...): left out of
+    the prompt, and named in the ignored-fields header."""
+
+    model_config = other_than("function", "namespace", "custom")
 
     type: str
 
@@ -166,16 +227,19 @@ class OtherTool(Fallback):
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("type=function")]
     | Annotated[NamespaceTool, Tag("type=namespace")]
+    | Annotated[CustomTool, Tag("type=custom")]
     | Annotated[OtherTool, Tag("type=other")],
     tagged(
-        "type", {"function": "type=function", "namespace": "type=namespace"}, other="type=other"
+        "type",
+        {"function": "type=function", "namespace": "type=namespace", "custom": "type=custom"},
+        other="type=other",
     ),
 ]
 
 
 class ToolChoiceObject(WireModel):
     type: str
-    """``function`` (with ``name``) forces that function."""
+    """``function`` or ``custom`` (with ``name``) forces that tool."""
     name: str | None = None
 
 
@@ -237,8 +301,10 @@ class ResponsesRequest(WireModel):
     stream: bool = False
     previous_response_id: str | None = None
     """Refused: this server keeps no responses; send the whole conversation."""
-    store: bool | None = unused()
+    store: bool | None = None
+    """Nothing is kept here: ``false`` is honoured, ``true`` is reported as not used."""
     include: list[str] | None = unused()
+    """Encrypted reasoning is not made here: reasoning items come back in clear."""
     metadata: dict[str, Any] | None = unused()
     user: str | None = unused()
     prompt_cache_key: str | None = unused()
@@ -306,8 +372,18 @@ class OutputFunctionCall(ReplyModel):
     status: Literal["in_progress", "completed"] = "completed"
 
 
+class OutputCustomToolCall(ReplyModel):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: Literal["in_progress", "completed"] = "completed"
+
+
 OutputItem = Annotated[
-    OutputMessage | OutputReasoning | OutputFunctionCall, Field(discriminator="type")
+    OutputMessage | OutputReasoning | OutputFunctionCall | OutputCustomToolCall,
+    Field(discriminator="type"),
 ]
 
 
@@ -377,6 +453,7 @@ class ResponseEvent(ReplyModel):
     text: str | None = None
     name: str | None = None
     arguments: str | None = None
+    input: str | None = None
     logprobs: list[Any] | None = None
 
     @model_serializer(mode="wrap")

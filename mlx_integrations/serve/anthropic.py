@@ -16,7 +16,6 @@ think leaves them out. Fields Claude Code sends that change nothing here
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,13 +32,19 @@ from mlx_integrations.chat.completion import (
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.chat.reasoning import EFFORT_LEVELS, ReasoningSwitch, reasoning_switch
+from mlx_integrations.chat.reasoning import ReasoningSwitch
 from mlx_integrations.serve.errors import APIError, anthropic_error_body, api_error
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import anthropic as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, stream_reply
 from mlx_integrations.serve.sse import KEEPALIVE_COMMENT, closing, sse, until_disconnected
-from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
+from mlx_integrations.serve.state import (
+    ChatParts,
+    ServerState,
+    nearest_effort,
+    reasoning_switch_of,
+    sampling_fields,
+)
 
 __all__ = ["count_tokens", "messages"]
 
@@ -292,21 +297,12 @@ def fit_reasoning(
                 left_out.append("thinking.budget_tokens")
     if effort is not None:
         level = _EFFORTS.get(effort)
-        if level is None or not switch.thinks or parts.enable_thinking is False:
+        fitted = nearest_effort(level, switch) if level is not None else None
+        if fitted is None or parts.enable_thinking is False:
             left_out.append("output_config.effort")
         else:
-            parts.reasoning_effort = _nearest(level, switch.levels)
+            parts.reasoning_effort = fitted
     return left_out
-
-
-def _nearest(level: str, levels: tuple[str, ...]) -> str:
-    """``level``, or the level of ``levels`` nearest to it that thinks (the higher one
-    on a tie): Qwen3's template takes only "none" and "high"."""
-    taken = [name for name in levels if name != "none"] or [level]
-    if level in taken:
-        return level
-    rank = EFFORT_LEVELS.index
-    return min(taken, key=lambda name: (abs(rank(name) - rank(level)), -rank(name)))
 
 
 # ----------------------------------------------------------------- response
@@ -473,7 +469,7 @@ async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     state: ServerState = request.app.state.server
     parts = read_parts(body)
     served = await state.served(parts.model)
-    switch = await asyncio.to_thread(switch_of, served.engine)
+    switch = await reasoning_switch_of(served)
     accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
     message_id = new_id("msg_")
     chat = state.chat_request(served, parts, request_id=message_id)
@@ -489,11 +485,6 @@ async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     )
 
 
-def switch_of(engine: Any) -> ReasoningSwitch:
-    """How the engine's model switches thinking (reading the tokenizer may load it)."""
-    return reasoning_switch(engine.tokenizer)
-
-
 async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Response:
     """Answer ``POST /v1/messages/count_tokens``: the prompt's tokens through the model's
     chat template, tools included (what ``usage.input_tokens`` of a call reports,
@@ -501,7 +492,7 @@ async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Respo
     state: ServerState = request.app.state.server
     parts = read_parts(body)
     served = await state.served(parts.model)
-    switch = await asyncio.to_thread(switch_of, served.engine)
+    switch = await reasoning_switch_of(served)
     accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
     chat = state.chat_request(served, parts)
     tokens = await state.prompt_tokens(served, chat, parts.paths)

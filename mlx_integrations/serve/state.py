@@ -22,7 +22,12 @@ from typing import Any, Literal, overload
 
 from mlx_integrations.chat.completion import Finished, Logprobs, Started, stream_chat_events
 from mlx_integrations.chat.output_parser import Event
-from mlx_integrations.chat.reasoning import apply_effort
+from mlx_integrations.chat.reasoning import (
+    EFFORT_LEVELS,
+    ReasoningSwitch,
+    apply_effort,
+    reasoning_switch,
+)
 from mlx_integrations.chat.request import ChatRequest, RequestError
 from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve.config import ServeConfig
@@ -32,7 +37,7 @@ from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.registry import ModelRegistry, Served
 from mlx_integrations.serve.sse import closing
 
-__all__ = ["ChatParts", "ServerState"]
+__all__ = ["ChatParts", "ServerState", "nearest_effort", "reasoning_switch_of"]
 
 
 @dataclass
@@ -86,6 +91,30 @@ SAMPLING_FIELDS = (
 def sampling_fields(request: Any) -> dict[str, Any]:
     """The :data:`SAMPLING_FIELDS` a protocol model has, by name."""
     return {name: getattr(request, name, None) for name in SAMPLING_FIELDS}
+
+
+def nearest_effort(level: str, switch: ReasoningSwitch) -> str | None:
+    """The ``reasoning_effort`` to give a template for a client's ``level``: the level
+    itself, or the nearest one the template takes that thinks (the higher one on a
+    tie; Qwen3's template takes only "none" and "high"). None where the model cannot
+    take it: it does not think, or ``level`` is "none" and its thinking cannot be
+    turned off. Agents send an effort to every model; it is fitted, never refused.
+    """
+    if not switch.thinks:
+        return None
+    if level == "none":
+        return level if level in switch.levels else None
+    taken = [name for name in switch.levels if name != "none"] or [level]
+    if level in taken:
+        return level
+    rank = EFFORT_LEVELS.index
+    return min(taken, key=lambda name: (abs(rank(name) - rank(level)), -rank(name)))
+
+
+async def reasoning_switch_of(served: Served) -> ReasoningSwitch:
+    """How the served model's template switches thinking (reading its tokenizer may
+    load it: off the event loop)."""
+    return await asyncio.to_thread(lambda: reasoning_switch(served.engine.tokenizer))
 
 
 class ServerState:

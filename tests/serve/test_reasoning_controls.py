@@ -182,3 +182,29 @@ def test_a_model_that_does_not_think_leaves_the_thinking_settings_out(url):
     unknown = counted(url, "levels", **effort("extreme"))  # a level Anthropic may add
     assert unknown.json()["input_tokens"] == tokens(url, "levels")
     assert unknown.headers[IGNORED_HEADER] == "output_config.effort"
+
+
+def response_tokens(url: str, model: str, effort: str | None) -> httpx.Response:
+    body: dict[str, Any] = {"model": model, "input": "Hi", "max_output_tokens": 1}
+    if effort is not None:
+        body["reasoning"] = {"effort": effort, "summary": "auto"}
+    reply = post(url, "responses", **body)
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+def test_responses_effort_is_fitted_to_the_template_never_refused(url):
+    """Codex sends reasoning.effort "medium" to every model."""
+    usage = lambda reply: reply.json()["usage"]["input_tokens"]  # noqa: E731
+    levels = {e: usage(response_tokens(url, "levels", e)) for e in ("low", "medium", "high")}
+    assert levels["low"] < levels["medium"] < levels["high"]
+    assert usage(response_tokens(url, "levels", "minimal")) == levels["low"]
+    assert usage(response_tokens(url, "levels", "xhigh")) == levels["high"]
+    # Qwen3 takes none and high: medium is thinking on, as with no effort.
+    assert usage(response_tokens(url, "qwen3", "medium")) == usage(
+        response_tokens(url, "qwen3", None)
+    )
+    # A model that does not think leaves the effort out, and says so.
+    plain = response_tokens(url, "plain", "medium")
+    assert plain.headers[IGNORED_HEADER] == "reasoning.summary,reasoning.effort"
+    assert usage(plain) == usage(response_tokens(url, "plain", None))

@@ -29,6 +29,7 @@ from mlx_integrations.chat.completion import (
     TextDelta,
 )
 from mlx_integrations.chat.output_parser import Event
+from mlx_integrations.chat.reasoning import EFFORT_LEVELS, ReasoningSwitch
 from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
 from mlx_integrations.serve.openai import custom_tools
 from mlx_integrations.serve.openai.chat import core_response_format
@@ -36,7 +37,13 @@ from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import responses as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
 from mlx_integrations.serve.sse import closing, sse, until_disconnected
-from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
+from mlx_integrations.serve.state import (
+    ChatParts,
+    ServerState,
+    nearest_effort,
+    reasoning_switch_of,
+    sampling_fields,
+)
 
 __all__ = ["responses"]
 
@@ -196,6 +203,27 @@ def read_format(value: Any) -> dict[str, Any] | None:
     if isinstance(value, wire.JSONSchemaTextFormat):
         return {"type": "json_schema", "json_schema": {"name": value.name, "schema": value.schema_}}
     return core_response_format(value)
+
+
+# OpenAI's effort levels as the chat core's (its lowest thinking level is "low", its
+# highest "high"); another value is refused by the chat core, naming the field.
+_EFFORTS = {"minimal": "low", "xhigh": "high"}
+
+
+def fit_effort(parts: ChatParts, switch: ReasoningSwitch) -> list[str]:
+    """``reasoning.effort`` as the model's template takes it: Codex sends one to every
+    model. A level the template lacks is the nearest one it takes; a model that does
+    not think (or cannot stop) leaves it out.
+
+    Returns:
+        ``["reasoning.effort"]`` when it was left out, else nothing.
+    """
+    level = parts.reasoning_effort
+    if level is None or level not in (*EFFORT_LEVELS, *_EFFORTS):
+        return []  # the chat core says what is wrong with it
+    fitted = nearest_effort(_EFFORTS.get(level, level), switch)
+    parts.reasoning_effort = fitted
+    return [] if fitted is not None else ["reasoning.effort"]
 
 
 class Read(NamedTuple):
@@ -447,8 +475,10 @@ async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     """Answer ``POST /v1/responses``."""
     state: ServerState = request.app.state.server
     parts, left_out, custom = read_parts(body)
-    accepted = Accepted(request, body, left_out)
     served = await state.served(parts.model)
+    if parts.reasoning_effort is not None:
+        left_out += fit_effort(parts, await reasoning_switch_of(served))
+    accepted = Accepted(request, body, left_out)
     built = _Builder(new_id("resp_"), body, custom)
     chat = state.chat_request(served, parts, request_id=built.response.id)
     events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)

@@ -269,7 +269,9 @@ class TextConfig(WireModel):
 
 class Reasoning(WireModel):
     effort: str | None = None
-    """Passed to the chat template's own switch (``none``, ``low``, ``high``...)."""
+    """The chat template's own switch: ``none``, ``minimal`` (``low``), ``low``,
+    ``medium``, ``high``, ``xhigh`` (``high``); a level the template lacks is the
+    nearest one it takes, and a model that does not think leaves it out (reported)."""
     summary: str | None = unused()
     generate_summary: str | None = unused()
 

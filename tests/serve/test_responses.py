@@ -139,7 +139,8 @@ EDIT = {
     "description": "Edits the list.",
     "format": {"type": "grammar", "syntax": "regex", "definition": PATCH_RE},
 }
-# Codex's apply_patch is a custom tool with a Lark grammar.
+# Codex's apply_patch is a custom tool with a Lark grammar (its free lines bounded
+# here: a random model would write one line until max_output_tokens).
 APPLY_PATCH = {
     "type": "custom",
     "name": "apply_patch",
@@ -147,9 +148,15 @@ APPLY_PATCH = {
     "format": {
         "type": "grammar",
         "syntax": "lark",
-        "definition": 'start: "*** Begin Patch" LF /(.+)/ LF "*** End Patch"\n%import common.LF',
+        "definition": "start: begin hunk+ end\n"
+        'begin: "*** Begin Patch" LF\n'
+        'hunk: "*** Delete File: " NAME LF\n'
+        'end: "*** End Patch"\n'
+        "NAME: /[a-z]{1,8}\\.py/\n"
+        "%import common.LF",
     },
 }
+PATCH = r"\*\*\* Begin Patch\n(\*\*\* Delete File: [a-z]{1,8}\.py\n)+\*\*\* End Patch"
 
 
 def test_a_custom_tool_call_is_a_custom_tool_call_item(client: openai.OpenAI):
@@ -177,8 +184,8 @@ def test_a_custom_tool_call_is_a_custom_tool_call_item(client: openai.OpenAI):
 
 
 def test_a_custom_tool_round_trip(client: openai.OpenAI):
-    """Codex's apply_patch (a Lark grammar) is offered and forced; its call and output
-    go back into the next request's input."""
+    """A tool like Codex's apply_patch (a Lark grammar) is offered and forced; its call
+    and output go back into the next request's input."""
     forced = client.responses.create(
         model="tiny",
         input="Patch the file.",
@@ -188,7 +195,9 @@ def test_a_custom_tool_round_trip(client: openai.OpenAI):
         temperature=0,
     )
     [call] = [o for o in forced.output if o.type == "custom_tool_call"]
-    assert call.name == "apply_patch" and isinstance(call.input, str)
+    # A grammar without recursion holds as a pattern: the input is a patch.
+    assert call.name == "apply_patch"
+    assert re.fullmatch(PATCH, call.input), call.input
     history = [
         {"role": "user", "content": "Patch the file."},
         {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "x"},

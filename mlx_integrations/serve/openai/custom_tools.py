@@ -5,11 +5,12 @@ A custom tool takes one string, its input: free text, or text of a grammar
 sends its ``apply_patch`` tool that way). Chat templates and the tool-call families
 know function tools, so each custom tool is offered as a function of one string
 argument, ``input``, and its description says so. A regular expression becomes that
-string's ``pattern``: the constrained decoding holds it as it holds any JSON schema. A
-Lark grammar is shown to the model in the description; the decoding does not hold it
-yet (the family writes the call as JSON, and the chat core has no way to hold a Lark
-grammar inside a JSON string). The model's call comes back as a ``custom_tool_call``
-item with its ``input``.
+string's ``pattern``: the constrained decoding holds it as it holds any JSON schema. So
+does a Lark grammar that describes a regular language (:mod:`.lark_regex`; Codex's
+``apply_patch`` does); another one is shown to the model in the description only (the
+family writes the call as JSON, and the chat core cannot hold a Lark grammar inside a
+JSON string). The model's call comes back as a ``custom_tool_call`` item with its
+``input``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from typing import Any
 
 from mlx_integrations.chat.completion import ParsedToolCall
+from mlx_integrations.serve.openai.lark_regex import lark_to_regex
 from mlx_integrations.serve.protocol import responses as wire
 
 __all__ = ["INPUT", "as_function", "call_arguments", "input_of"]
@@ -35,6 +37,9 @@ def as_function(tool: wire.CustomTool) -> dict[str, Any]:
         text["pattern"] = f"^(?:{grammar.definition})$"
         notes.append(f"The input matches this regular expression: {grammar.definition}")
     elif grammar is not None:
+        regular = lark_to_regex(grammar.definition)
+        if regular is not None:
+            text["pattern"] = f"^(?:{regular})$"
         notes.append(f"The input follows this Lark grammar:\n{grammar.definition}")
     description = "\n\n".join([tool.description or "", *notes]).strip()
     parameters = {"type": "object", "properties": {INPUT: text}, "required": [INPUT]}

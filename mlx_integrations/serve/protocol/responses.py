@@ -212,7 +212,8 @@ class CustomTool(WireModel):
     description: str | None = None
     format: CustomToolFormat | None = None
     """Free text (the default), or text of a grammar: a regular expression holds the
-    input; a Lark grammar is shown to the model in the tool's description."""
+    input, as a Lark grammar of a regular language does (one with recursion is shown
+    to the model in the tool's description only)."""
 
 
 class OtherTool(Fallback):

@@ -305,8 +305,8 @@ class MLXEngine(ModelLifecycle, RequestEngine):
     ) -> AsyncIterator[MLXGenerationOutput]:
         """Run a checked chat request (what ``chat``/``stream_chat`` build from their
         keywords) and stream its output; only the last chunk with ``final_only``. With
-        ``announce``, first an empty chunk with the prompt's ``prompt_tokens``, sent
-        before the prompt is processed.
+        ``announce``, first an empty chunk with the prompt's ``prompt_tokens``, sent once
+        the request is admitted, before the prompt is processed.
 
         Raises:
             RequestError: What this model cannot take: media for a text model, a
@@ -336,14 +336,6 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             prompt = self._render(messages, tools.openai_tools(), fmt, template_kwargs)
             tokens = self._tokenizer.encode(prompt, add_special_tokens=False)
             in_reasoning = opens_reasoning(prompt, self._tokenizer)
-            if announce:
-                yield MLXGenerationOutput(
-                    text="",
-                    prompt_tokens=len(tokens),
-                    finish_reason=None,
-                    finished=False,
-                    starts_in_reasoning=in_reasoning,
-                )
             limit = params.max_tokens
             if self._context_length:
                 limit = min(limit, self._context_length - len(tokens))
@@ -354,7 +346,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
             else:  # at once, so that requests sent together arrive together
                 params.logits_processors += reply_processors(*shape)
             params.record_logprobs(request.logprobs)  # after them: what they leave
-            async for out in self._submit(params, prompt, tokens, media, final_only):
+            async for out in self._submit(params, prompt, tokens, media, final_only, announce):
                 out.starts_in_reasoning = in_reasoning
                 yield out
 
@@ -567,11 +559,14 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         tokens: list[int],
         media: Any = None,
         final_only: bool = False,
+        announce: bool = False,
     ) -> AsyncIterator[MLXGenerationOutput]:
         """Register a request, hand it to the owner thread and stream what it emits.
 
         A consumer that stops iterating (cancelled, closed, garbage collected) aborts
-        its request; ``final_only`` (generate, chat) sends only the last chunk.
+        its request; ``final_only`` (generate, chat) sends only the last chunk. With
+        ``announce`` an empty chunk with the prompt's count comes first, once the
+        request is admitted (what would refuse it has been checked).
         """
         if self._context_length and len(tokens) >= self._context_length:
             raise RequestError(
@@ -606,6 +601,14 @@ class MLXEngine(ModelLifecycle, RequestEngine):
                 self._release_kv(params.request_id)
                 raise
             self._jobs[params.request_id] = job
+        if announce:
+            try:
+                yield MLXGenerationOutput(
+                    text="", prompt_tokens=len(tokens), finish_reason=None, finished=False
+                )
+            except BaseException:  # the consumer left at once: its request ends too
+                channel.abort.set()
+                raise
         async for item in channel.receive():
             yield item
 

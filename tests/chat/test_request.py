@@ -482,3 +482,15 @@ def test_a_call_of_a_tool_the_request_does_not_have_is_an_invalid_call():
     assert isinstance(checked, InvalidToolCall)
     assert checked.id == "call_9" and checked.name == "sunshine"
     assert "not among the request's tools (get_weather)" in checked.error
+
+
+async def test_a_consumer_gone_right_after_the_announcement_aborts_its_request(engine):
+    before = engine.get_stats()["num_requests_aborted"]
+    request = ChatRequest.build(USER, max_tokens=500, logit_bias={7: 100.0})
+    stream = engine.stream_request(request, announce=True)
+    first = await anext(stream)
+    assert not first.finished and first.prompt_tokens > 0
+    await stream.aclose()
+    out = await asyncio.wait_for(engine.chat(USER, max_tokens=2), 30)
+    assert out.finished
+    assert engine.get_stats()["num_requests_aborted"] == before + 1

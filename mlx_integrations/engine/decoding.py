@@ -181,6 +181,23 @@ def stopping_prefill(stop: Callable[[], bool]) -> Iterator[None]:
         _stop.check = previous
 
 
+PIECE_S = 1.0
+"""Seconds a prefill piece of a request that may be stopped should take at most: a
+long prompt on a slow device (the KV cache grows, and each piece attends to all of it)
+goes on in smaller pieces, so that a request aborted in its prefill frees the owner
+thread within about this long. Pieces that run faster keep their size, so on a fast
+device nothing changes."""
+MIN_PIECE = 64
+"""The smallest piece :data:`PIECE_S` shrinks pieces to."""
+
+
+def stoppable_step(step_size: int, seconds: float) -> int:
+    """The size of the next prefill piece after one of ``step_size`` took ``seconds``."""
+    if seconds <= PIECE_S:
+        return step_size
+    return max(min(MIN_PIECE, step_size), step_size // 2)
+
+
 def stoppable(steps: Generator[Step, None, None], stop: Callable[[], bool]) -> Iterator[Step]:
     """``steps`` whose prefill stops between two pieces when ``stop`` says so; the
     iteration then just ends (the caller sees its request aborted)."""
@@ -203,7 +220,8 @@ def prefill(
 
     ``quantize`` (if given) runs on the cache after each piece, and MLX's buffer pool
     is given back after each, as mlx-lm does; inside :func:`stopping_prefill` it stops
-    between pieces when told to. ``shapes`` pads a short last piece at its
+    between pieces when told to, and a piece that took longer than :data:`PIECE_S`
+    halves the next ones (:func:`stoppable_step`). ``shapes`` pads a short last piece at its
     end (with copies of its last token) and trims the padding off the cache once the
     piece has run: ``cache`` then holds ``tokens`` alone, as without padding. A cache
     that is quantized is not padded.
@@ -213,10 +231,12 @@ def prefill(
 
     stop = getattr(_stop, "check", None)
     with mx.stream(generation_stream):
-        for start in range(0, len(tokens), step_size):
+        start = 0
+        while start < len(tokens):
             if stop is not None and stop():
                 raise PrefillStopped
             piece = list(tokens[start : start + step_size])
+            began = time.perf_counter()
             pad = 0 if quantize is not None else shapes.padding(cache, len(piece))
             model(mx.array(piece + piece[-1:] * pad, mx.uint32)[None], cache=cache)
             for layer in cache if pad else ():
@@ -225,6 +245,9 @@ def prefill(
                 quantize(cache)
             mx.eval([c.state for c in cache])
             mx.clear_cache()
+            start += len(piece)
+            if stop is not None:
+                step_size = stoppable_step(step_size, time.perf_counter() - began)
 
 
 def warm_shapes(model: Any, shapes: PrefillShapes, step_size: int) -> float:

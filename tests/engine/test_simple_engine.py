@@ -432,3 +432,36 @@ async def test_an_abort_during_a_long_prompt_stops_its_prefill_between_pieces(
     finally:
         engine._model = model
         await engine.stop()
+
+
+@pytest.mark.parametrize("engine_cls", [SimpleEngine, BatchedEngine])
+async def test_slow_prefill_pieces_make_the_next_ones_smaller(tiny_llama, engine_cls, monkeypatch):
+    # On a slow device a long prompt's pieces shrink, so that an abort lands soon; every
+    # piece counts as slow here (the limit set to 0 s), so the sizes are known.
+    from mlx_integrations.engine import decoding
+
+    monkeypatch.setattr(decoding, "PIECE_S", 0.0)
+    engine = engine_cls(tiny_llama, prefill_step_size=256)
+    await engine.start()
+    model = engine._model
+    pieces: list[int] = []
+
+    class Counted:
+        def __call__(self, inputs, *args, **kwargs):
+            pieces.append(inputs.shape[1])
+            return model(inputs, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    engine._model = Counted()
+    try:
+        long = [{"role": "user", "content": "word " * 600}]
+        out = await engine.chat(long, max_tokens=2, temperature=0)
+        assert out.finished
+        prefill = [n for n in pieces if n > 1]
+        assert prefill[:4] == [256, 128, 64, 64]
+        assert sum(prefill) == out.prompt_tokens - 1  # the last prompt token starts decoding
+    finally:
+        engine._model = model
+        await engine.stop()

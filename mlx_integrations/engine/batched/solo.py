@@ -12,6 +12,7 @@ The draft model's cache is dropped then: only a request alone drafts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -21,6 +22,7 @@ from mlx_integrations.engine.decoding import (
     Step,
     prefill,
     return_buffers,
+    stoppable_step,
 )
 from mlx_integrations.engine.speculative.draft_model import draft_model_steps
 from mlx_integrations.engine.speculative.pace import LookupPace
@@ -105,8 +107,12 @@ class SoloDecode:
             last = len(self.context) - 1
             end = min(self._fed + self._step_size, last)
             piece = self.context[self._fed : end]
+            began = time.perf_counter()
             prefill(self._model, self.cache, piece, self._step_size, shapes=self._shapes)
             self._fed = end
+            # A slow piece (a long prompt on a slow device) makes the next ones smaller:
+            # the loop looks at aborts and arrivals between two pieces.
+            self._step_size = stoppable_step(self._step_size, time.perf_counter() - began)
             if self._draft_cache is not None:
                 end = min(self._draft_fed + self._step_size, last)
                 piece = self.context[self._draft_fed : end]

@@ -317,12 +317,7 @@ class ChatRequest:
             RequestTypeError: A keyword no engine of ours takes (naming those it does).
             RequestError: A bad value, as :meth:`build`.
         """
-        unknown = sorted(set(kwargs) - CALL_KEYWORDS)
-        if unknown:
-            raise RequestTypeError(
-                f"unexpected keyword argument(s) {unknown}; supported: {sorted(CALL_KEYWORDS)}",
-                unknown[0],
-            )
+        check_call_keywords(kwargs)
         if "parallel_tool_calls" not in kwargs:
             kwargs["parallel_tool_calls"] = True  # the contract's callers expect it
         return cls.build(
@@ -413,6 +408,20 @@ CALL_KEYWORDS = frozenset(
 )
 """The keyword arguments our engines' ``chat``/``stream_chat`` take beyond the contract's
 named ones."""
+
+
+def check_call_keywords(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a keyword argument no engine call of ours takes.
+
+    Raises:
+        RequestTypeError: Naming the first unknown one (its path) and those taken.
+    """
+    unknown = sorted(set(kwargs) - CALL_KEYWORDS)
+    if unknown:
+        raise RequestTypeError(
+            f"unexpected keyword argument(s) {unknown}; supported: {sorted(CALL_KEYWORDS)}",
+            unknown[0],
+        )
 
 
 def _media(name: str, value: Any) -> tuple[str, ...]:

@@ -21,7 +21,12 @@ from mlx_integrations.chat.fields import (
     check_stop,
     check_template_kwargs,
 )
-from mlx_integrations.chat.request import CALL_KEYWORDS, ChatRequest, Reasoning, RequestTypeError
+from mlx_integrations.chat.request import (
+    ChatRequest,
+    Reasoning,
+    RequestTypeError,
+    check_call_keywords,
+)
 from mlx_integrations.engine.logprobs import LogprobRecorder
 
 
@@ -112,12 +117,7 @@ def generate_params(
     Raises:
         RequestError: A bad value, or a keyword no engine of ours takes.
     """
-    unknown = sorted(set(kwargs) - CALL_KEYWORDS)
-    if unknown:
-        raise RequestTypeError(
-            f"unexpected keyword argument(s) {unknown}; supported: {sorted(CALL_KEYWORDS)}",
-            unknown[0],
-        )
+    check_call_keywords(kwargs)
     sampling = Sampling.check(
         temperature,
         top_p,

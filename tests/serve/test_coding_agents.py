@@ -154,10 +154,6 @@ def test_claude_code_tools_and_options(agent_server: BackgroundServer):
     assert answered(replay(agent_server.url, request)) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="message_start reports input_tokens 0; the count comes only in message_delta",
-)
 def test_claude_code_message_start_counts_the_prompt(agent_server: BackgroundServer):
     request = request_of("claude-code.json", "/v1/messages")
     body = request["body"]
@@ -281,12 +277,6 @@ def test_codex_first_request(agent_server: BackgroundServer):
     assert answered(replay(agent_server.url, request)) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a reasoning.effort the model's template cannot take is a 400 (here 'medium', "
-    "which Codex sends for the models of its catalogue), where issue 51 asks that "
-    "whatever the clients send be served",
-)
 def test_codex_request_with_custom_tools(agent_server: BackgroundServer):
     request = request_of("codex-gpt-5.5.json", "/v1/responses")
     assert {"custom", "tool_search", "web_search"} <= set(_tool_types(request))
@@ -345,8 +335,9 @@ def test_codex_namespace_functions_are_callable(agent_server: BackgroundServer):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="custom tools are left out of the prompt (named in x-mlxi-ignored-fields): a "
-    "forced apply_patch gives no custom_tool_call, and its Lark grammar is no constraint",
+    reason="the grammar holds, but the random tiny model writes one patch line until "
+    "max_output_tokens runs out: the call is cut (status incomplete), so no "
+    "custom_tool_call comes back",
 )
 def test_codex_apply_patch_follows_its_grammar(agent_server: BackgroundServer):
     apply_patch = _codex_tool("apply_patch", "custom")

@@ -142,6 +142,16 @@ def serve(
         help="Seconds of silence after which a stream gets a keep-alive while a long "
         "prompt is processed (default 10); its headers go out within this too.",
     ),
+    responses_store_size: int | None = typer.Option(
+        None,
+        "--responses-store-size",
+        help="Responses kept for previous_response_id (default 1000; 0 keeps none).",
+    ),
+    responses_ttl: str | None = typer.Option(
+        None,
+        "--responses-ttl",
+        help="How long a kept response stays: 1h (default), 30m, seconds, -1 (no expiry).",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Serve models over OpenAI-, Anthropic- and Ollama-compatible HTTP endpoints.
@@ -149,7 +159,7 @@ def serve(
     Requests name a model by store alias, pulled Hub id or folder; the MODELS given
     load at start, any other loads at its first request and stays loaded for
     --keep-alive after its last. Endpoints: /v1/chat/completions, /v1/completions,
-    /v1/embeddings, /v1/responses, /v1/models, /v1/messages (Anthropic), Ollama's
+    /v1/embeddings, /v1/responses, /v1/rerank, /v1/models, /v1/messages (Anthropic), Ollama's
     /api/chat, /api/generate, /api/embed, /api/tags... on the same port (--port 11434
     for apps that assume Ollama's address), /health, /metrics; mlxi ps and mlxi stop
     talk to it. Binds 127.0.0.1 unless --host says
@@ -190,6 +200,8 @@ def serve(
         "allow_private_media_urls": allow_private_media_urls or None,
         "shutdown_timeout_s": shutdown_timeout,
         "stream_keepalive_s": stream_keepalive,
+        "responses_store_size": responses_store_size,
+        "responses_ttl": responses_ttl,
         "engine_options": {k: v for k, v in options.items() if v is not None},
         "models": models_from_names(models or []),
     }

@@ -1,4 +1,4 @@
-"""``mlxi serve``: the engines behind OpenAI- and Anthropic-compatible HTTP endpoints.
+"""``mlxi serve``: the engines behind OpenAI-, Anthropic- and Ollama-compatible HTTP endpoints.
 
 Each wire format is translated into the chat-core call the adapters make
 (:func:`~mlx_integrations.chat.completion.stream_chat_events`), so tool calls (their
@@ -12,6 +12,7 @@ behave the same in-process and over HTTP.
 - :mod:`.state`: what the handlers share, and the chat turn every format ends in;
 - :mod:`.openai`: OpenAI's endpoints (chat, completions, responses, embeddings,
   models); :mod:`.anthropic`: Anthropic's Messages API; :mod:`.ollama`: Ollama's API;
+  :mod:`.rerank`: Jina's and Cohere's rerank endpoints;
 - :mod:`.app`: routes, the API key, body limits, draining; :mod:`.server`: uvicorn;
 - :mod:`.paths`, :mod:`.errors`, :mod:`.replies`, :mod:`.sse`, :mod:`.metrics`: field
   paths in each API's names, error shapes, replies and the ignored-fields header,

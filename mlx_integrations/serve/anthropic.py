@@ -10,7 +10,9 @@ event sequence strict clients check: ``message_start``, per block
 on or off where the chat template allows, ``enabled``'s ``budget_tokens`` caps it on a
 model that thinks (the model writes its end of thinking after that many tokens), and
 ``output_config.effort`` is the template's ``reasoning_effort``; a model that does not
-think leaves them out. Fields Claude Code sends that change nothing here
+think leaves them out. Tools of another type than a client's (the server tools
+``web_search_...``, ``code_execution_...``) are left out of the prompt and reported.
+Fields Claude Code sends that change nothing here
 (``cache_control``, ``context_management``, ``metadata``...) are accepted and reported.
 """
 
@@ -204,25 +206,31 @@ def _assistant_message(blocks: list[Any], where: str) -> tuple[dict[str, Any], l
     return message, origins
 
 
-def read_tools(body: wire.MessagesRequest) -> list[dict[str, Any]] | None:
+def read_tools(
+    body: wire.MessagesRequest, paths: WirePaths, left_out: list[str]
+) -> list[dict[str, Any]] | None:
+    """The client tools as the chat core's function tools. A tool of another type (the
+    server tools ``web_search_...``, ``code_execution_...``, and the tools whose schema
+    only Anthropic's models know) is left out of the prompt: its path goes in
+    ``left_out`` (the ignored-fields header), where each tool kept came from in
+    ``paths``."""
     if not body.tools:
         return None
     out = []
+    origins: list[str] = []
     for i, tool in enumerate(body.tools):
         if tool.type not in (None, "custom"):
-            raise APIError(
-                400,
-                f"'tools[{i}].type' is {tool.type!r}: server tools are not run here; give "
-                "client tools (name, description, input_schema)",
-                param=f"tools[{i}].type",
-            )
+            left_out.append(f"tools[{i}]")
+            continue
+        origins.append(f"tools[{i}]")
         function: dict[str, Any] = {
             "name": tool.name,
             "description": tool.description or "",
             "parameters": tool.input_schema or {"type": "object", "properties": {}},
         }
         out.append({"type": "function", "function": function})
-    return out
+    paths.tools = origins
+    return out or None
 
 
 def read_tool_choice(choice: wire.ToolChoice | None) -> tuple[Any, bool | None]:
@@ -243,16 +251,17 @@ def read_tool_choice(choice: wire.ToolChoice | None) -> tuple[Any, bool | None]:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
 
 
-def read_parts(body: wire.MessagesRequest) -> ChatParts:
-    """The chat-core pieces of a request; its thinking settings come in
-    :func:`fit_reasoning`, once the model is known."""
+def read_parts(body: wire.MessagesRequest, left_out: list[str]) -> ChatParts:
+    """The chat-core pieces of a request (the paths of the tools left out go in
+    ``left_out``); its thinking settings come in :func:`fit_reasoning`, once the model
+    is known."""
     output = body.output_config
     response_format = None
     if output is not None and output.format is not None:
         response_format = {"type": "json_schema", "json_schema": {"schema": output.format.schema_}}
-    tools = read_tools(body)
-    tool_choice, parallel = read_tool_choice(body.tool_choice)
     paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
+    tools = read_tools(body, paths, left_out)
+    tool_choice, parallel = read_tool_choice(body.tool_choice)
     return ChatParts(
         model=body.model,
         messages=read_messages(body, paths),
@@ -467,10 +476,11 @@ def anthropic_error_frame(exc: BaseException) -> bytes:
 async def messages(body: wire.MessagesRequest, request: Request) -> Response:
     """Answer ``POST /v1/messages``."""
     state: ServerState = request.app.state.server
-    parts = read_parts(body)
+    left_out: list[str] = []
+    parts = read_parts(body, left_out)
     served = await state.served(parts.model)
     switch = await reasoning_switch_of(served)
-    accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
+    accepted = Accepted(request, body, left_out + fit_reasoning(parts, body, switch))
     message_id = new_id("msg_")
     chat = state.chat_request(served, parts, request_id=message_id)
     events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
@@ -490,10 +500,11 @@ async def count_tokens(body: wire.CountTokensRequest, request: Request) -> Respo
     chat template, tools included (what ``usage.input_tokens`` of a call reports,
     cached tokens included)."""
     state: ServerState = request.app.state.server
-    parts = read_parts(body)
+    left_out: list[str] = []
+    parts = read_parts(body, left_out)
     served = await state.served(parts.model)
     switch = await reasoning_switch_of(served)
-    accepted = Accepted(request, body, fit_reasoning(parts, body, switch))
+    accepted = Accepted(request, body, left_out + fit_reasoning(parts, body, switch))
     chat = state.chat_request(served, parts)
     tokens = await state.prompt_tokens(served, chat, parts.paths)
     return json_reply(wire.CountTokensReply(input_tokens=tokens), accepted)

@@ -4,7 +4,12 @@
 ``POST /v1/chat/completions``              OpenAI chat (streaming, tools, schemas)
 ``POST /v1/completions``                   OpenAI raw-text completion
 ``POST /v1/embeddings``                    OpenAI embeddings (embedding models)
-``POST /v1/responses``                     OpenAI Responses (stateless)
+``POST /v1/responses``                     OpenAI Responses (kept for
+                                           ``previous_response_id`` unless ``store``
+                                           is false)
+``GET|DELETE /v1/responses/{id}``          a kept response
+``POST /v1/rerank``, ``/rerank``           rerank documents (Jina's and Cohere's
+``/v2/rerank``                             shapes; Cohere v2's)
 ``GET  /v1/models``, ``/v1/models/{id}``   the models requests may name
 ``POST /v1/messages``                      Anthropic Messages (streaming, tools, thinking)
 ``POST /v1/messages/count_tokens``         Anthropic token count
@@ -41,7 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import mlx_integrations
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.serve import anthropic, ollama
+from mlx_integrations.serve import anthropic, ollama, rerank
 from mlx_integrations.serve.config import (
     ServeConfig,
     apply_memory_budget,
@@ -57,9 +62,16 @@ from mlx_integrations.serve.errors import (
     validation_error,
 )
 from mlx_integrations.serve.openai import chat as openai_chat
-from mlx_integrations.serve.openai import completions, embeddings, models, responses
+from mlx_integrations.serve.openai import (
+    completions,
+    embeddings,
+    models,
+    response_store,
+    responses,
+)
 from mlx_integrations.serve.protocol import anthropic as anthropic_wire
 from mlx_integrations.serve.protocol import openai as openai_wire
+from mlx_integrations.serve.protocol import rerank as rerank_wire
 from mlx_integrations.serve.protocol.base import ReplyModel, WireModel, field_errors
 from mlx_integrations.serve.sse import ClientGone
 from mlx_integrations.serve.state import ServerState
@@ -73,6 +85,9 @@ _GENERATING = {
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
     *ollama.GENERATING,
 }
 # Answered without the API key: health, and the schema and its pages (no secrets there).
@@ -389,6 +404,15 @@ def _add_routes(app: FastAPI) -> None:
         responses.wire.Response,
         description=f"The response{_STREAMS} `ResponseEvent`.",
     )
+    path = "/v1/responses/{response_id}"
+    route(path, response_store.get_response, "GET", "OpenAI", responses.wire.Response)
+    route(path, response_store.delete_response, "DELETE", "OpenAI", response_store.DeletedResponse)
+    for path, handler in (
+        ("/v1/rerank", rerank.rerank),
+        ("/rerank", rerank.rerank),
+        ("/v2/rerank", rerank.rerank_v2),
+    ):
+        route(path, handler, "POST", "rerank", rerank_wire.RerankReply)
     route("/v1/models", models.list_models, "GET", "OpenAI", openai_wire.ModelList)
     route("/v1/models/{model:path}/unload", _unload, "POST", "server", StopReply)
     route("/v1/models/{model:path}", models.get_model, "GET", "OpenAI", openai_wire.Model)
@@ -480,7 +504,7 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     error = APIError(
         404,
         f"No endpoint {scope.get('method', '')} {path}; the endpoints are under /v1 "
-        "(chat/completions, completions, embeddings, responses, models, messages), "
+        "(chat/completions, completions, embeddings, responses, rerank, models, messages), "
         "Ollama's under /api (chat, generate, embed, tags, show, ps, pull...), and "
         "/health, /metrics, /api/stop",
         code="unknown_endpoint",

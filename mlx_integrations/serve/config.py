@@ -75,7 +75,8 @@ class ModelConfig:
         keep_alive: Seconds or a duration the model stays loaded once idle (0 unloads
             after each request, -1 keeps it); None takes the server's default.
         preload: Loaded when the server starts rather than at the first request.
-        kind: ``"chat"`` or ``"embedding"``; None tells them apart from the folder.
+        kind: ``"chat"``, ``"embedding"`` or ``"reranker"`` (a cross-encoder); None
+            tells them apart from the folder.
     """
 
     name: str
@@ -103,8 +104,10 @@ class ModelConfig:
                 f"{where}: engine_type must be one of {', '.join(ENGINE_CLASSES)}, "
                 f"got {self.engine_type!r}"
             )
-        if self.kind not in (None, "chat", "embedding"):
-            raise ValueError(f"{where}: kind must be 'chat' or 'embedding', got {self.kind!r}")
+        if self.kind not in (None, "chat", "embedding", "reranker"):
+            raise ValueError(
+                f"{where}: kind must be 'chat', 'embedding' or 'reranker', got {self.kind!r}"
+            )
         check_engine_options(self.options, where)
         if self.keep_alive is not None:
             parse_keep_alive(self.keep_alive)
@@ -159,6 +162,11 @@ class ServeConfig:
             counted, or after this many seconds at the latest; then, whenever nothing
             was sent for this long (a long prompt being processed), a keep-alive: an
             SSE comment, or Anthropic's ``ping`` event.
+        responses_store_size: Responses (``/v1/responses`` with ``store``) kept in
+            memory for ``previous_response_id`` and ``GET /v1/responses/{id}``; the
+            oldest go first. 0 keeps none.
+        responses_ttl: How long a kept response stays: seconds or a duration
+            (``"1h"``, ``"30m"``); -1 until newer ones push it out.
     """
 
     host: str = "127.0.0.1"
@@ -178,6 +186,8 @@ class ServeConfig:
     allow_private_media_urls: bool = False
     shutdown_timeout_s: float = 30.0
     stream_keepalive_s: float = 10.0
+    responses_store_size: int = 1000
+    responses_ttl: float | str = "1h"
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -198,6 +208,12 @@ class ServeConfig:
                 raise TypeError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value <= low:
                 raise ValueError(f"{name} must be a finite number > {max(low, 0):g}, got {value}")
+        size = self.responses_store_size
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"responses_store_size must be an integer, got {size!r}")
+        if size < 0:
+            raise ValueError(f"responses_store_size must be >= 0 (0 keeps none), got {size}")
+        _ = self.responses_ttl_s
         for name, number in (
             ("max_concurrent_requests", self.max_concurrent_requests),
             ("default_max_tokens", self.default_max_tokens),
@@ -213,6 +229,24 @@ class ServeConfig:
         for model in self.models:
             model.check()
         _ = self.media_policy  # a bad folder or domain list fails here, not at a request
+
+    @property
+    def responses_ttl_s(self) -> float:
+        """``responses_ttl`` in seconds (``math.inf``: no expiry).
+
+        Raises:
+            ValueError, TypeError: Not a duration, or 0.
+        """
+        fix = "give seconds (3600), a duration ('1h', '30m') or -1 for no expiry"
+        try:
+            seconds = parse_keep_alive(self.responses_ttl, "responses_ttl")
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"responses_ttl must be a duration, got {self.responses_ttl!r}; {fix}"
+            ) from None
+        if seconds == 0:
+            raise ValueError(f"responses_ttl must be longer than 0; {fix}")
+        return seconds
 
     @property
     def max_body_bytes(self) -> int:
@@ -334,6 +368,8 @@ _TOP_KEYS = {
     "allow_private_media_urls",
     "shutdown_timeout_s",
     "stream_keepalive_s",
+    "responses_store_size",
+    "responses_ttl",
     "models",
 }
 

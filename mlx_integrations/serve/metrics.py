@@ -142,7 +142,7 @@ def _engine_series(
 ) -> None:
     labels: Labels = (("model", item.name),)
     engine = item.engine
-    if item.kind == "embedding":
+    if item.kind in ("embedding", "reranker"):  # an encoder's engine: no requests to count
         gauges["model_loaded"][labels] = float(bool(getattr(engine, "is_loaded", False)))
         weights, caches = engine.resident_bytes()
         gauges["model_memory_bytes"][labels] = weights + caches

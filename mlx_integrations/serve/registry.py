@@ -2,8 +2,10 @@
 
 Chat models come from the process's engine pool (:mod:`mlx_integrations.engine.pool`),
 so residency (keep-alive, the memory budget, eviction) is the pool's; embedding models
-from :func:`~mlx_integrations.embeddings.get_embedding_engine`. The server holds one
-user of each engine it made until it shuts down.
+from :func:`~mlx_integrations.embeddings.get_embedding_engine`, cross-encoders from
+:func:`~mlx_integrations.embeddings.rerank_engine.get_rerank_engine` (an LLM reranker
+is a chat model: it runs on a chat engine). The server holds one user of each engine
+it made until it shuts down.
 """
 
 from __future__ import annotations
@@ -17,15 +19,15 @@ from typing import Any, Literal
 
 from mlx_integrations.engine import pool
 from mlx_integrations.engine.base import BaseEngine
-from mlx_integrations.models.resolve import ENCODER_MODEL_TYPES, resolve_model_path
+from mlx_integrations.models.resolve import ENCODER_MODEL_TYPES, model_kind, resolve_model_path
 from mlx_integrations.serve.config import SERVER_MAX_NUM_SEQS, ModelConfig, ServeConfig
 from mlx_integrations.serve.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["chat", "embedding"]
+Kind = Literal["chat", "embedding", "reranker"]
 
-__all__ = ["ModelRegistry", "Served"]
+__all__ = ["ModelRegistry", "Served", "how_to_get"]
 
 
 @dataclass
@@ -35,7 +37,7 @@ class Served:
     name: str
     kind: Kind
     engine: Any
-    """A ``BaseEngine`` (chat) or an ``EmbeddingEngine``."""
+    """A ``BaseEngine`` (chat), an ``EmbeddingEngine`` or a ``RerankEngine``."""
     path: Path
     config: ModelConfig
     pooled: bool = True
@@ -43,15 +45,19 @@ class Served:
 
 
 def folder_kind(path: Path) -> Kind:
-    """``"embedding"`` for an encoder (BERT family) or a sentence-transformers folder."""
-    if (path / "modules.json").is_file():
-        return "embedding"
+    """What serves a model folder (:func:`~mlx_integrations.models.resolve.model_kind`):
+    ``"reranker"`` for a cross-encoder, ``"embedding"`` for an encoder (BERT family) or
+    a sentence-transformers folder, else ``"chat"`` (an LLM reranker included: a
+    causal LM, it runs on a chat engine, for ``/v1/rerank`` as for chat)."""
+    kind = model_kind(path)
+    if kind != "reranker":
+        return kind
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return "chat"  # the engine says what is wrong with the folder
+        config = None
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    return "embedding" if model_type in ENCODER_MODEL_TYPES else "chat"
+    return "reranker" if model_type in ENCODER_MODEL_TYPES else "chat"
 
 
 class ModelRegistry:
@@ -81,13 +87,17 @@ class ModelRegistry:
 
     # ------------------------------------------------------------- lookups
 
-    def get(self, name: str, kind: Kind) -> Served:
+    def get(self, name: str, kind: Kind | None) -> Served:
         """The engine serving ``name``, made on first use (blocking: call it off the
         event loop). Its model loads at its first request (or :meth:`preload`).
 
+        Args:
+            name: The model, as requests name it.
+            kind: The kind the endpoint serves; None takes any.
+
         Raises:
             APIError: 404 for a model that is not there (with how to get it), 400 for
-                an embedding model asked to chat or the reverse.
+                a model of another kind (an embedding model asked to chat...).
         """
         with self._lock:
             served = self._served.get(name)
@@ -97,8 +107,8 @@ class ModelRegistry:
             elif name in self._stopped:
                 self._apply_keep_alive(served)
             self._stopped.discard(name)
-        if served.kind != kind:
-            raise _wrong_kind(name, served.kind)
+        if kind is not None and served.kind != kind:
+            raise _wrong_kind(name, served.kind, kind)
         return served
 
     def _make(self, name: str) -> Served:
@@ -122,6 +132,11 @@ class ModelRegistry:
             from mlx_integrations.embeddings import get_embedding_engine
 
             engine = get_embedding_engine(path, keep_alive=keep_alive)
+            return Served(name, kind, engine, path, config, pooled=False)
+        if kind == "reranker":
+            from mlx_integrations.embeddings.rerank_engine import get_rerank_engine
+
+            engine = get_rerank_engine(path, keep_alive=keep_alive)
             return Served(name, kind, engine, path, config, pooled=False)
         options = {**self._config.engine_options, **config.options}
         engine_type = (
@@ -175,18 +190,10 @@ class ModelRegistry:
         for model in self._config.models:
             if not model.preload:
                 continue
-            served = await asyncio.to_thread(self._get_any, model.name)
+            served = await asyncio.to_thread(self.get, model.name, None)
             if served.kind == "chat":
                 await served.engine.start()
             logger.info("Loaded %s from %s", model.name, served.path)
-
-    def _get_any(self, name: str) -> Served:
-        try:
-            return self.get(name, "chat")
-        except APIError as exc:
-            if exc.code != "wrong_model_kind":
-                raise
-            return self.get(name, "embedding")
 
     async def stop(self, name: str) -> dict[str, Any]:
         """Unload a model now, or as soon as its requests in flight end (as Ollama's
@@ -253,7 +260,9 @@ def _resolve(name: str, target: str) -> Path:
         return resolve_model_path(target)
     except (FileNotFoundError, LookupError, ValueError, TypeError) as exc:
         detail = str(exc).rstrip(".")
-        hint = "" if "mlxi pull" in detail else f"; pull it first: mlxi pull {target}"
+        # The store's message may say already what to run (mlxi pull, mlxi list).
+        hint = how_to_get(target) if "mlxi " not in detail else _IMPORT
+        hint = "" if "mlxi pull" in detail else f"; {hint}"
         raise APIError(
             404,
             f"The model {name!r} does not exist here: {detail}{hint} (or list what is "
@@ -263,16 +272,43 @@ def _resolve(name: str, target: str) -> Path:
         ) from None
 
 
-def _wrong_kind(name: str, kind: Kind) -> APIError:
-    if kind == "embedding":
-        message = (
-            f"The model {name!r} is an embedding model and generates no text; send it to "
-            "POST /v1/embeddings, or name a chat model"
-        )
-    else:
-        message = (
-            f"The model {name!r} is a chat model, not an embedding model; name an "
-            "embedding model (a BERT-family or sentence-transformers folder) for "
-            "/v1/embeddings"
-        )
+_IMPORT = "a model folder or GGUF file goes in with: mlxi import PATH NAME"
+
+
+def how_to_get(name: str) -> str:
+    """How a model that is not here can be had: ``mlxi pull`` for a Hub repo id, else
+    the store's list or an import (a store name or folder cannot be pulled)."""
+    from mlx_integrations.models.names import is_repo_id
+
+    if is_repo_id(name):
+        return f"pull it first: mlxi pull {name}"
+    return f"mlxi list shows the store's names; {_IMPORT}"
+
+
+_WHAT = {
+    "chat": "a chat model",
+    "embedding": "an embedding model",
+    "reranker": "a reranker (a cross-encoder)",
+}
+_WHERE = {
+    "chat": "POST /v1/chat/completions (or /v1/messages, /v1/responses)",
+    "embedding": "POST /v1/embeddings",
+    "reranker": "POST /v1/rerank",
+}
+_WANTED = {
+    "chat": "a chat model",
+    "embedding": "an embedding model (a BERT-family or sentence-transformers folder)",
+    "reranker": "a cross-encoder (ms-marco-MiniLM, bge-reranker) or a chat model",
+}
+
+
+def _wrong_kind(name: str, kind: Kind, wanted: Kind) -> APIError:
+    """A 400 for a model of another kind than the endpoint's: what it is, where to send
+    it, and what to name here."""
+    message = (
+        f"The model {name!r} is {_WHAT[kind]}; send it to {_WHERE[kind]}, or name "
+        f"{_WANTED[wanted]} here"
+    )
+    if kind == "embedding" and wanted == "chat":
+        message = message.replace("; send", " and generates no text; send")
     return APIError(400, message, param="model", code="wrong_model_kind")

@@ -39,10 +39,24 @@ def now() -> int:
 
 class Accepted:
     """A request's fields that the server accepted and does not use, reported once
-    (``left_out``: parts a translator left out, such as tools only a hosted API runs)."""
+    (``left_out``: parts a translator left out, such as tools only a hosted API runs;
+    ``used``: fields declared unused that this request's values put to use)."""
 
-    def __init__(self, request: Request, body: BaseModel, left_out: list[str] | None = None):
-        self.fields = ignored_fields(body) + (left_out or [])
+    def __init__(
+        self,
+        request: Request,
+        body: BaseModel,
+        left_out: list[str] | None = None,
+        used: set[str] | None = None,
+    ):
+        left_out = left_out or []
+        # A field inside a part left out whole is named by that part alone.
+        fields = [
+            f
+            for f in ignored_fields(body)
+            if f not in (used or ()) and not any(f.startswith(f"{p}.") for p in left_out)
+        ]
+        self.fields = fields + left_out
         if self.fields:
             logger.info(
                 "%s %s: fields accepted and not used: %s",

@@ -37,6 +37,7 @@ __all__ = [
     "KEEPALIVE_COMMENT",
     "ClientGone",
     "EventStream",
+    "merged",
     "prime",
     "sse",
     "until_disconnected",
@@ -113,6 +114,49 @@ async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 
 async def _next(events: AsyncIterator[T]) -> T:
     return await events.__anext__()
+
+
+async def merged(sources: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """The items of several streams (the turns of a request's ``n`` choices) as they
+    come, each with its stream's index.
+
+    Closing it closes every stream (each aborts its engine request). An exception of
+    one stream ends it: the others are closed and the exception raised.
+    """
+    if len(sources) == 1:
+        async with closing(sources[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, source: AsyncIterator[T]) -> None:
+        try:
+            async with closing(source) as items:
+                async for item in items:
+                    queue.put_nowait((index, item, None))
+        except Exception as exc:
+            queue.put_nowait((index, None, exc))
+        else:
+            queue.put_nowait((index, done, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(sources)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is done:
+                running -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            await _settle(task)
 
 
 async def _aclose(events: Any) -> None:

@@ -33,6 +33,7 @@ from mlx_integrations.engine.base import BaseEngine
 from mlx_integrations.serve.config import ServeConfig
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.metrics import Metrics
+from mlx_integrations.serve.openai.response_store import ResponseStore
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.registry import ModelRegistry, Served
 from mlx_integrations.serve.sse import closing
@@ -70,6 +71,8 @@ class ChatParts:
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 SAMPLING_FIELDS = (
@@ -129,6 +132,10 @@ class ServerState:
         self.config = config
         self.registry = registry or ModelRegistry(config, engines)
         self.metrics = Metrics()
+        self.responses = ResponseStore(config.responses_store_size, config.responses_ttl_s)
+        """The kept Responses (``store``), for ``previous_response_id``."""
+        self.rerankers: dict[str, Any] = {}
+        """The LLM rerankers made on chat models for ``/v1/rerank``, by model name."""
         self.draining = False
         """Set on shutdown: new requests get 503 while replies in flight finish."""
         self.stopping = asyncio.Event()
@@ -138,8 +145,9 @@ class ServerState:
         self.started_at = time.time()
         self._defaults: dict[Path, Any] = {}
 
-    async def served(self, model: str, kind: str = "chat") -> Served:
-        """The engine of a request's ``model`` field (made on first use, off the loop)."""
+    async def served(self, model: str, kind: str | None = "chat") -> Served:
+        """The engine of a request's ``model`` field (made on first use, off the loop);
+        a model of another ``kind`` is a 400 (None takes any)."""
         if not model.strip():
             raise APIError(
                 400,
@@ -198,6 +206,8 @@ class ServerState:
                 enable_thinking=parts.enable_thinking,
                 thinking_budget=parts.thinking_budget,
                 chat_template_kwargs=parts.chat_template_kwargs or None,
+                logprobs=parts.logprobs,
+                top_logprobs=parts.top_logprobs,
                 request_id=request_id,
                 model=parts.model,
             )
@@ -222,12 +232,30 @@ class ServerState:
         stream: bool,
         paths: WirePaths,
         announce: Literal[False] = False,
+        logprobs: Literal[False] = False,
     ) -> AsyncIterator[Event | Finished]: ...
 
     @overload
     def turn(
-        self, served: Served, request: ChatRequest, stream: bool, paths: WirePaths, announce: bool
+        self,
+        served: Served,
+        request: ChatRequest,
+        stream: bool,
+        paths: WirePaths,
+        announce: bool,
+        logprobs: Literal[False] = False,
     ) -> AsyncIterator[Event | Finished | Started]: ...
+
+    @overload
+    def turn(
+        self,
+        served: Served,
+        request: ChatRequest,
+        stream: bool,
+        paths: WirePaths,
+        announce: bool,
+        logprobs: bool,
+    ) -> AsyncIterator[Event | Finished | Started | Logprobs]: ...
 
     async def turn(
         self,
@@ -236,7 +264,8 @@ class ServerState:
         stream: bool,
         paths: WirePaths,
         announce: bool = False,
-    ) -> AsyncIterator[Event | Finished | Started]:
+        logprobs: bool = False,
+    ) -> AsyncIterator[Event | Finished | Started | Logprobs]:
         """The chat turn's events, as the adapters get them; figures counted at the end.
 
         With ``announce`` (and ``stream``), the first event is :class:`Started`: the
@@ -245,16 +274,22 @@ class ServerState:
         gone) closes the turn, which stops the engine's request between two prefill
         pieces or two tokens. A bad value the engine finds (an image it cannot read, a
         prompt longer than the context) is raised as a 400 naming the field by its
-        path in the request (``paths``).
+        path in the request (``paths``). With ``logprobs`` (and ``stream``), where the
+        request asked for them, a :class:`Logprobs` event follows the events of each
+        engine chunk.
         """
         started = time.perf_counter()
         first: float | None = None
-        events = stream_chat_events(served.engine, request, stream, announce=announce)
+        events = stream_chat_events(
+            served.engine, request, stream, announce=announce, logprob_events=logprobs
+        )
         try:
             async with closing(events):
                 async for event in events:
                     if isinstance(event, Logprobs):
-                        continue  # not asked for here (logprob_events)
+                        if logprobs:
+                            yield event
+                        continue
                     if isinstance(event, Finished):
                         ttft = first if stream else (event.ttft_s or None)
                         self.metrics.finished(

@@ -323,3 +323,34 @@ def test_output_config_format_holds_the_schema(client: anthropic.Anthropic):
     )
     assert reply.stop_reason == "end_turn"
     jsonschema.validate(json.loads(reply.content[0].text), CITY_SCHEMA)  # type: ignore[union-attr]
+
+
+def test_server_tools_are_left_out_and_named(client: anthropic.Anthropic, url: str):
+    """Tools only Anthropic's API runs (web search, code execution) are not in the
+    prompt: the client tools are, as if alone."""
+    server_tools = [
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+        {"type": "code_execution_20250522", "name": "code_execution"},
+    ]
+    body = {"model": "exact", "messages": USER, "max_tokens": 2, "temperature": 0}
+    mixed = {**body, "tools": [server_tools[0], TOOLS[0], server_tools[1]]}
+    reply = httpx.post(f"{url}/v1/messages", json=mixed, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-mlxi-ignored-fields"] == "tools[0],tools[2]"
+    counted = client.messages.count_tokens(
+        model="exact",
+        messages=USER,  # type: ignore[arg-type]
+        tools=[TOOLS[0]],  # type: ignore[list-item]
+    )
+    usage = reply.json()["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == counted.input_tokens
+    forced = {**mixed, "model": "tiny", "tool_choice": {"type": "any"}, "max_tokens": 64}
+    called = httpx.post(f"{url}/v1/messages", json=forced, timeout=60).json()
+    assert [b["name"] for b in called["content"] if b["type"] == "tool_use"] == ["get_weather"]
+    only = httpx.post(f"{url}/v1/messages", json={**body, "tools": server_tools}, timeout=60)
+    assert only.status_code == 200, only.text
+    bad_tool = {**TOOLS[0], "input_schema": {"type": "string"}}
+    bad = httpx.post(
+        f"{url}/v1/messages", json={**body, "tools": [server_tools[0], bad_tool]}, timeout=60
+    )
+    assert bad.status_code == 400 and "get_weather" in bad.json()["error"]["message"]

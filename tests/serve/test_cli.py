@@ -221,6 +221,8 @@ def test_exposed_without_a_key_warns_loudly(server: BackgroundServer):
         (["--engine-type", "fast"], "engine_type must be one of"),
         (["--keep-alive", "soon"], "soon"),
         (["--kv-bits", "5"], "kv_bits"),
+        (["--responses-ttl", "soon"], "responses_ttl must be a duration, got 'soon'"),
+        (["--responses-store-size", "-1"], "responses_store_size must be >= 0"),
     ],
 )
 def test_bad_flags_stop_the_start_naming_the_value(args: list[str], message: str):
@@ -239,7 +241,12 @@ def test_without_the_serve_extra_it_says_what_to_install(monkeypatch: pytest.Mon
 def test_a_missing_model_stops_the_start(tmp_path: Path):
     result = mlxi("serve", "no-such-model", "--port", "0", env={"MLXI_HOME": str(tmp_path)})
     assert result.exit_code == 1
-    assert "mlxi pull no-such-model" in result.stderr
+    # Not a Hub repo id: nothing to pull, so the store's list and an import are named.
+    assert "mlxi pull" not in result.stderr
+    assert "mlxi list" in result.stderr and "mlxi import" in result.stderr
+    hub = mlxi("serve", "acme/no-such-model", "--port", "0", env={"MLXI_HOME": str(tmp_path)})
+    assert hub.exit_code == 1
+    assert "mlxi pull acme/no-such-model" in hub.stderr
 
 
 def test_the_config_file(tmp_path: Path, tiny_llama: Path):

@@ -63,7 +63,7 @@ def test_langchain_openai_embeddings(client: openai.OpenAI):
 
 
 def test_the_wrong_kind_of_model_is_a_400(client: openai.OpenAI):
-    with pytest.raises(openai.BadRequestError, match="chat model, not an embedding model"):
+    with pytest.raises(openai.BadRequestError, match="is a chat model; send it to POST /v1/chat"):
         client.embeddings.create(model="tiny", input=TEXTS)
     with pytest.raises(openai.BadRequestError, match="embedding model and generates no text"):
         client.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}])

@@ -264,8 +264,11 @@ def test_reasoning_comes_in_reasoning_content(client: openai.OpenAI):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"n": 0}, "n"),
+        ({"n": 33}, "n"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
         ({"temperature": "hot"}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -307,7 +310,11 @@ def test_unknown_models_load_on_first_use_unless_only_listed(tiny_llama):
         assert reply.model == str(tiny_llama)
         with pytest.raises(openai.NotFoundError) as caught:
             client.chat.completions.create(model="not-pulled", messages=USER)
-        assert "mlxi pull not-pulled" in caught.value.message
+        assert "mlxi pull" not in caught.value.message  # not a Hub repo id
+        assert "mlxi list" in caught.value.message and "mlxi import" in caught.value.message
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.models.retrieve("acme/not-pulled")
+        assert "mlxi pull acme/not-pulled" in caught.value.message
 
 
 def test_errors_after_the_stream_began_arrive_as_an_event(url: str, server: BackgroundServer):

@@ -280,7 +280,11 @@ def test_anthropic_errors_name_the_path_in_their_own_shape(url: str):
             },
             "input[1]",
         ),
-        ("responses", {"previous_response_id": "resp_1"}, "previous_response_id"),
+        (
+            "responses",
+            {"include": ["message.output_text.logprobs"], "top_logprobs": 21},
+            "top_logprobs",
+        ),
     ],
 )
 def test_chat_core_paths_come_back_in_each_apis_names(url, path, body, param):

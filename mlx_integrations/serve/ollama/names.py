@@ -164,7 +164,7 @@ def _thinks(template: str) -> bool:
 
 def facts_of(target: str | Path, kind: str | None = None) -> ModelFacts:
     """The facts of a model (a store name or alias, a pulled Hub id, a folder), read
-    as ``mlxi show`` reads them; ``kind`` (``chat`` or ``embedding``) overrides the
+    as ``mlxi show`` reads them; ``kind`` (``chat``, ``embedding``, ``reranker``) overrides the
     kind its files say.
 
     Raises:
@@ -180,8 +180,8 @@ def facts_of(target: str | Path, kind: str | None = None) -> ModelFacts:
     modified = stored or iso_time((path / "config.json").stat().st_mtime)
     arch = info.architecture or ""
     template = info.chat_template or ""
-    if kind == "embedding":
-        capabilities = ["embedding"]
+    if kind in ("embedding", "reranker"):
+        capabilities = ["embedding"] if kind == "embedding" else []  # Ollama names no rerank
     else:
         capabilities = ["completion"]
         if info.template_takes_tools:

@@ -1,18 +1,25 @@
 """``POST /v1/chat/completions``: OpenAI's chat format to the chat core and back.
 
 The request is a :class:`~.protocol.openai.ChatCompletionRequest`: what the engines do
-not do (``n`` above 1, ``logprobs``, audio, the legacy ``functions``) is refused there
-with a 400 naming the field; fields that change nothing here (``user``, ``metadata``,
-``store``, ``service_tier``...) are accepted and reported. Sampling extensions that
-vLLM also takes (``top_k``, ``min_p``, ``repetition_penalty``,
-``chat_template_kwargs``) are read; ``reasoning_effort`` goes to the chat template's
-own switch, and the ``thinking_budget`` extension caps the thinking at N tokens.
+not do (audio, the legacy ``functions``) is refused there with a 400 naming the field;
+fields that change nothing here (``user``, ``metadata``, ``store``, ``service_tier``...)
+are accepted and reported. Sampling extensions that vLLM also takes (``top_k``,
+``min_p``, ``repetition_penalty``, ``chat_template_kwargs``) are read;
+``reasoning_effort`` goes to the chat template's own switch, and the
+``thinking_budget`` extension caps the thinking at N tokens.
+
+``n`` choices are n requests sent to the engine together (a batched engine decodes
+them in one batch); with a ``seed``, choice i samples with seed + i. ``logprobs`` lists
+the tokens of each choice's answer (:mod:`.logprobs` says which), streamed with the
+chunks that carry their text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -21,6 +28,7 @@ from starlette.responses import Response
 from mlx_integrations.chat.completion import (
     Finished,
     InvalidToolCall,
+    Logprobs,
     ParsedToolCall,
     ReasoningDelta,
     Started,
@@ -29,20 +37,26 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.serve.errors import api_error, openai_error_body
+from mlx_integrations.serve.openai.logprobs import Entry, with_answer_logprobs
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import openai as wire
+from mlx_integrations.serve.protocol.logprobs import ChoiceLogprobs
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
-from mlx_integrations.serve.sse import closing, sse, until_disconnected
+from mlx_integrations.serve.sse import closing, merged, sse, until_disconnected
 from mlx_integrations.serve.state import ChatParts, ServerState, sampling_fields
 
 __all__ = [
+    "Choice",
     "chat_completions",
+    "choice_parts",
     "collect",
     "core_response_format",
     "openai_error_frame",
     "openai_finish_reason",
     "openai_usage",
 ]
+
+TurnEvent = Event | Finished | Started | Logprobs
 
 
 # ------------------------------------------------------------------ request
@@ -142,21 +156,43 @@ def chat_parts(body: wire.ChatCompletionRequest) -> ChatParts:
         max_tokens=max_tokens,
         stop=stop or None,
         reasoning_effort=body.reasoning_effort,
+        logprobs=body.logprobs,
+        top_logprobs=body.top_logprobs,
         **sampling_fields(body),
     )
+
+
+def choice_parts(parts: ChatParts, index: int) -> ChatParts:
+    """The pieces of choice ``index`` of ``n``: with a seed, it samples with seed + index
+    (choices of one seed would all be the same)."""
+    if index == 0 or parts.seed is None:
+        return parts
+    return replace(parts, seed=parts.seed + index)
 
 
 # ----------------------------------------------------------------- response
 
 
-async def collect(events: AsyncIterator[Event | Finished | Started]) -> Turn:
-    """A whole turn folded from its events."""
-    turn = Turn()
-    async with closing(events):
-        async for event in events:
-            if not isinstance(event, Started):
-                turn.add(event)
-    return turn
+@dataclass
+class Choice:
+    """One choice folded from its turn's events: the turn, and the answer's tokens
+    with their log-probabilities where they were asked for."""
+
+    turn: Turn = field(default_factory=Turn)
+    logprobs: list[Entry] | None = None
+
+
+async def collect(events: AsyncIterator[TurnEvent], logprobs: bool = False) -> Choice:
+    """A whole choice folded from its events (with ``logprobs``, from a streamed turn
+    whose :class:`Logprobs` events are sorted by :func:`with_answer_logprobs`)."""
+    choice = Choice(logprobs=[] if logprobs else None)
+    async with closing(with_answer_logprobs(events, logprobs)) as pairs:
+        async for event, tokens in pairs:
+            if choice.logprobs is not None and tokens:
+                choice.logprobs += tokens
+            if event is not None and not isinstance(event, Started):
+                choice.turn.add(event)
+    return choice
 
 
 def openai_finish_reason(finished: Finished) -> Any:
@@ -164,11 +200,14 @@ def openai_finish_reason(finished: Finished) -> Any:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def openai_usage(finished: Finished) -> wire.Usage:
+def openai_usage(finished: Finished, more: list[Finished] | None = None) -> wire.Usage:
+    """The usage of a turn; with ``more`` (the other choices of the request), their
+    completion tokens added: the prompt counts once, as OpenAI counts it."""
+    completion = finished.completion_tokens + sum(f.completion_tokens for f in more or ())
     return wire.Usage(
         prompt_tokens=finished.prompt_tokens,
-        completion_tokens=finished.completion_tokens,
-        total_tokens=finished.prompt_tokens + finished.completion_tokens,
+        completion_tokens=completion,
+        total_tokens=finished.prompt_tokens + completion,
         prompt_tokens_details=wire.PromptTokensDetails(cached_tokens=finished.cached_tokens),
     )
 
@@ -179,34 +218,51 @@ def _function(call: ParsedToolCall) -> wire.ToolCallFunction:
     )
 
 
-def completion_body(turn: Turn, completion_id: str, model: str) -> wire.ChatCompletion:
+def _logprobs(entries: list[Entry] | None) -> ChoiceLogprobs | None:
+    return None if entries is None else ChoiceLogprobs.model_validate({"content": entries})
+
+
+def completion_body(choices: list[Choice], completion_id: str, model: str) -> wire.ChatCompletion:
     """The non-streamed answer (``object: chat.completion``)."""
-    assert turn.finished is not None
-    content = turn.content + "".join(c.raw for c in turn.invalid_tool_calls)
-    message = wire.AssistantReply(
-        content=content if content or not turn.tool_calls else None,
-        reasoning_content=turn.reasoning or None,
-        tool_calls=[wire.ToolCallOut(id=c.id, function=_function(c)) for c in turn.tool_calls]
-        or None,
-    )
+    out = []
+    for index, choice in enumerate(choices):
+        turn = choice.turn
+        assert turn.finished is not None
+        content = turn.content + "".join(c.raw for c in turn.invalid_tool_calls)
+        calls = [wire.ToolCallOut(id=c.id, function=_function(c)) for c in turn.tool_calls]
+        message = wire.AssistantReply(
+            content=content if content or not turn.tool_calls else None,
+            reasoning_content=turn.reasoning or None,
+            tool_calls=calls or None,
+        )
+        out.append(
+            wire.Choice(
+                index=index,
+                message=message,
+                finish_reason=openai_finish_reason(turn.finished),
+                logprobs=_logprobs(choice.logprobs),
+            )
+        )
+    finished = [c.turn.finished for c in choices if c.turn.finished is not None]
     return wire.ChatCompletion(
         id=completion_id,
         created=now(),
         model=model,
-        choices=[
-            wire.Choice(index=0, message=message, finish_reason=openai_finish_reason(turn.finished))
-        ],
-        usage=openai_usage(turn.finished),
+        choices=out,
+        usage=openai_usage(finished[0], finished[1:]),
     )
 
 
 async def chunk_frames(
-    events: AsyncIterator[Event | Finished | Started],
+    events: AsyncIterator[tuple[int, tuple[Any, list[Entry] | None]]],
     completion_id: str,
     model: str,
     include_usage: bool,
+    choices: int = 1,
 ) -> AsyncIterator[bytes]:
-    """The streamed answer: ``chat.completion.chunk`` events, then ``[DONE]``.
+    """The streamed answer: ``chat.completion.chunk`` events, then ``[DONE]``; each
+    chunk carries its choice's ``index`` (the events come tagged by it, each with the
+    answer's tokens it carries: :func:`with_answer_logprobs`).
 
     A tool call comes whole in one delta (its id, name and all its arguments), so the
     deltas joined are the call of the non-streamed answer.
@@ -214,40 +270,48 @@ async def chunk_frames(
     created = now()
     usage: dict[str, Any] = {"usage": None} if include_usage else {}
 
-    def chunk(delta: wire.Delta, finish: Any = None) -> bytes:
-        choice = wire.ChunkChoice(delta=delta, finish_reason=finish)
+    def chunk(index: int, delta: wire.Delta, finish: Any = None, tokens: Any = None) -> bytes:
+        choice = wire.ChunkChoice(
+            index=index, delta=delta, finish_reason=finish, logprobs=_logprobs(tokens or None)
+        )
         return sse(
             wire.ChatCompletionChunk(
                 id=completion_id, created=created, model=model, choices=[choice], **usage
             )
         )
 
-    yield chunk(wire.Delta(role="assistant", content=""))
-    calls = 0
+    calls = [0] * choices
+    for index in range(choices):
+        yield chunk(index, wire.Delta(role="assistant", content=""))
+    finished: list[Finished] = []
     async with closing(events):
-        async for event in events:
-            if isinstance(event, TextDelta):
-                yield chunk(wire.Delta(content=event.text))
+        async for index, (event, tokens) in events:
+            if event is None or isinstance(event, TextDelta):
+                text = event.text if event is not None else None
+                yield chunk(index, wire.Delta(content=text), tokens=tokens)
             elif isinstance(event, ReasoningDelta):
-                yield chunk(wire.Delta(reasoning_content=event.text))
+                yield chunk(index, wire.Delta(reasoning_content=event.text))
             elif isinstance(event, ParsedToolCall):
-                call = wire.ToolCallDelta(index=calls, id=event.id, function=_function(event))
-                yield chunk(wire.Delta(tool_calls=[call]))
-                calls += 1
+                call = wire.ToolCallDelta(
+                    index=calls[index], id=event.id, function=_function(event)
+                )
+                yield chunk(index, wire.Delta(tool_calls=[call]))
+                calls[index] += 1
             elif isinstance(event, InvalidToolCall):
-                yield chunk(wire.Delta(content=event.raw))
+                yield chunk(index, wire.Delta(content=event.raw), tokens=tokens)
             elif isinstance(event, Finished):
-                yield chunk(wire.Delta(), openai_finish_reason(event))
-                if include_usage:
-                    yield sse(
-                        wire.ChatCompletionChunk(
-                            id=completion_id,
-                            created=created,
-                            model=model,
-                            choices=[],
-                            usage=openai_usage(event),
-                        )
-                    )
+                yield chunk(index, wire.Delta(), openai_finish_reason(event))
+                finished.append(event)
+    if include_usage and finished:
+        yield sse(
+            wire.ChatCompletionChunk(
+                id=completion_id,
+                created=created,
+                model=model,
+                choices=[],
+                usage=openai_usage(finished[0], finished[1:]),
+            )
+        )
     yield sse("[DONE]")
 
 
@@ -263,14 +327,32 @@ async def chat_completions(body: wire.ChatCompletionRequest, request: Request) -
     parts = chat_parts(body)
     served = await state.served(parts.model)
     completion_id = new_id("chatcmpl-")
-    chat = state.chat_request(served, parts, request_id=completion_id)
-    events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
+    n = body.n or 1
+    chats = [
+        state.chat_request(
+            served,
+            choice_parts(parts, i),
+            request_id=completion_id if n == 1 else f"{completion_id}-{i}",
+        )
+        for i in range(n)
+    ]
+    logprobs = chats[0].logprobs is not None
+    # Logprobs are sorted by the events of each engine chunk: a streamed turn.
+    turns = [
+        state.turn(
+            served, chat, body.stream or logprobs, parts.paths, body.stream, logprobs=logprobs
+        )
+        for chat in chats
+    ]
     if not body.stream:
-        turn = await until_disconnected(request.receive, collect(events))
-        return json_reply(completion_body(turn, completion_id, parts.model), accepted)
+        choices = await until_disconnected(
+            request.receive, asyncio.gather(*(collect(t, logprobs) for t in turns))
+        )
+        return json_reply(completion_body(list(choices), completion_id, parts.model), accepted)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def frames(events: AsyncIterator[Event | Finished | Started]) -> AsyncIterator[bytes]:
-        return chunk_frames(events, completion_id, parts.model, include_usage)
+    def frames(events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        return chunk_frames(events, completion_id, parts.model, include_usage, n)
 
-    return await stream_reply(request, events, frames, openai_error_frame, accepted)
+    tagged = merged([with_answer_logprobs(turn, logprobs) for turn in turns])
+    return await stream_reply(request, tagged, frames, openai_error_frame, accepted)

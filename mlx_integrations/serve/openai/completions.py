@@ -1,26 +1,37 @@
 """``POST /v1/completions``: raw text continued, without a chat template.
 
 As ``MLXLLM.complete(..., formatted=True)`` does; ``response_format`` constrains the
-text as on the chat endpoint. Several prompts make several choices (not streamed).
+text as on the chat endpoint. Several prompts, and ``n`` choices of each, are requests
+sent to the engine together; choice ``p * n + i`` is the i-th of prompt p (with a
+``seed``, it samples with seed + its index). ``logprobs`` N gives each token's
+log-probability and the N most likely of its step, in the legacy shape (``tokens``,
+``token_logprobs``, ``top_logprobs``, ``text_offset``); the tokens listed are those of
+the text (see :class:`~.logprobs.TextLogprobs`). The prompt's own log-probabilities
+(``echo`` with ``logprobs``) are not computed: that is a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mlx_integrations.chat.completion import logprob_content
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.openai.chat import core_response_format, openai_error_frame
+from mlx_integrations.serve.openai.logprobs import TextLogprobs
 from mlx_integrations.serve.protocol import openai as wire
+from mlx_integrations.serve.protocol.logprobs import CompletionLogprobs
 from mlx_integrations.serve.registry import Served
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
-from mlx_integrations.serve.sse import closing, sse, until_disconnected
+from mlx_integrations.serve.sse import closing, merged, sse, until_disconnected
 from mlx_integrations.serve.state import SAMPLING_FIELDS, ServerState
 
 __all__ = ["completions"]
@@ -33,10 +44,13 @@ def _finish(out: GenerationOutput) -> Any:
     return "length" if out.finish_reason == "length" else "stop"
 
 
-def _usage(outs: list[GenerationOutput]) -> wire.Usage:
-    prompt = sum(o.prompt_tokens for o in outs)
+def _usage(outs: list[GenerationOutput], n: int) -> wire.Usage:
+    """The usage of the choices (``n`` per prompt, in order): each prompt counts once,
+    as OpenAI counts it; the completions add up."""
+    firsts = outs[::n]
+    prompt = sum(o.prompt_tokens for o in firsts)
     completion = sum(o.completion_tokens for o in outs)
-    cached = sum(int(getattr(o, "cached_tokens", 0) or 0) for o in outs)
+    cached = sum(int(getattr(o, "cached_tokens", 0) or 0) for o in firsts)
     return wire.Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -75,6 +89,9 @@ async def _call(body: wire.CompletionRequest, served: Served) -> dict[str, Any]:
     call.setdefault("top_p", 1.0)
     call["max_tokens"] = body.max_tokens
     call["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
+    if body.logprobs is not None:
+        call["logprobs"] = True
+        call["top_logprobs"] = body.logprobs
     response_format = core_response_format(body.response_format)
     if response_format is not None:
         from mlx_integrations.chat.request import check_response_format
@@ -89,88 +106,156 @@ async def _call(body: wire.CompletionRequest, served: Served) -> dict[str, Any]:
     return call
 
 
+def _with_seed(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """Choice ``index``'s arguments: with a seed, it samples with seed + index."""
+    if index == 0 or call.get("seed") is None:
+        return call
+    return {**call, "seed": call["seed"] + index}
+
+
+@dataclass
+class _Choice:
+    """One choice's text as it streams, and the log-probabilities of its tokens."""
+
+    tokenizer: Any
+    text: str = ""
+    """The text so far, the echoed prompt included."""
+    logprobs: CompletionLogprobs | None = None
+    aligned: TextLogprobs = field(default_factory=TextLogprobs)
+    _offsets: list[int] = field(default_factory=list)
+
+    def add(self, out: GenerationOutput) -> CompletionLogprobs | None:
+        """Take an engine chunk; the tokens whose text has come (None: not asked)."""
+        entries = getattr(out, "logprobs", None)
+        start = len(self.text)
+        self.text += out.new_text
+        if self.logprobs is None or entries is None:
+            return None
+        # A chunk's first token starts where the chunk's text does; the next ones after
+        # the characters of the bytes before them (a token holding the end of a
+        # character starts where that character does).
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        for entry in logprob_content(self.tokenizer, entries):
+            self._offsets.append(min(start, len(self.text)))
+            start += len(decoder.decode(bytes(entry["bytes"])))
+            self.aligned.waiting.append(entry)
+        self.aligned.text(out.new_text)
+        released = self.aligned.release()
+        offsets, self._offsets = self._offsets[: len(released)], self._offsets[len(released) :]
+        added = CompletionLogprobs()
+        added.extend(released, offsets)
+        self.logprobs.extend(released, offsets)
+        return added
+
+
 async def completions(body: wire.CompletionRequest, request: Request) -> Response:
     """Answer ``POST /v1/completions``."""
     state: ServerState = request.app.state.server
     accepted = Accepted(request, body)
+    if body.echo and body.logprobs is not None:
+        raise APIError(
+            400,
+            "'echo' with 'logprobs' asks for the prompt's log-probabilities, which the "
+            "engines do not compute (only those of generated tokens); leave out echo, or "
+            "logprobs",
+            param="echo",
+        )
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if body.stream and len(prompts) > 1:
-        raise APIError(400, "'prompt' must be one string when streaming", param="prompt")
     served = await state.served(body.model)
     call = await _call(body, served)
+    n = body.n or 1
     completion_id = new_id("cmpl-")
+    tokenizer = None
+    if body.logprobs is not None:  # reading it may load the model: off the event loop
+        tokenizer = await asyncio.to_thread(lambda: served.engine.tokenizer)
+    choices = [
+        _Choice(
+            tokenizer,
+            text=prompts[i // n] if body.echo else "",
+            logprobs=CompletionLogprobs() if body.logprobs is not None else None,
+        )
+        for i in range(len(prompts) * n)
+    ]
+    streams = [
+        _generate(state, served, prompts[i // n], _with_seed(call, i)) for i in range(len(choices))
+    ]
     if not body.stream:
 
-        async def whole(prompt: str) -> GenerationOutput:
+        async def whole(index: int, outs: AsyncIterator[GenerationOutput]) -> GenerationOutput:
             last = None
-            async for last in _generate(state, served, prompt, call):  # noqa: B007
-                pass
+            async with closing(outs):
+                async for last in outs:
+                    choices[index].add(last)
             assert last is not None
+            echoed = prompts[index // n] if body.echo else ""
+            choices[index].text = echoed + last.text
             return last
 
         outs = await until_disconnected(
-            request.receive, asyncio.gather(*(whole(p) for p in prompts))
+            request.receive, asyncio.gather(*(whole(i, s) for i, s in enumerate(streams)))
         )
-        choices = [
-            wire.CompletionChoice(
-                index=i,
-                text=(prompts[i] if body.echo else "") + out.text,
-                finish_reason=_finish(out),
-            )
-            for i, out in enumerate(outs)
-        ]
         reply = wire.Completion(
             id=completion_id,
             created=now(),
             model=body.model,
-            choices=choices,
-            usage=_usage(list(outs)),
+            choices=[
+                wire.CompletionChoice(
+                    index=i, text=c.text, finish_reason=_finish(out), logprobs=c.logprobs
+                )
+                for i, (c, out) in enumerate(zip(choices, outs, strict=True))
+            ],
+            usage=_usage(list(outs), n),
         )
         return json_reply(reply, accepted)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    echo = prompts[0] if body.echo else ""
 
-    def frames(outs: AsyncIterator[GenerationOutput]) -> AsyncIterator[bytes]:
-        return _completion_frames(outs, completion_id, body.model, echo, include_usage)
+    def frames(outs: AsyncIterator[tuple[int, GenerationOutput]]) -> AsyncIterator[bytes]:
+        return _completion_frames(outs, completion_id, body.model, choices, n, include_usage)
 
-    stream = _generate(state, served, prompts[0], call)
-    return await stream_reply(request, stream, frames, openai_error_frame, accepted)
+    return await stream_reply(request, merged(streams), frames, openai_error_frame, accepted)
 
 
 async def _completion_frames(
-    outs: AsyncIterator[GenerationOutput],
+    outs: AsyncIterator[tuple[int, GenerationOutput]],
     completion_id: str,
     model: str,
-    echo: str,
+    choices: list[_Choice],
+    n: int,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
     created = now()
     usage: dict[str, Any] = {"usage": None} if include_usage else {}
 
-    def chunk(text: str, finish: Any) -> bytes:
-        choice = wire.CompletionChoice(index=0, text=text, finish_reason=finish)
+    def chunk(index: int, text: str, finish: Any, logprobs: Any = None) -> bytes:
+        choice = wire.CompletionChoice(
+            index=index, text=text, finish_reason=finish, logprobs=logprobs
+        )
         return sse(
             wire.Completion(
                 id=completion_id, created=created, model=model, choices=[choice], **usage
             )
         )
 
-    if echo:
-        yield chunk(echo, None)
+    for index, choice in enumerate(choices):
+        if choice.text:  # the echoed prompt
+            yield chunk(index, choice.text, None)
+    last: dict[int, GenerationOutput] = {}
     async with closing(outs):
-        async for out in outs:
+        async for index, out in outs:
+            logprobs = choices[index].add(out)
             if out.finished:
-                yield chunk(out.new_text, _finish(out))
-                if include_usage:
-                    yield sse(
-                        wire.Completion(
-                            id=completion_id,
-                            created=created,
-                            model=model,
-                            choices=[],
-                            usage=_usage([out]),
-                        )
-                    )
-            elif out.new_text:
-                yield chunk(out.new_text, None)
+                last[index] = out
+                yield chunk(index, out.new_text, _finish(out), logprobs)
+            elif out.new_text or (logprobs is not None and logprobs.tokens):
+                yield chunk(index, out.new_text, None, logprobs)
+    if include_usage and len(last) == len(choices):
+        yield sse(
+            wire.Completion(
+                id=completion_id,
+                created=created,
+                model=model,
+                choices=[],
+                usage=_usage([last[i] for i in range(len(choices))], n),
+            )
+        )
     yield sse("[DONE]")

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from mlx_integrations.serve.errors import APIError
 from mlx_integrations.serve.protocol import openai as wire
+from mlx_integrations.serve.registry import how_to_get
 from mlx_integrations.serve.replies import json_reply
 from mlx_integrations.serve.state import ServerState
 
@@ -30,8 +31,8 @@ async def get_model(model: str, request: Request) -> Response:
     if model not in names:
         raise APIError(
             404,
-            f"The model {model!r} is not served here; GET /v1/models lists the models, "
-            f"mlxi pull {model} fetches a Hub model",
+            f"The model {model!r} is not served here; GET /v1/models lists the models; "
+            f"{how_to_get(model)}",
             param="model",
             code="model_not_found",
         )

@@ -1,20 +1,21 @@
 """``POST /v1/responses``: OpenAI's Responses API, for clients that speak only it.
 
-Stateless: each request carries its whole conversation in ``input`` (messages, tool
-calls and their outputs); ``previous_response_id`` is refused, since nothing is kept
-between requests (``store: false`` is honoured as it is; ``store: true`` is reported).
+A request carries its conversation in ``input`` (messages, tool calls and their
+outputs), or continues a kept response with ``previous_response_id``: responses are
+kept (``store``, OpenAI's default) in memory, for a while (:mod:`.response_store`).
 Text, images (``input_image``), function tools (a ``namespace``'s too) and custom
 (freeform) tools (:mod:`.custom_tools`) with ``tool_choice`` enforced, ``text.format``
-(JSON object or schema) and streaming are served; reasoning comes back as a
-``reasoning`` item (in clear: ``include``'s encrypted reasoning is not made here). The
-hosted API's own tools (``web_search``...) are left out of the prompt and named in the
-ignored-fields header.
+(JSON object or schema), the answer's token log-probabilities (``include:
+["message.output_text.logprobs"]``, ``top_logprobs``) and streaming are served;
+reasoning comes back as a ``reasoning`` item (in clear: ``include``'s encrypted
+reasoning is not made here). The hosted API's own tools (``web_search``...) are left
+out of the prompt and named in the ignored-fields header.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
 from starlette.requests import Request
@@ -25,14 +26,13 @@ from mlx_integrations.chat.completion import (
     InvalidToolCall,
     ParsedToolCall,
     ReasoningDelta,
-    Started,
     TextDelta,
 )
-from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.chat.reasoning import EFFORT_LEVELS, ReasoningSwitch
 from mlx_integrations.serve.errors import APIError, api_error, openai_error_body
 from mlx_integrations.serve.openai import custom_tools
 from mlx_integrations.serve.openai.chat import core_response_format
+from mlx_integrations.serve.openai.logprobs import Entry, with_answer_logprobs
 from mlx_integrations.serve.paths import WirePaths
 from mlx_integrations.serve.protocol import responses as wire
 from mlx_integrations.serve.replies import Accepted, json_reply, new_id, now, stream_reply
@@ -61,6 +61,7 @@ _TOOL_FIELDS = {
     "function": "",
 }
 _CALL_FIELDS = {"function.name": "name", "function.arguments": "arguments", "function": ""}
+_LOGPROBS = "message.output_text.logprobs"
 
 
 # ------------------------------------------------------------------ request
@@ -94,20 +95,32 @@ def _content(content: str | list[Any], where: str) -> Any:
     return parts
 
 
-def read_input(body: wire.ResponsesRequest, paths: WirePaths) -> list[dict[str, Any]]:
-    """``instructions`` and ``input`` as chat-core messages; where each message and
-    each call came from goes in ``paths``."""
+def input_items(body: wire.ResponsesRequest, earlier: list[Any]) -> list[Any]:
+    """The conversation's input items: those of the response it continues (its
+    inputs and outputs), then ``input`` (a string is a user message)."""
+    if isinstance(body.input, str):
+        return [*earlier, wire.MessageItem.model_validate({"role": "user", "content": body.input})]
+    return [*earlier, *body.input]
+
+
+def read_input(
+    body: wire.ResponsesRequest, paths: WirePaths, earlier: list[Any] | None = None
+) -> list[dict[str, Any]]:
+    """``instructions``, the items of the response it continues (``earlier``) and
+    ``input`` as chat-core messages; where each message and each call came from goes in
+    ``paths`` (the earlier items are named ``previous_response_id``)."""
     messages: list[dict[str, Any]] = []
     origins: list[str] = []
     paths.messages = origins
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
         origins.append("instructions")
-    if isinstance(body.input, str):
-        origins.append("input")
-        return [*messages, {"role": "user", "content": body.input}]
-    for i, item in enumerate(body.input):
-        where = f"input[{i}]"
+    before = len(earlier or ())
+    for i, item in enumerate(input_items(body, earlier or [])):
+        if i < before:
+            where = "previous_response_id"
+        else:
+            where = "input" if isinstance(body.input, str) else f"input[{i - before}]"
         if isinstance(item, wire.MessageItem):
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _content(item.content, f"{where}.content")})
@@ -227,23 +240,29 @@ def fit_effort(parts: ChatParts, switch: ReasoningSwitch) -> list[str]:
 
 
 class Read(NamedTuple):
-    """A request read: its chat-core pieces, the paths of what was left out, and the
-    names of its custom tools (whose calls come back as ``custom_tool_call`` items)."""
+    """A request read: its chat-core pieces, the paths of what was left out, the
+    names of its custom tools (whose calls come back as ``custom_tool_call`` items),
+    and the fields declared unused that it uses."""
 
     parts: ChatParts
     left_out: list[str]
     custom: set[str]
+    used: set[str]
 
 
-def read_parts(body: wire.ResponsesRequest) -> Read:
-    """The chat-core pieces of a request, and what was left out of them."""
+def read_parts(body: wire.ResponsesRequest, earlier: list[Any] | None = None) -> Read:
+    """The chat-core pieces of a request (continuing the conversation ``earlier``),
+    and what was left out of them."""
     paths = WirePaths(fields=_FIELDS, tool_fields=_TOOL_FIELDS, call_fields=_CALL_FIELDS)
     tools, left_out, custom = read_tools(body, paths)
-    if body.store:  # nothing is kept here; store=false is honoured as it is
-        left_out.append("store")
+    include = body.include or []
+    logprobs = _LOGPROBS in include
+    used = {"include"} if logprobs and set(include) == {_LOGPROBS} else set()
+    if body.top_logprobs is not None and not logprobs:
+        left_out.append("top_logprobs")  # OpenAI's top_logprobs come with the include
     parts = ChatParts(
         model=body.model,
-        messages=read_input(body, paths),
+        messages=read_input(body, paths, earlier),
         paths=paths,
         tools=tools or None,
         tool_choice=read_tool_choice(body) if tools else None,
@@ -251,9 +270,11 @@ def read_parts(body: wire.ResponsesRequest) -> Read:
         response_format=read_format(body.text.format if body.text else None),
         max_tokens=body.max_output_tokens,
         reasoning_effort=body.reasoning.effort if body.reasoning else None,
+        logprobs=True if logprobs else None,
+        top_logprobs=body.top_logprobs if logprobs else None,
         **sampling_fields(body),
     )
-    return Read(parts, left_out, custom)
+    return Read(parts, left_out, custom, used)
 
 
 # ----------------------------------------------------------------- response
@@ -270,9 +291,18 @@ def _dumped(value: Any) -> Any:
 class _Builder:
     """The response object and its output items, built from the turn's events."""
 
-    def __init__(self, response_id: str, body: wire.ResponsesRequest, custom: set[str]):
+    def __init__(
+        self,
+        response_id: str,
+        body: wire.ResponsesRequest,
+        custom: set[str],
+        store: bool = False,
+        on_finish: Callable[[wire.Response], None] | None = None,
+    ):
         self.custom = custom
         """The custom tools' names: their calls are ``custom_tool_call`` items."""
+        self.on_finish = on_finish
+        """Called with the finished response before its last event (to keep it)."""
         self.response = wire.Response(
             id=response_id,
             created_at=now(),
@@ -286,6 +316,9 @@ class _Builder:
             instructions=body.instructions,
             text=_dumped(body.text) if body.text is not None else {"format": {"type": "text"}},
             metadata=body.metadata or {},
+            previous_response_id=body.previous_response_id,
+            store=store,
+            top_logprobs=body.top_logprobs,
         )
         self.sequence = 0
 
@@ -320,6 +353,8 @@ class _Builder:
             output_tokens_details=wire.OutputTokensDetails(),
             total_tokens=finished.prompt_tokens + finished.completion_tokens,
         )
+        if self.on_finish is not None:
+            self.on_finish(self.response)
 
 
 def _call_item(call: ParsedToolCall) -> wire.OutputFunctionCall:
@@ -349,9 +384,14 @@ def _custom_call_frames(call: ParsedToolCall, built: _Builder) -> list[bytes]:
 
 
 async def response_frames(
-    events: AsyncIterator[Event | Finished | Started], built: _Builder
+    events: AsyncIterator[Any], built: _Builder, logprobs: bool = False
 ) -> AsyncIterator[bytes]:
-    """The streamed response: created, items added, deltas, items done, completed."""
+    """The streamed response: created, items added, deltas, items done, completed.
+
+    With ``logprobs`` (a turn with :class:`Logprobs` events), a text delta carries the
+    log-probabilities of the answer's tokens it brings (:func:`with_answer_logprobs`),
+    and the message's ``output_text`` all of them.
+    """
     yield built.event("response.created", response=built.response)
     yield built.event("response.in_progress", response=built.response)
     open_item: wire.OutputMessage | wire.OutputReasoning | None = None
@@ -368,7 +408,9 @@ async def response_frames(
         if isinstance(item, wire.OutputMessage):
             part = item.content[0]
             frames.append(
-                built.event("response.output_text.done", text=part.text, logprobs=[], **at)
+                built.event(
+                    "response.output_text.done", text=part.text, logprobs=part.logprobs, **at
+                )
             )
             frames.append(built.event("response.content_part.done", part=part, **at))
         else:
@@ -399,22 +441,37 @@ async def response_frames(
             item.content.append(wire.ReasoningText())
         return frames
 
-    async with closing(events):
-        async for event in events:
-            if isinstance(event, (TextDelta, InvalidToolCall)):
-                text = event.text if isinstance(event, TextDelta) else event.raw
+    def late(tokens: list[Entry]) -> None:
+        """Tokens of an answer whose message is closed: its ``output_text`` has them."""
+        messages = [i for i in built.output if isinstance(i, wire.OutputMessage)]
+        if messages and messages[-1].content:
+            messages[-1].content[0].logprobs += tokens
+
+    async with closing(with_answer_logprobs(events, logprobs)) as pairs:
+        async for event, tokens in pairs:
+            if event is None and not isinstance(open_item, wire.OutputMessage):
+                late(tokens or [])
+            elif event is None or isinstance(event, (TextDelta, InvalidToolCall)):
+                text = (
+                    ""
+                    if event is None
+                    else event.text
+                    if isinstance(event, TextDelta)
+                    else event.raw
+                )
                 if not isinstance(open_item, wire.OutputMessage):
                     for frame in open_(wire.OutputMessage(id=new_id("msg_"))):
                         yield frame
                 assert isinstance(open_item, wire.OutputMessage)
                 open_item.content[0].text += text
+                open_item.content[0].logprobs += tokens or []
                 yield built.event(
                     "response.output_text.delta",
                     item_id=open_item.id,
                     output_index=len(built.output) - 1,
                     content_index=0,
                     delta=text,
-                    logprobs=[],
+                    logprobs=tokens or [],
                 )
             elif isinstance(event, ReasoningDelta):
                 if not isinstance(open_item, wire.OutputReasoning):
@@ -463,10 +520,10 @@ async def response_frames(
 
 
 async def whole_response(
-    events: AsyncIterator[Event | Finished | Started], built: _Builder
+    events: AsyncIterator[Any], built: _Builder, logprobs: bool = False
 ) -> wire.Response:
     """The non-streamed response (the same items the stream builds)."""
-    async for _ in response_frames(events, built):
+    async for _ in response_frames(events, built, logprobs):
         pass
     return built.response
 
@@ -474,19 +531,38 @@ async def whole_response(
 async def responses(body: wire.ResponsesRequest, request: Request) -> Response:
     """Answer ``POST /v1/responses``."""
     state: ServerState = request.app.state.server
-    parts, left_out, custom = read_parts(body)
+    kept = state.responses
+    earlier: list[Any] = []
+    if body.previous_response_id is not None:
+        found = kept.find(body.previous_response_id, param="previous_response_id")
+        earlier = found.conversation()
+    parts, left_out, custom, used = read_parts(body, earlier)
     served = await state.served(parts.model)
     if parts.reasoning_effort is not None:
         left_out += fit_effort(parts, await reasoning_switch_of(served))
-    accepted = Accepted(request, body, left_out)
-    built = _Builder(new_id("resp_"), body, custom)
+    store = body.store is not False and kept.size > 0
+    if body.store and not store:
+        left_out.append("store")  # this server keeps none (--responses-store-size 0)
+    accepted = Accepted(request, body, left_out, used)
+    items = input_items(body, earlier)
+    built = _Builder(
+        new_id("resp_"),
+        body,
+        custom,
+        store=store,
+        on_finish=(lambda response: kept.put(response, items)) if store else None,
+    )
     chat = state.chat_request(served, parts, request_id=built.response.id)
-    events = state.turn(served, chat, body.stream, parts.paths, announce=body.stream)
+    logprobs = chat.logprobs is not None
+    # Logprobs are sorted by the events of each engine chunk: a streamed turn.
+    events = state.turn(
+        served, chat, body.stream or logprobs, parts.paths, body.stream, logprobs=logprobs
+    )
     if not body.stream:
-        reply = await until_disconnected(request.receive, whole_response(events, built))
+        reply = await until_disconnected(request.receive, whole_response(events, built, logprobs))
         return json_reply(reply, accepted)
 
-    def frames(events: AsyncIterator[Event | Finished | Started]) -> AsyncIterator[bytes]:
-        return response_frames(events, built)
+    def frames(events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        return response_frames(events, built, logprobs)
 
     return await stream_reply(request, events, frames, built.failed, accepted)

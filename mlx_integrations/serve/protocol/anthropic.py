@@ -153,7 +153,8 @@ class Tool(WireModel):
     input_schema: dict[str, Any] | None = None
     """The input's JSON schema (an object)."""
     type: str | None = None
-    """None or ``custom`` for a tool the client runs; server tools are refused."""
+    """None or ``custom`` for a tool the client runs; a tool of another type (server
+    tools such as ``web_search_20250305``) is left out of the prompt and reported."""
     cache_control: CacheControl | None = unused()
     strict: bool | None = unused()
 

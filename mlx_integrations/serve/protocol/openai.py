@@ -3,8 +3,8 @@
 The fields follow OpenAI's API reference, with the sampling extensions that vLLM also
 takes (``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``) and
 ``thinking_budget``. Fields marked unused are accepted and reported; what the engines
-cannot do (``n`` above 1, token log-probabilities, audio, the legacy ``functions``) is
-refused with a 400 naming the field.
+cannot do (audio, the legacy ``functions``, prompt log-probabilities) is refused with a
+400 naming the field.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from mlx_integrations.serve.protocol.base import (
     tagged,
     unused,
 )
+from mlx_integrations.serve.protocol.logprobs import ChoiceLogprobs, CompletionLogprobs
 
 __all__ = [
     "ChatCompletion",
@@ -37,7 +38,9 @@ __all__ = [
     "Usage",
 ]
 
-_NO_LOGPROBS = "is not supported: the engines return no token probabilities; leave it out"
+MAX_CHOICES = 32
+"""The most choices (``n``) one request may ask for: each is a request of its own, decoded
+in one batch with the others."""
 
 
 def _refuse_unless(value: Any, allowed: tuple[Any, ...], why: str) -> Any:
@@ -293,9 +296,13 @@ class ChatCompletionRequest(SamplingFields):
     """The most thinking tokens before the model is made to answer (an extension)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables for the chat template (``{"enable_thinking": false}``)."""
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    """Choices to make, each its own request decoded with the others (with a ``seed``,
+    choice i samples with seed + i)."""
     logprobs: bool | None = None
+    """Report the answer's tokens with their log-probabilities."""
     top_logprobs: int | None = None
+    """And the 0 to 20 most likely tokens of each step."""
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     functions: list[Any] | None = None
@@ -309,21 +316,6 @@ class ChatCompletionRequest(SamplingFields):
     verbosity: str | None = unused()
     prediction: dict[str, Any] | None = unused()
     web_search_options: dict[str, Any] | None = unused()
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: Any) -> Any:
-        return _refuse_unless(value, (1,), "must be 1: one choice per request (send several)")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: Any) -> Any:
-        return _refuse_unless(value, (False,), _NO_LOGPROBS)
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: Any) -> Any:
-        return _refuse_unless(value, (0,), _NO_LOGPROBS)
 
     @field_validator("modalities")
     @classmethod
@@ -351,14 +343,17 @@ class CompletionRequest(SamplingFields):
 
     model: str
     prompt: str | list[str]
-    """The text to continue; several strings make several choices (not streamed)."""
+    """The text to continue; several strings make several choices."""
     max_tokens: int = 16
     echo: bool = False
-    """Start each choice's text with its prompt."""
+    """Start each choice's text with its prompt (not with ``logprobs``: the prompt's
+    log-probabilities are not computed)."""
     response_format: ResponseFormat | None = None
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    """Choices per prompt (with a ``seed``, choice i samples with seed + i)."""
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Report each token's log-probability and those of this many most likely tokens."""
     suffix: str | None = None
 
     @field_validator("prompt", mode="before")
@@ -370,20 +365,12 @@ class CompletionRequest(SamplingFields):
             raise ValueError("must be text: token-id prompts are not taken; send the text itself")
         return value
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: Any) -> Any:
-        return _refuse_unless(value, (1,), "must be 1 (send the prompt several times instead)")
-
     @field_validator("best_of")
     @classmethod
     def _one_best(cls, value: Any) -> Any:
-        return _refuse_unless(value, (1,), "must be 1: one completion is made per prompt")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: Any) -> Any:
-        return _refuse_unless(value, (0,), _NO_LOGPROBS)
+        return _refuse_unless(
+            value, (1,), "must be 1: choices are not ranked here (ask for several with 'n')"
+        )
 
     @field_validator("suffix")
     @classmethod
@@ -463,7 +450,7 @@ class Choice(ReplyModel):
     index: int
     message: AssistantReply
     finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(ReplyModel):
@@ -498,7 +485,7 @@ class ChunkChoice(ReplyModel):
     index: int = 0
     delta: Delta
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(ReplyModel):
@@ -525,7 +512,7 @@ class ChatCompletionChunk(ReplyModel):
 class CompletionChoice(ReplyModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 

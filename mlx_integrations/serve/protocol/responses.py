@@ -1,8 +1,9 @@
 """OpenAI's Responses API (``POST /v1/responses``), as typed objects.
 
-Stateless: a request carries its whole conversation in ``input``. Items and tools of
-types this server does not serve are typed as "other" so that the translator names
-them in its refusal (``tools[4].type``) and later servers can take them.
+A request carries its conversation in ``input``, or continues a kept response
+(``previous_response_id``). Items and tools of types this server does not serve are
+typed as "other" so that the translator names them in its refusal (``tools[4].type``)
+and later servers can take them.
 """
 
 from __future__ import annotations
@@ -303,11 +304,17 @@ class ResponsesRequest(WireModel):
     chat_template_kwargs: dict[str, Any] | None = None
     stream: bool = False
     previous_response_id: str | None = None
-    """Refused: this server keeps no responses; send the whole conversation."""
+    """Continue from a kept response: its input and output items come before
+    ``input`` (its ``instructions`` do not)."""
     store: bool | None = None
-    """Nothing is kept here: ``false`` is honoured, ``true`` is reported as not used."""
+    """Keep the response (the default) for ``previous_response_id`` and ``GET
+    /v1/responses/{id}``, in memory, for ``--responses-ttl``; ``false`` keeps nothing."""
     include: list[str] | None = unused()
-    """Encrypted reasoning is not made here: reasoning items come back in clear."""
+    """``message.output_text.logprobs`` is served (reported as used); encrypted
+    reasoning is not made here (reasoning items come back in clear)."""
+    top_logprobs: int | None = None
+    """With ``include: ["message.output_text.logprobs"]``: the 0 to 20 most likely
+    tokens of each step of the answer."""
     metadata: dict[str, Any] | None = unused()
     user: str | None = unused()
     prompt_cache_key: str | None = unused()
@@ -316,16 +323,6 @@ class ResponsesRequest(WireModel):
     truncation: str | None = unused()
     max_tool_calls: int | None = unused()
     stream_options: dict[str, Any] | None = unused()
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _stateless(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                "is not supported: this server keeps no responses; send the whole "
-                "conversation in 'input'"
-            )
-        return value
 
     @field_validator("input")
     @classmethod
@@ -343,6 +340,8 @@ class OutputText(ReplyModel):
     text: str = ""
     annotations: list[Any] = Field(default_factory=list)
     logprobs: list[Any] = Field(default_factory=list)
+    """With ``include: ["message.output_text.logprobs"]``: the text's tokens, each with
+    its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``."""
 
 
 class ReasoningText(ReplyModel):
@@ -438,6 +437,10 @@ class Response(ReplyModel):
     incomplete_details: IncompleteDetails | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     usage: ResponseUsage | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    """Kept for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+    top_logprobs: int | None = None
 
 
 class ResponseEvent(ReplyModel):

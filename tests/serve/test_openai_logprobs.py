@@ -15,7 +15,7 @@ import pytest
 from mlx_integrations.chat.completion import token_bytes
 from mlx_integrations.serve.config import ModelConfig, ServeConfig
 from mlx_integrations.serve.server import BackgroundServer
-from tests.serve.conftest import WEATHER, engine_of
+from tests.serve.conftest import WEATHER, engine_of, no_eos_bias
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 PROMPT = "The weather in Paris is"
@@ -311,3 +311,22 @@ def test_n_out_of_range_is_a_400_naming_it(server: Any):
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "n"
     assert "32" in reply.json()["error"]["message"]
+
+
+def test_n_choices_decode_in_one_batch(client: openai.OpenAI, server: Any):
+    engine = engine_of(server, "tiny")
+    before = engine.get_stats()
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=6,
+        temperature=1.0,
+        n=4,
+        logit_bias=no_eos_bias(engine),
+    )
+    assert [c.finish_reason for c in reply.choices] == ["length"] * 4
+    after = engine.get_stats()
+    steps = after["steps_executed"] - before["steps_executed"]
+    solo = after["solo_tokens"] - before["solo_tokens"]
+    # One choice after the other would take 4 x 6 steps; together, about 6.
+    assert steps + solo < 2 * 6

@@ -214,8 +214,8 @@ def serve(
 
     def announce(url: str) -> None:
         typer.echo(
-            f"mlxi serve: {names} at {url} (OpenAI API: {url}/v1, Anthropic: {url}/v1/messages); "
-            "Ctrl-C stops",
+            f"mlxi serve: {names} at {url} (OpenAI API: {url}/v1, Anthropic: {url}/v1/messages, "
+            f"Ollama: {url}/api); Ctrl-C stops",
             err=True,
         )
 

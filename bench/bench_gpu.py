@@ -1,8 +1,8 @@
 """Our engines against raw mlx-lm on a GPU, on random-weight Qwen2.5-0.5B and 1.5B shapes.
 
-Three parts, each in a process of its own (a CUDA failure ends only that part), each
-figure ours over raw with the sides alternating (bench/harness.py): the median of the
-per-round ratios and their range.
+Four parts, each in a process of its own (a CUDA failure ends only that part); the
+timed ones give each figure as ours over raw with the sides alternating
+(bench/harness.py): the median of the per-round ratios and their range.
 
 1. **ttft**: time to first token on prompts new to the process, of about
    ``--ttft-lengths`` tokens (32, 512, 1,700, 4,000): ``SimpleEngine`` with the
@@ -19,6 +19,15 @@ per-round ratios and their range.
    ``--concurrency``: generated tokens over wall time, prefill included, both sides
    from text to text. The first run of each side at each ``c`` (new shapes for both) is
    reported apart, with the engine's load and warm-up seconds.
+4. **equality**: greedy tokens of ``SimpleEngine`` and of ``BatchedEngine`` (one
+   request at a time) against mlx-lm's ``generate_step``, on ``--equality-prompts``
+   new prompts of lengths spread from 8 to 3,000 tokens (past one prefill piece),
+   ``--equality-tokens`` tokens each, with ``prefill_buckets`` on and off, the
+   ``prefill_step_size`` of raw's default (2048) and no prefix cache, so each prompt is
+   computed whole. For each engine and setting: the replies identical to raw's, and
+   for each other one the first step that differs, how far apart raw's two best
+   logits were there (in bfloat16 steps of the larger, 0 a tie) and whether the engine's
+   token was one of those two; *near ties* counts those two steps apart at most.
 
 The models are random bf16 weights of the real shapes (151,936-token tied head) over a
 small tokenizer: the embedding rows are zero but those of tokens that read as printable
@@ -179,6 +188,123 @@ async def engine_stream(engine: Any, prompt: str, tokens: int) -> dict[str, Any]
     n = last.completion_tokens
     rate = (n - 1) / (time.perf_counter() - first) if n > 1 else 0.0
     return {"tokens": list(last.tokens), "ttft": first - start, "tps": rate}
+
+
+def bf16_steps(a: float, b: float) -> float:
+    """``|a - b|`` in bfloat16 steps (units in the last place) at the larger of the two."""
+    import math
+
+    top = max(abs(a), abs(b))
+    if top == 0:
+        return 0.0
+    return abs(a - b) / 2.0 ** (math.frexp(top)[1] - 8)
+
+
+def raw_greedy(model: Any, ids: list[int], tokens: int, step: int) -> dict[str, Any]:
+    """mlx-lm's ``generate_step``, greedy: its tokens and, at each step, its two best
+    logits and their tokens (read by a logits processor that hands the logits on as
+    they are)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    best: list[tuple[Any, Any]] = []
+
+    def read(_: Any, logits: Any) -> Any:
+        order = mx.argsort(-logits[0].astype(mx.float32))[:2]
+        best.append((order, logits[0][order]))
+        return logits
+
+    steps = generate_step(
+        mx.array(ids), model, max_tokens=tokens, prefill_step_size=step, logits_processors=[read]
+    )
+    out = [int(t) for t, _ in steps]
+    mx.eval(best)
+    top2 = [
+        ([int(i) for i in order.tolist()], [float(v) for v in values.astype(mx.float32).tolist()])
+        for order, values in best[: len(out)]
+    ]
+    return {"tokens": out, "top2": top2}
+
+
+def equality_lengths(n: int, longest: int) -> list[int]:
+    """``n`` prompt lengths spread evenly on a log scale from 8 tokens to ``longest``."""
+    if n == 1:
+        return [longest]
+    return [round(8 * (longest / 8) ** (i / (n - 1))) for i in range(n)]
+
+
+def agreement(raw: list[dict[str, Any]], ours: list[list[int]]) -> dict[str, Any]:
+    """How ``ours`` (replies) agree with ``raw`` (``raw_greedy`` of the same prompts)."""
+    split = []
+    for k, (ref, got) in enumerate(zip(raw, ours, strict=True)):
+        if got == ref["tokens"]:
+            continue
+        at = next(
+            (i for i, (a, b) in enumerate(zip(got, ref["tokens"], strict=False)) if a != b), None
+        )
+        if at is None:  # one reply is the other's start: ended early
+            split.append({"prompt": k, "step": min(len(got), len(ref["tokens"])), "ended": True})
+            continue
+        order, values = ref["top2"][at]
+        split.append(
+            {
+                "prompt": k,
+                "step": at,
+                "top2_bf16_steps": bf16_steps(*values),
+                "ours_among_top2": got[at] in order,
+            }
+        )
+    near = [d for d in split if d.get("top2_bf16_steps", 99) <= 2 and d["ours_among_top2"]]
+    return {
+        "identical": len(ours) - len(split),
+        "prompts": len(ours),
+        "diverged_near_ties": len(near),
+        "divergences": split,
+    }
+
+
+def bench_equality(path: Path, model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
+    """Greedy tokens of the engines against ``generate_step`` (see the module)."""
+    from mlx_integrations.engine import BatchedEngine, SimpleEngine
+
+    step = 2048  # generate_step's default
+    prompts = Prompts(tokenizer, seed=11)
+    made = [prompts.new(n) for n in equality_lengths(args.equality_prompts, args.equality_longest)]
+    raw = [raw_greedy(model, ids, args.equality_tokens, step) for _, ids in made]
+    out: dict[str, Any] = {
+        "prompt_tokens": [len(ids) for _, ids in made],
+        "tokens": args.equality_tokens,
+        "prefill_step_size": step,
+        "engines": {},
+    }
+    kinds = {"simple": (SimpleEngine, {}), "batched": (BatchedEngine, {"max_num_seqs": 1})}
+    for kind in args.equality_engines:
+        for buckets in (True, False):
+            cls, extra = kinds[kind]
+            engine = cls(
+                path,
+                cache_memory_mb=0,
+                prefill_step_size=step,
+                prefill_buckets=buckets,
+                **extra,
+            )
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(engine.start())
+                replies = []
+                for text, ids in made:
+                    reply = loop.run_until_complete(
+                        engine.generate(text, max_tokens=args.equality_tokens, temperature=0.0)
+                    )
+                    assert reply.prompt_tokens == len(ids), (reply.prompt_tokens, len(ids))
+                    replies.append(list(reply.tokens))
+            finally:
+                loop.run_until_complete(engine.stop())
+                loop.close()
+            name = f"{kind} prefill_buckets={buckets}"
+            out["engines"][name] = agreement(raw, replies)
+            save_part(args.part_out, out | {"partial": True})
+    return out
 
 
 def started(engine: Any, loop: asyncio.AbstractEventLoop) -> dict[str, float | None]:
@@ -380,7 +506,12 @@ def read_part(path: Path) -> dict[str, Any]:
         return {}
 
 
-PARTS = {"ttft": bench_ttft, "single": bench_single, "batched": bench_batched}
+PARTS = {
+    "ttft": bench_ttft,
+    "single": bench_single,
+    "batched": bench_batched,
+    "equality": bench_equality,
+}
 
 
 def run_part(args: Any) -> None:
@@ -409,6 +540,12 @@ def brief(part: str, r: dict[str, Any]) -> str:
         )
     if part == "single":
         return f"decode {Spread(**r['decode']['ratio'])}, same tokens {r['same_tokens']}"
+    if part == "equality":
+        return "; ".join(
+            f"{name}: {e['identical']}/{e['prompts']} identical "
+            f"({e['diverged_near_ties']} of the rest at near-ties)"
+            for name, e in r.get("engines", {}).items()
+        )
     return "; ".join(f"c={c}: {Spread(**x['ratio'])}" for c, x in r.get("concurrency", {}).items())
 
 
@@ -423,6 +560,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed single-stream runs a side")
     p.add_argument("--batched-rounds", type=int, default=5)
     p.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
+    p.add_argument("--equality-prompts", type=int, default=40, help="prompts a shape")
+    p.add_argument("--equality-longest", type=int, default=3000, help="longest prompt, tokens")
+    p.add_argument("--equality-tokens", type=int, default=32, help="greedy tokens a prompt")
+    p.add_argument(
+        "--equality-engines",
+        nargs="+",
+        default=["simple", "batched"],
+        choices=["simple", "batched"],
+    )
     p.add_argument("--models", type=Path, default=Path("/tmp/bench-gpu-models"))
     p.add_argument("--budget-s", type=float, default=86400.0, help="skip parts past this")
     p.add_argument("--quick", action="store_true", help="a tiny shape and small counts")
@@ -434,6 +580,7 @@ def main() -> None:
         args.shapes, args.tokens, args.rounds, args.batched_rounds = ["tiny"], 24, 2, 1
         args.concurrency, args.warmup = [1, 4], 1
         args.ttft_lengths, args.ttft_reps = [32, 200], 2
+        args.equality_prompts, args.equality_longest, args.equality_tokens = 5, 300, 8
     if args.run_part:
         return run_part(args)
 
@@ -445,6 +592,10 @@ def main() -> None:
     forwarded += ["--concurrency", *map(str, args.concurrency)]
     forwarded += ["--ttft-lengths", *map(str, args.ttft_lengths)]
     forwarded += ["--ttft-reps", str(args.ttft_reps), "--engine-options", args.engine_options]
+    forwarded += ["--equality-prompts", str(args.equality_prompts)]
+    forwarded += ["--equality-longest", str(args.equality_longest)]
+    forwarded += ["--equality-tokens", str(args.equality_tokens)]
+    forwarded += ["--equality-engines", *args.equality_engines]
     for shape in args.shapes:
         r: dict[str, Any] = figures["shapes"].setdefault(shape, {})
         for part in args.parts:

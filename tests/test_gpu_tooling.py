@@ -410,13 +410,46 @@ def test_the_gpu_benchmark_runs_every_part_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())["figures"]
     tiny = figures["shapes"]["tiny"]
-    assert [p for p in ("ttft", "single", "batched") if "error" in tiny[p]] == [], tiny
+    assert [p for p in ("ttft", "single", "batched", "equality") if "error" in tiny[p]] == [], tiny
     assert tiny["ttft"]["same_greedy_tokens"] == [True, True]  # lengths 32 and 200
     assert tiny["ttft"]["lengths"]["200"]["cold"]["ratio"]["n"] == 2
     assert tiny["ttft"]["mlx_lm_load_s"] > 0 and tiny["ttft"]["load_s"] > 0
     assert tiny["single"]["same_tokens"] is True
     batched = tiny["batched"]["concurrency"]["4"]
     assert batched["ratio"]["n"] == 1 and batched["first"]["ours_tps"] > 0
+    # On the CPU both engines give raw generate_step's greedy tokens, padded or not.
+    equality = tiny["equality"]["engines"]
+    assert sorted(equality) == [
+        f"{kind} prefill_buckets={on}" for kind in ("batched", "simple") for on in (False, True)
+    ]
+    assert {(e["identical"], e["prompts"]) for e in equality.values()} == {(5, 5)}
+    assert max(tiny["equality"]["prompt_tokens"]) > 256
+
+
+def test_a_divergence_is_told_from_a_tie_in_bfloat16_steps(bench):
+    """The equality part names, for each reply that leaves raw's, the first step apart,
+    how far raw's two best logits were there in bfloat16 steps, and whether the engine
+    took the other of the two."""
+
+    bench_gpu = bench("bench_gpu")
+    assert bench_gpu.bf16_steps(3.0, 3.0) == 0
+    assert bench_gpu.bf16_steps(1.0, 1.0078125) == 1  # 2**-7 apart at 1.0
+    assert bench_gpu.bf16_steps(-2.5, -2.46875) == 2
+    raw = [
+        {
+            "tokens": [1, 2, 3],
+            "top2": [([1, 9], [1.0, 0.5]), ([2, 7], [4.0, 4.0]), ([3, 5], [1.0, 0.0])],
+        },
+        {"tokens": [4, 4], "top2": [([4, 6], [2.0, 1.0]), ([4, 1], [1.0, 0.0])]},
+        {"tokens": [5, 5], "top2": [([5, 6], [2.0, 2.0]), ([5, 1], [1.0, 0.0])]},
+    ]
+    got = bench_gpu.agreement(raw, [[1, 7, 3], [6, 4], [5, 5]])
+    assert (got["identical"], got["prompts"], got["diverged_near_ties"]) == (1, 3, 1)
+    assert got["divergences"] == [
+        {"prompt": 0, "step": 1, "top2_bf16_steps": 0.0, "ours_among_top2": True},
+        {"prompt": 1, "step": 0, "top2_bf16_steps": 64.0, "ours_among_top2": True},
+    ]
+    assert bench_gpu.equality_lengths(40, 3000)[::13] == [8, 58, 416, 3000]
 
 
 def test_a_part_saves_whole_and_a_broken_save_reads_as_nothing(tmp_path, bench):

@@ -24,6 +24,9 @@ from mlx_integrations.cli.output import (
 def show(
     name: str = typer.Argument(..., help="Store name, alias, repo id or folder."),
     template: bool = typer.Option(False, "--template", help="Print only the chat template."),
+    path: bool = typer.Option(
+        False, "--path", help="Print only the model's folder (for tools that read it)."
+    ),
     json_output: bool = JSON_OPTION,
 ) -> Result:
     """Show a model's architecture, size, quantization, source, chat template,
@@ -31,6 +34,8 @@ def show(
     from mlx_integrations.models.info import show_model
 
     info = show_model(name)
+    if path:
+        return Result({"name": info.name, "path": info.path}, [info.path])
     if template:
         data = {k: getattr(info, k) for k in ("name", "chat_template", "chat_template_file")}
         if info.chat_template is None:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from mlx_integrations.chat.fields import RequestError, checking
+from mlx_integrations.chat.fields import RequestError, check_logprobs, checking
 from mlx_integrations.chat.media_parts import reject_media_for_text_model
-from mlx_integrations.chat.messages import check_text, normalize_messages
+from mlx_integrations.chat.messages import normalize_messages
 from mlx_integrations.chat.reasoning import (
     apply_effort,
     opens_reasoning,
@@ -34,18 +36,23 @@ from mlx_integrations.chat.template import (
 )
 from mlx_integrations.chat.tool_formats import ToolFormat, detect_format
 from mlx_integrations.engine.base import EngineBusy, GenerationOutput
+from mlx_integrations.engine.cache.controls import CacheControls
 from mlx_integrations.engine.cache.disk import open_disk_cache
 from mlx_integrations.engine.cache.prefix_cache import MiB, PrefixCache
 from mlx_integrations.engine.decoding import PrefillShapes, warm_shapes
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
 from mlx_integrations.engine.lifecycle import ModelLifecycle
+from mlx_integrations.engine.logprobs import PromptLogprobs, score_prompt
 from mlx_integrations.engine.options import EngineOptions
-from mlx_integrations.engine.params import SamplingParams, generate_params
+from mlx_integrations.engine.params import (
+    SamplingParams,
+    check_raw_prompt,
+    encode_raw_prompt,
+    generate_params,
+)
 from mlx_integrations.engine.stats import (
-    ClearStats,
     EngineStats,
-    PrefixCacheStats,
     RequestTally,
     memory_stats,
 )
@@ -69,7 +76,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class MLXEngine(ModelLifecycle, RequestEngine):
+class MLXEngine(CacheControls, ModelLifecycle, RequestEngine):
     """An engine serving one mlx-lm model from the thread that owns it.
 
     MLX arrays belong to the thread that made them, so one owner thread loads the
@@ -99,10 +106,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         model: A model folder, or a name the model store resolves.
         options: How the engine serves the model (:class:`EngineOptions`).
         **kwargs: Fields of :class:`EngineOptions` as keywords (``admission``,
-            ``cache_memory_mb``, ``max_cache_entries``, ``prefill_step_size``,
-            ``preserve_native_tool_format``, ``chat_template_kwargs``,
-            ``load_warm_caches``, ``tool_format``, ``cache_dir``, ``disk_cache_mb``);
-            they override ``options``.
+            ``cache_memory_mb``, ``prefill_step_size``...); they override ``options``.
         keep_alive: Seconds or a duration (``"5m"``) the model stays loaded after its
             last request; 0 unloads it when a request ends, -1 keeps it loaded; None
             (the default) follows ``MLXI_KEEP_ALIVE``, else keeps it loaded.
@@ -221,7 +225,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
 
     async def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int = 256,
         temperature: float = 0.7,
         top_p: float = 0.9,
@@ -233,7 +237,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
 
     async def stream_generate(  # type: ignore[override]  # async generator, see base
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int = 256,
         temperature: float = 0.7,
         top_p: float = 0.9,
@@ -245,7 +249,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
 
     async def _stream_text(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int,
         temperature: float,
         top_p: float,
@@ -253,19 +257,61 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         kwargs: dict[str, Any],
         final_only: bool = False,
     ) -> AsyncIterator[MLXGenerationOutput]:
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
-        if not prompt:
-            raise ValueError("prompt is empty; pass some text to continue")
-        check_text(prompt, "prompt")
+        ids = check_raw_prompt(
+            prompt, vocab_size=self._vocab_size, vision=self._vision, name=self._name
+        )
         params = generate_params(max_tokens, temperature, top_p, stop, kwargs, self._vocab_size)
         with self._in_use():  # the model stays loaded from here to the last chunk
             await self.start()
-            bos = getattr(self._tokenizer, "bos_token", None)
-            add_special = bos is None or not prompt.startswith(bos)
-            tokens = self._tokenizer.encode(prompt, add_special_tokens=add_special)
-            async for out in self._submit(params, prompt, tokens, final_only=final_only):
+            text, tokens = encode_raw_prompt(self._tokenizer, prompt, ids)
+            async for out in self._submit(params, text, tokens, final_only=final_only):
                 yield out
+
+    async def prompt_logprobs(
+        self, prompt: str | Sequence[int], top_logprobs: int = 0
+    ) -> PromptLogprobs:
+        """Score a prompt (text, encoded as :meth:`generate` encodes it, or token ids):
+        each token's log-probability given those before it, with the ``top_logprobs``
+        most likely tokens of its position. It runs on the owner thread (between a
+        batch's decode steps) in pieces that a cancelled caller stops; its cache then
+        serves the same prompt's next request from the prefix cache.
+
+        Raises:
+            RequestError: An empty prompt, a token id outside the vocabulary, a prompt
+                past the context window, ``top_logprobs`` outside 0 to 20, a vision model.
+        """
+        top = check_logprobs(True, top_logprobs) or 0
+        if self._vision:
+            raise RequestError(f"{self._name!r} is a vision model: not scored", "prompt")
+        ids = check_raw_prompt(prompt, vocab_size=self._vocab_size, vision=False, name=self._name)
+        with self._in_use():
+            await self.start()
+            _, tokens = encode_raw_prompt(self._tokenizer, prompt, ids)
+            self._within_window(tokens, "prompt", room=0)
+            with self._state_lock:
+                executor = self._executor
+            if executor is None:
+                raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
+            stopped = threading.Event()
+            keep = self._prefix.put if self._options.kv_bits is None else None  # plain KV
+            args = (self._model, tokens, top, self._prefill_step_size, stopped.is_set, keep)
+            future = self._on_owner(executor, partial(score_prompt, *args))
+            try:
+                entries = await asyncio.wrap_future(future)
+            except BaseException:
+                stopped.set()  # a caller gone: the owner thread stops after its piece
+                raise
+        return PromptLogprobs(tokens, entries)
+
+    def _within_window(self, tokens: list[int], path: str, room: int = 1) -> None:
+        """The prompt must leave ``room`` tokens of the context window."""
+        if self._context_length and len(tokens) > self._context_length - room:
+            raise RequestError(
+                f"The prompt has {len(tokens)} tokens, more than the context window of "
+                f"{self._name!r} ({self._context_length}) allows; shorten the "
+                + ("conversation" if path == "messages" else "prompt"),
+                path,
+            )
 
     async def chat(
         self,
@@ -423,34 +469,6 @@ class MLXEngine(ModelLifecycle, RequestEngine):
                 residency=self._residency.stats(),
             )
 
-    def get_cache_stats(self) -> PrefixCacheStats:  # type: ignore[override]
-        return self._prefix.stats()
-
-    def clear_runtime_caches(self) -> ClearStats:  # type: ignore[override]
-        """Drop cached prompt KV (warm caches and the disk tier stay) and return MLX's
-        buffer pool.
-
-        Runs on the owner thread, when no decode step is in progress.
-        """
-        with self._state_lock:
-            executor = self._executor
-        if executor is None or self._model is None:
-            dropped, freed = self._prefix.clear()
-            return ClearStats(
-                dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
-            )
-        return self._on_owner(executor, self._clear).result()
-
-    def clear_disk_cache(self) -> ClearStats:
-        """Remove this model's entries from the disk tier (``cache_dir``); writes still
-        queued are dropped. Entries of other models and KV formats stay.
-        """
-        disk = self._prefix.disk
-        dropped, freed = disk.clear() if disk is not None else (0, 0)
-        return ClearStats(
-            dropped_entries=dropped, freed_cache_mb=freed / MiB, freed_buffer_pool_mb=0.0
-        )
-
     # ------------------------------------------------------- subclass hooks
 
     @abstractmethod
@@ -540,18 +558,6 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         if lease is not None:
             lease.release()
 
-    def _clear(self) -> ClearStats:
-        import mlx.core as mx
-
-        dropped, freed = self._prefix.clear()
-        before = mx.get_cache_memory()
-        mx.clear_cache()
-        return ClearStats(
-            dropped_entries=dropped,
-            freed_cache_mb=freed / MiB,
-            freed_buffer_pool_mb=(before - mx.get_cache_memory()) / MiB,
-        )
-
     async def _submit(
         self,
         params: SamplingParams,
@@ -568,12 +574,7 @@ class MLXEngine(ModelLifecycle, RequestEngine):
         ``announce`` an empty chunk with the prompt's count comes first, once the
         request is admitted (what would refuse it has been checked).
         """
-        if self._context_length and len(tokens) >= self._context_length:
-            raise RequestError(
-                f"The prompt has {len(tokens)} tokens, more than the context window of "
-                f"{self._name!r} ({self._context_length}); shorten the conversation",
-                "messages",
-            )
+        self._within_window(tokens, "messages")
         if self._context_length:
             # Prompt and reply share the window: stop there with finish_reason="length".
             params.max_tokens = min(params.max_tokens, self._context_length - len(tokens))

@@ -2,17 +2,19 @@
 
 The values are checked once, at the edge, into a chat-core
 :class:`~mlx_integrations.chat.request.Sampling`; what only the model can tell (its
-vocabulary size) is checked here, when the engine takes the request.
+vocabulary size) is checked here, when the engine takes the request, as is a raw
+prompt (text, or token ids of the vocabulary) and how it is encoded.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlx_integrations.chat.fields import (
+    RequestError,
     Sampling,
     check_logit_bias,
     check_logprobs,
@@ -21,6 +23,7 @@ from mlx_integrations.chat.fields import (
     check_stop,
     check_template_kwargs,
 )
+from mlx_integrations.chat.messages import check_text
 from mlx_integrations.chat.request import (
     ChatRequest,
     Reasoning,
@@ -156,3 +159,57 @@ _SAMPLING_KEYWORDS = (
     "logit_bias",
     "seed",
 )
+
+
+def check_raw_prompt(
+    prompt: Any, *, vocab_size: int | None, vision: bool, name: str
+) -> list[int] | None:
+    """Check a raw prompt: non-empty text (None is returned), or a non-empty list of ids
+    of the model's vocabulary (returned as a list; a vision model takes text only).
+
+    Raises:
+        RequestError: What is wrong, with the path of the id at fault (``prompt[3]``).
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty; pass some text to continue", "prompt")
+        check_text(prompt, "prompt")
+        return None
+    if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
+        raise RequestTypeError(
+            f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+            "prompt",
+        )
+    if not prompt:
+        raise RequestError("prompt is empty; pass some text or token ids to continue", "prompt")
+    if vision:
+        raise RequestError(
+            f"{name!r} is a vision model, whose prompts are text; send the text", "prompt"
+        )
+    ids = list(prompt)
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise RequestTypeError(
+                f"prompt[{i}] must be a token id (an integer), got {token!r}", f"prompt[{i}]"
+            )
+        if vocab_size and not 0 <= token < vocab_size:
+            raise RequestError(
+                f"prompt[{i}] is token id {token}, outside the vocabulary of {name!r} "
+                f"(0 to {vocab_size - 1})",
+                f"prompt[{i}]",
+            )
+    return ids
+
+
+def encode_raw_prompt(
+    tokenizer: Any, prompt: str | Sequence[int], ids: list[int] | None
+) -> tuple[str, list[int]]:
+    """A checked raw prompt's text and tokens: text is encoded with the
+    beginning-of-sequence token where the tokenizer adds one and the text lacks it;
+    token ids are taken as they are, their text decoded."""
+    if ids is not None:
+        return str(tokenizer.decode(ids)), ids
+    assert isinstance(prompt, str)
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = bos is None or not prompt.startswith(bos)
+    return prompt, list(tokenizer.encode(prompt, add_special_tokens=add_special))

@@ -64,6 +64,9 @@ def test_pull_list_show_verify_json(hub, env, tiny_llama):
     assert shown["source"]["commit"] == sha
     assert {f["path"] for f in shown["files"]} >= {"config.json", "model.safetensors"}
     assert all(len(f["sha256"]) == 64 for f in shown["files"])
+    folder = CliRunner().invoke(app, ["show", "org/tiny", "--path"])
+    assert folder.exit_code == 0 and folder.stdout.strip() == shown["path"]
+    assert (Path(shown["path"]) / "config.json").is_file()
 
     [report] = ok_json("verify", "org/tiny")
     assert report["ok"] is True and {f["status"] for f in report["files"]} == {"ok"}

@@ -116,3 +116,132 @@ def test_the_adapters_report_logprobs_as_their_frameworks_do(tiny_llama):
     response = li.chat([ChatMessage(role="user", content="Hello")])
     assert response.logprobs and all(len(top) == 2 for top in response.logprobs)
     assert len(response.raw["logprobs"]["content"]) == response.raw["usage"]["completion_tokens"]
+
+
+# --------------------------------------------------------------- prompt scoring
+
+
+@pytest.mark.parametrize("engine_cls", [SimpleEngine, BatchedEngine])
+async def test_a_prompts_scores_equal_the_logprobs_of_its_greedy_reply(tiny_own_head, engine_cls):
+    """Scoring a prompt and its greedy reply gives the reply's tokens the log-probabilities
+    that decoding reported for them (one forward pass over the text vs. step by step),
+    and each is the most likely of its position."""
+    engine = engine_cls(tiny_own_head)
+    try:
+        out = await engine.generate(
+            PROMPT, max_tokens=10, temperature=0.0, logprobs=True, top_logprobs=3
+        )
+        prompt_ids = engine.tokenizer.encode(PROMPT)
+        scored = await engine.prompt_logprobs(prompt_ids + out.tokens, top_logprobs=3)
+    finally:
+        await engine.stop()
+    assert scored.tokens == prompt_ids + out.tokens
+    assert len(scored.logprobs) == len(scored.tokens) - 1
+    reply = scored.logprobs[len(prompt_ids) - 1 :]
+    for entry, decoded in zip(reply, out.logprobs, strict=True):
+        assert entry.token_id == decoded.token_id
+        assert entry.logprob == pytest.approx(decoded.logprob, abs=1e-4)
+        assert [i for i, _ in entry.top] == [i for i, _ in decoded.top]
+        assert entry.top[0] == (entry.token_id, entry.logprob)  # greedy: the same float
+
+
+async def test_prompt_scores_equal_one_forward_pass_of_mlx_lm(tiny_own_head):
+    """Every position, in pieces of 512 (a prompt longer than one piece): the log-softmax
+    of mlx-lm's model over the whole prompt, read at the next token."""
+    import mlx.core as mx
+    import mlx_lm
+
+    engine = SimpleEngine(tiny_own_head)
+    model, tokenizer = mlx_lm.load(str(tiny_own_head))
+    ids = tokenizer.encode(" ".join(["the weather in Paris is mild"] * 120))[:700]
+    try:
+        scored = await engine.prompt_logprobs(ids)
+    finally:
+        await engine.stop()
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    expected = [rows[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    assert [e.token_id for e in scored.logprobs] == ids[1:]
+    assert [e.logprob for e in scored.logprobs] == pytest.approx(expected, abs=1e-4)
+    assert all(e.top == () for e in scored.logprobs)  # top_logprobs=0: the tokens alone
+
+
+async def test_a_text_prompt_is_scored_as_generate_encodes_it(tiny_llama):
+    engine = SimpleEngine(tiny_llama)
+    try:
+        scored = await engine.prompt_logprobs(PROMPT, top_logprobs=2)
+        expected = engine.tokenizer.encode(PROMPT)  # the tokenizer's own special tokens
+    finally:
+        await engine.stop()
+    assert scored.tokens == expected
+    assert len(scored.logprobs) == len(expected) - 1
+    assert all(len(e.top) == 2 and e.logprob <= e.top[0][1] for e in scored.logprobs)
+
+
+async def test_a_scored_prompt_serves_its_generate_from_the_prefix_cache(tiny_llama):
+    engine = SimpleEngine(tiny_llama)
+    try:
+        scored = await engine.prompt_logprobs(PROMPT)
+        out = await engine.generate(scored.tokens, max_tokens=2, temperature=0.0)
+        cold = SimpleEngine(tiny_llama, cache_memory_mb=0)
+        try:
+            plain = await cold.generate(scored.tokens, max_tokens=2, temperature=0.0)
+        finally:
+            await cold.stop()
+    finally:
+        await engine.stop()
+    assert out.cached_tokens == len(scored.tokens) - 1
+    assert out.tokens == plain.tokens
+
+
+async def test_token_id_prompts_generate_as_their_text_does(tiny_llama):
+    engine = SimpleEngine(tiny_llama, cache_memory_mb=0)
+    try:
+        ids = engine.tokenizer.encode(PROMPT)
+        by_ids = await engine.generate(ids, max_tokens=6, temperature=0.0)
+        by_text = await engine.generate(PROMPT, max_tokens=6, temperature=0.0)
+    finally:
+        await engine.stop()
+    assert by_ids.prompt_tokens == len(ids)
+    assert by_ids.tokens == by_text.tokens
+
+
+@pytest.mark.parametrize(
+    ("prompt", "top", "path", "words"),
+    [
+        ([], 0, "prompt", "empty"),
+        ([1, "2"], 0, "prompt[1]", "token id"),
+        ([1, 10**9], 0, "prompt[1]", "outside the vocabulary"),
+        ("", 0, "prompt", "empty"),
+        ("hello", 21, "top_logprobs", "0 to 20"),
+    ],
+)
+async def test_bad_prompts_to_score_are_refused_and_the_engine_serves_on(
+    tiny_llama, prompt, top, path, words
+):
+    engine = SimpleEngine(tiny_llama)
+    try:
+        with pytest.raises(RequestError, match=words) as caught:
+            await engine.prompt_logprobs(prompt, top_logprobs=top)
+        assert caught.value.path == path
+        scored = await engine.prompt_logprobs("hello there")
+    finally:
+        await engine.stop()
+    assert scored.logprobs
+
+
+async def test_a_cancelled_scoring_frees_the_engine(tiny_llama):
+    """A caller that leaves while a long prompt is scored: the owner thread stops after
+    its piece and serves the next request."""
+    engine = SimpleEngine(tiny_llama, prefill_step_size=16)
+    try:
+        ids = engine.tokenizer.encode(" ".join(["word"] * 3000))[:4000]
+        task = asyncio.create_task(engine.prompt_logprobs(ids))
+        await asyncio.sleep(0.05)  # under way, or on its way to the owner thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        out = await asyncio.wait_for(engine.generate(PROMPT, max_tokens=3), 60)
+    finally:
+        await engine.stop()
+    assert out.completion_tokens == 3

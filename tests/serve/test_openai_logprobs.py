@@ -177,15 +177,105 @@ def test_completion_logprobs_in_the_legacy_shape_equal_mlx_lms(
     }
 
 
-def test_prompt_logprobs_are_a_400_naming_echo(client: openai.OpenAI):
+def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, tiny_own_head: Path):
+    """The prompt's tokens come first, the first with null, each with mlx-lm's
+    log-probability given the tokens before it (one forward pass of its model); then
+    the generated token, listed whatever its text."""
+    import mlx.core as mx
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(tiny_own_head))
+    ids = tokenizer.encode(PROMPT)
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    rows = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).tolist()
+    reply = client.completions.create(
+        model="own", prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=2
+    )
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None and logprobs.text_offset is not None
+    assert choice.text.startswith(PROMPT)
+    assert len(logprobs.token_logprobs) == len(ids) + 1  # the prompt's, and the reply's
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        assert logprobs.token_logprobs[i] == pytest.approx(rows[i - 1][ids[i]], abs=1e-4)
+        best = {text_of(tokenizer, t): rows[i - 1][t] for t in top(rows[i - 1], 2)}
+        best.setdefault(text_of(tokenizer, ids[i]), rows[i - 1][ids[i]])
+        assert logprobs.top_logprobs[i] == pytest.approx(best, abs=1e-4)
+    # The generated token: the most likely after the prompt (greedy).
+    assert logprobs.token_logprobs[-1] == pytest.approx(max(rows[-1]), abs=1e-4)
+    assert logprobs.tokens[-1] == text_of(tokenizer, top(rows[-1], 1)[0])
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
+    # Each prompt token starts where its text does in the echo.
+    for token, offset in zip(logprobs.tokens[1 : len(ids)], logprobs.text_offset[1:], strict=False):
+        assert PROMPT[offset:].startswith(token)
+
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": []}
+    text = ""
+    for chunk in client.completions.create(
+        model="own", prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=2, stream=True
+    ):
+        part = chunk.choices[0].logprobs if chunk.choices else None
+        text += chunk.choices[0].text if chunk.choices else ""
+        for key in streamed:
+            streamed[key] += getattr(part, key, None) or []
+    assert text == choice.text
+    assert streamed == {"tokens": logprobs.tokens, "token_logprobs": logprobs.token_logprobs}
+
+
+def test_token_id_prompts_and_max_tokens_0_score_alone(client: openai.OpenAI, tiny_own_head: Path):
+    """What lm-evaluation-harness sends for a loglikelihood request: token ids, echo,
+    logprobs=1; with max_tokens=0 only the prompt is read. Two prompts, two choices."""
+    import mlx_lm
+
+    _, tokenizer = mlx_lm.load(str(tiny_own_head))
+    first, second = tokenizer.encode(PROMPT), tokenizer.encode("Rain in London")
+    reply = client.completions.create(
+        model="own", prompt=[first, second], max_tokens=0, echo=True, logprobs=1
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    for choice, ids in zip(reply.choices, [first, second], strict=True):
+        assert choice.finish_reason == "length"
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert len(choice.logprobs.token_logprobs) == len(ids)
+        assert choice.text == tokenizer.decode(ids)
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == len(first) + len(second)
+    assert reply.usage.completion_tokens == 0
+    # The same scores as the text prompt's.
+    by_text = client.completions.create(
+        model="own", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1
+    )
+    assert by_text.choices[0].logprobs.token_logprobs == pytest.approx(  # type: ignore[union-attr]
+        reply.choices[0].logprobs.token_logprobs  # type: ignore[union-attr]
+    )
+    # Token ids generate too, as their text does.
+    ids_reply = client.completions.create(model="own", prompt=first, max_tokens=5, temperature=0)
+    text_reply = client.completions.create(model="own", prompt=PROMPT, max_tokens=5, temperature=0)
+    assert ids_reply.choices[0].text == text_reply.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("arguments", "param", "words"),
+    [
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", "taken with echo"),
+        ({"prompt": [1, 10**8], "echo": True, "logprobs": 1}, "prompt[1]", "outside the vocab"),
+        ({"prompt": [[1, 2], [3, 10**8]], "echo": True, "logprobs": 1}, "prompt[1][1]", "outside"),
+        ({"prompt": [], "max_tokens": 1}, "prompt", "non-empty"),
+        ({"prompt": PROMPT, "max_tokens": 1, "logprobs": 21}, "logprobs", "20"),
+    ],
+)
+def test_bad_completions_are_a_400_naming_the_field(
+    client: openai.OpenAI, arguments: dict[str, Any], param: str, words: str
+):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model="own", prompt=PROMPT, max_tokens=1, echo=True, logprobs=1)
+        client.completions.create(model="own", **arguments)
     body = caught.value.body
-    assert isinstance(body, dict) and body["param"] == "echo"
-    assert "prompt's log-probabilities" in body["message"]
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model="own", prompt=PROMPT, max_tokens=1, logprobs=21)
-    assert caught.value.body["param"] == "logprobs"  # type: ignore[index]
+    assert isinstance(body, dict) and body["param"] == param
+    assert words in body["message"]
+    # The engine serves on.
+    assert client.completions.create(model="own", prompt=PROMPT, max_tokens=2).choices
 
 
 def test_reasoning_tokens_are_not_listed(client: openai.OpenAI, thinking_model: Path):

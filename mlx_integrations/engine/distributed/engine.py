@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from mlx_integrations.chat.fields import RequestError
 from mlx_integrations.chat.template import probe_template
 from mlx_integrations.chat.tool_formats import detect_format
 from mlx_integrations.engine.cache.prefix_cache import MiB
@@ -44,6 +45,7 @@ from mlx_integrations.engine.distributed.stats import (
 )
 from mlx_integrations.engine.generation import MLXGenerationOutput, request_processors
 from mlx_integrations.engine.jobs import Job
+from mlx_integrations.engine.logprobs import PromptLogprobs
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.serial import SerialEngine
 from mlx_integrations.engine.stats import MemoryStats, memory_stats
@@ -278,6 +280,16 @@ class DistributedEngine(SerialEngine):
         return error
 
     # --------------------------------------------------------------- requests
+
+    async def prompt_logprobs(
+        self, prompt: str | Sequence[int], top_logprobs: int = 0
+    ) -> PromptLogprobs:
+        """Not here: every rank would have to run the scoring pass in step."""
+        raise RequestError(
+            f"DistributedEngine does not score prompts ({self._name!r}); serve the model "
+            "with SimpleEngine or BatchedEngine for prompt log-probabilities",
+            "prompt",
+        )
 
     def _dispatch(self, executor: ThreadPoolExecutor, job: Job) -> None:
         if self._failure is not None:

@@ -6,8 +6,14 @@ sent to the engine together; choice ``p * n + i`` is the i-th of prompt p (with 
 ``seed``, it samples with seed + its index). ``logprobs`` N gives each token's
 log-probability and the N most likely of its step, in the legacy shape (``tokens``,
 ``token_logprobs``, ``top_logprobs``, ``text_offset``); the tokens listed are those of
-the text (see :class:`~.logprobs.TextLogprobs`). The prompt's own log-probabilities
-(``echo`` with ``logprobs``) are not computed: that is a 400.
+the text (see :class:`~.logprobs.TextLogprobs`).
+
+A prompt is text or token ids. ``echo`` with ``logprobs`` scores the prompt first
+(:meth:`~mlx_integrations.engine.mlx_engine.MLXEngine.prompt_logprobs`, once per prompt)
+and lists its tokens before the generated ones, which are then all listed, the closing
+token included: one entry per token the model read or wrote, as lm-evaluation-harness's
+loglikelihood requests (``echo``, ``logprobs=1``, ``max_tokens`` 0 or 1) count them.
+``max_tokens=0`` with ``echo`` generates nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from typing import Any, cast
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlx_integrations.chat.completion import logprob_content
+from mlx_integrations.chat.completion import logprob_content, token_bytes
+from mlx_integrations.chat.fields import RequestError
 from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.logprobs import PromptLogprobs
+from mlx_integrations.engine.mlx_engine import MLXEngine
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.openai.chat import core_response_format, openai_error_frame
 from mlx_integrations.serve.openai.logprobs import TextLogprobs
@@ -60,9 +69,13 @@ def _usage(outs: list[GenerationOutput], n: int) -> wire.Usage:
 
 
 async def _generate(
-    state: ServerState, served: Served, prompt: str, call: dict[str, Any]
+    state: ServerState, served: Served, prompt: str | list[int], call: dict[str, Any]
 ) -> AsyncIterator[GenerationOutput]:
     """The engine's stream for a raw prompt, its figures counted at the end."""
+    if call["max_tokens"] == 0:  # echo alone: the prompt's count, and nothing generated
+        count = await _count(served, prompt)
+        yield GenerationOutput(text="", prompt_tokens=count, finish_reason="length")
+        return
     started = time.perf_counter()
     first: float | None = None
     stream = cast(AsyncIterator[GenerationOutput], served.engine.stream_generate(prompt, **call))
@@ -106,11 +119,62 @@ async def _call(body: wire.CompletionRequest, served: Served) -> dict[str, Any]:
     return call
 
 
+async def _count(served: Served, prompt: str | list[int]) -> int:
+    """How many tokens the engine reads for a prompt."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    tokenizer = await asyncio.to_thread(lambda: served.engine.tokenizer)
+    bos = getattr(tokenizer, "bos_token", None)
+    return len(
+        tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    )
+
+
+def _echo_logprobs(
+    tokenizer: Any, prompt: str | list[int], scored: PromptLogprobs
+) -> CompletionLogprobs:
+    """A scored prompt in the legacy shape: its first token with ``null``, then each
+    token's log-probability, at the character where its text starts in the echo. A
+    token the engine added before a text prompt (beginning of sequence) is listed at
+    0 and takes no room in the text."""
+    first = token_bytes(tokenizer, scored.tokens[0])
+    added = isinstance(prompt, str) and not prompt.encode("utf-8").startswith(first)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    position = 0 if added else len(decoder.decode(first))
+    entries = logprob_content(tokenizer, scored.logprobs)
+    offsets = []
+    for entry in entries:
+        offsets.append(position)
+        position += len(decoder.decode(bytes(entry["bytes"])))
+    logprobs = CompletionLogprobs(
+        tokens=[first.decode("utf-8", "replace")],
+        token_logprobs=[None],
+        top_logprobs=[None],
+        text_offset=[0],
+    )
+    logprobs.extend(entries, offsets)
+    return logprobs
+
+
 def _with_seed(call: dict[str, Any], index: int) -> dict[str, Any]:
     """Choice ``index``'s arguments: with a seed, it samples with seed + index."""
     if index == 0 or call.get("seed") is None:
         return call
     return {**call, "seed": call["seed"] + index}
+
+
+def _echo_text(tokenizer: Any, prompt: str | list[int]) -> str:
+    """What ``echo`` puts first: the text, or the token ids' text."""
+    return prompt if isinstance(prompt, str) else str(tokenizer.decode(prompt))
+
+
+def _start_logprobs(
+    body: wire.CompletionRequest, echoed: CompletionLogprobs | None
+) -> CompletionLogprobs | None:
+    """A choice's ``logprobs`` before its first token: the scored prompt's, or empty."""
+    if body.logprobs is None:
+        return None
+    return echoed.model_copy(deep=True) if echoed is not None else CompletionLogprobs()
 
 
 @dataclass
@@ -121,6 +185,11 @@ class _Choice:
     text: str = ""
     """The text so far, the echoed prompt included."""
     logprobs: CompletionLogprobs | None = None
+    echoed: CompletionLogprobs | None = None
+    """The echoed prompt's tokens (scored), which ``logprobs`` starts with."""
+    every_token: bool = False
+    """List every generated token as it comes, those adding no text included (after
+    an echoed, scored prompt)."""
     aligned: TextLogprobs = field(default_factory=TextLogprobs)
     _offsets: list[int] = field(default_factory=list)
 
@@ -140,7 +209,10 @@ class _Choice:
             start += len(decoder.decode(bytes(entry["bytes"])))
             self.aligned.waiting.append(entry)
         self.aligned.text(out.new_text)
-        released = self.aligned.release()
+        if self.every_token:
+            released, self.aligned.waiting = self.aligned.waiting, []
+        else:
+            released = self.aligned.release()
         offsets, self._offsets = self._offsets[: len(released)], self._offsets[len(released) :]
         added = CompletionLogprobs()
         added.extend(released, offsets)
@@ -152,27 +224,52 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
     """Answer ``POST /v1/completions``."""
     state: ServerState = request.app.state.server
     accepted = Accepted(request, body)
-    if body.echo and body.logprobs is not None:
+    prompts = body.prompts()
+    served = await state.served(body.model)
+    scoring = body.echo and body.logprobs is not None
+    if body.max_tokens == 0 and not body.echo:
         raise APIError(
             400,
-            "'echo' with 'logprobs' asks for the prompt's log-probabilities, which the "
-            "engines do not compute (only those of generated tokens); leave out echo, or "
-            "logprobs",
-            param="echo",
+            "max_tokens=0 generates nothing: it is taken with echo (to read the prompt, "
+            "with logprobs its log-probabilities); ask for at least 1 token",
+            param="max_tokens",
         )
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    served = await state.served(body.model)
+    ours = isinstance(served.engine, MLXEngine)
+    if not ours and (scoring or any(isinstance(p, list) for p in prompts)):
+        field = "echo" if scoring else "prompt"
+        raise APIError(
+            400,
+            f"The engine serving {body.model!r} ({type(served.engine).__name__}) takes text "
+            "prompts and does not score them: send text, and leave out echo with logprobs",
+            param=field,
+        )
     call = await _call(body, served)
     n = body.n or 1
     completion_id = new_id("cmpl-")
     tokenizer = None
-    if body.logprobs is not None:  # reading it may load the model: off the event loop
+    if body.logprobs is not None or body.echo:  # reading it may load the model
         tokenizer = await asyncio.to_thread(lambda: served.engine.tokenizer)
+    echoes = [_echo_text(tokenizer, p) if body.echo else "" for p in prompts]
+    scored: list[CompletionLogprobs | None] = [None] * len(prompts)
+    if scoring:
+        for i, prompt in enumerate(prompts):
+            try:
+                result = await until_disconnected(
+                    request.receive, served.engine.prompt_logprobs(prompt, body.logprobs)
+                )
+            except RequestError as exc:  # its path within this prompt: "prompt[3]"
+                path = exc.path or "prompt"
+                if len(prompts) > 1 and path.startswith("prompt"):
+                    path = f"prompt[{i}]{path[len('prompt') :]}"
+                raise api_error(RequestError(str(exc), path)) from None
+            scored[i] = _echo_logprobs(tokenizer, prompt, result)
     choices = [
         _Choice(
             tokenizer,
-            text=prompts[i // n] if body.echo else "",
-            logprobs=CompletionLogprobs() if body.logprobs is not None else None,
+            text=echoes[i // n],
+            logprobs=_start_logprobs(body, scored[i // n]),
+            every_token=scoring,
+            echoed=scored[i // n],
         )
         for i in range(len(prompts) * n)
     ]
@@ -187,8 +284,7 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
                 async for last in outs:
                     choices[index].add(last)
             assert last is not None
-            echoed = prompts[index // n] if body.echo else ""
-            choices[index].text = echoed + last.text
+            choices[index].text = echoes[index // n] + last.text
             return last
 
         outs = await until_disconnected(
@@ -237,8 +333,8 @@ async def _completion_frames(
         )
 
     for index, choice in enumerate(choices):
-        if choice.text:  # the echoed prompt
-            yield chunk(index, choice.text, None)
+        if choice.text or choice.echoed:  # the echoed prompt
+            yield chunk(index, choice.text, None, choice.echoed)
     last: dict[int, GenerationOutput] = {}
     async with closing(outs):
         async for index, out in outs:

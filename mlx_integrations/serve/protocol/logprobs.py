@@ -44,8 +44,10 @@ class CompletionLogprobs(ReplyModel):
     """A text completion's ``logprobs``, the legacy shape: one entry per token."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    """Per token, its log-probability (``null`` for an echoed prompt's first token,
+    which has nothing before it)."""
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     """Per token, the ``logprobs`` most likely tokens of its step and the token itself."""
     text_offset: list[int] = Field(default_factory=list)
     """Per token, where its text starts in the choice's ``text`` (in characters)."""

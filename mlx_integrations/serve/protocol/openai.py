@@ -3,13 +3,13 @@
 The fields follow OpenAI's API reference, with the sampling extensions that vLLM also
 takes (``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs``) and
 ``thinking_budget``. Fields marked unused are accepted and reported; what the engines
-cannot do (audio, the legacy ``functions``, prompt log-probabilities) is refused with a
+cannot do (audio, the legacy ``functions``) is refused with a
 400 naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, Tag, field_validator, model_serializer
 
@@ -342,12 +342,16 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: raw text continued, no chat template."""
 
     model: str
-    prompt: str | list[str]
-    """The text to continue; several strings make several choices."""
-    max_tokens: int = 16
+    prompt: str | list[str] | list[int] | list[list[int]]
+    """The text to continue, or its token ids; several prompts make several choices."""
+    max_tokens: int = Field(default=16, ge=0)
+    """Most tokens to generate; 0 (with ``echo``) only reads the prompt: with
+    ``logprobs``, its own log-probabilities."""
     echo: bool = False
-    """Start each choice's text with its prompt (not with ``logprobs``: the prompt's
-    log-probabilities are not computed)."""
+    """Start each choice's text with its prompt; with ``logprobs``, the prompt's tokens
+    come first in the choice's ``logprobs`` (the first with ``null``), each with its
+    log-probability given the tokens before it, and every generated token follows,
+    the closing one included."""
     response_format: ResponseFormat | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     """Choices per prompt (with a ``seed``, choice i samples with seed + i)."""
@@ -358,12 +362,19 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _text_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("must be a string or a non-empty array of strings")
-        if isinstance(value, list) and not all(isinstance(p, str) for p in value):
-            raise ValueError("must be text: token-id prompts are not taken; send the text itself")
+    def _some_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and (not value or any(p in ("", []) for p in value)):
+            raise ValueError(
+                "must be a string, token ids, or a non-empty array of them, none of them empty"
+            )
         return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [cast(Any, prompt)]
+        return list(cast(Any, prompt))
 
     @field_validator("best_of")
     @classmethod

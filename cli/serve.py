@@ -222,8 +222,15 @@ def serve(
     def stopped(line: str) -> None:
         typer.echo(f"mlxi serve: {line}", err=True)
 
+    def loading(models: list[str]) -> None:
+        typer.echo(f"mlxi serve: loading {', '.join(models)}; Ctrl-C stops", err=True)
+
     try:
-        asyncio.run(run_server(config, log_level=log_level, announce=announce, stopped=stopped))
+        asyncio.run(
+            run_server(
+                config, log_level=log_level, announce=announce, stopped=stopped, loading=loading
+            )
+        )
     except KeyboardInterrupt:  # a second Ctrl-C while stopping: the first one said it
         pass
     except Exception as exc:

@@ -161,12 +161,18 @@ async def serve(
     log_level: str = "info",
     announce: Callable[[str], None] | None = None,
     stopped: Callable[[str], None] | None = None,
+    loading: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Bind the address, load the preloaded models, then serve until SIGTERM or Ctrl-C.
+
+    SIGTERM or Ctrl-C while the models load stops there: what was loaded is let go and
+    the server returns, as after serving.
 
     Args:
         config: The settings.
         log_level: uvicorn's log level.
+        loading: Called with the names of the models to preload before they load (once
+            SIGTERM and Ctrl-C stop the loading).
         announce: Called with the base URL once the models are loaded and the socket
             listens (``--port 0`` picks a free port: this says which).
         stopped: Called with one line once the server has stopped and let go of its
@@ -187,22 +193,57 @@ async def serve(
     sock = bind(config.host, config.port)
     budget = apply_memory_budget(config)
     state = ServerState(config)
+    server = None
     try:
-        await state.registry.preload()
-        if announce is not None:
-            host, port = sock.getsockname()[:2]
-            host = f"[{host}]" if ":" in host else host
-            announce(f"http://{host}:{port}")
-        app = create_app(state=state, preload=False)
-        server = _uvicorn_server(app, config, log_level)
-        await server.serve(sockets=[sock])
+        interrupted = await _preload(state, config, loading)
+        if interrupted is None:
+            if announce is not None:
+                host, port = sock.getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                announce(f"http://{host}:{port}")
+            app = create_app(state=state, preload=False)
+            server = _uvicorn_server(app, config, log_level)
+            await server.serve(sockets=[sock])
     finally:
         sock.close()
         state.registry.close()
         await pool.ashutdown()  # each engine's owner thread ends before the interpreter
         restore_memory_budget(budget)
     if stopped is not None:
-        stopped(server.stop_line())
+        stopped(server.stop_line() if server else f"stopped ({interrupted}) while loading")
+
+
+async def _preload(
+    state: ServerState, config: ServeConfig, loading: Callable[[list[str]], None] | None
+) -> str | None:
+    """Load the models to preload, unless SIGTERM or Ctrl-C comes first: then the
+    loading is cancelled (a model on its way in ends its load on its own thread, and
+    the server's shutdown lets it go) and what stopped it is returned."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(state.registry.preload())
+    signals: list[str] = []
+
+    def stop(name: str) -> None:
+        signals.append(name)
+        task.cancel()
+
+    handled = []
+    for sig, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop, name)  # the main thread's loop only
+            handled.append(sig)
+    try:
+        names = [m.name for m in config.models if m.preload]
+        if loading is not None and names:
+            loading(names)
+        await task
+    except asyncio.CancelledError:
+        if not signals:
+            raise
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+    return signals[0] if signals else None
 
 
 class BackgroundServer:

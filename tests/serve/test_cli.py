@@ -392,3 +392,52 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize(("sig", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_while_the_models_load_stops_the_server_cleanly(
+    tiny_llama: Path, sig: int, name: str
+):
+    """SIGTERM or Ctrl-C while the preloaded models load (sent by the loading line's
+    callback, once the server listens for them): the loading is cancelled, what was
+    loaded is let go, the server says so in one line and returns; nothing serves."""
+    import asyncio
+
+    from mlx_integrations.engine import pool
+    from mlx_integrations.serve.server import serve
+
+    said: list[str] = []
+    config = ServeConfig(port=0, models=[ModelConfig("tiny", source=str(tiny_llama), preload=True)])
+
+    def loading(models: list[str]) -> None:
+        said.append(f"loading {', '.join(models)}")
+        os.kill(os.getpid(), sig)
+
+    asyncio.run(serve(config, announce=said.append, stopped=said.append, loading=loading))
+    assert said == ["loading tiny", f"stopped ({name}) while loading"]
+    assert not pool.shared_engines()
+    # The default handlers are back: the process answers the next Ctrl-C as before.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_during_the_load_exits_0(tiny_llama: Path, tmp_path: Path):
+    """The process: SIGTERM once it says it is loading ends it with exit 0 and one line,
+    whether the load was still running (the usual case) or had just finished."""
+    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_llama), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    first = process.stderr.readline()
+    assert first.startswith(f"mlxi serve: loading {tiny_llama}"), first
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    rest = process.stderr.read().splitlines()
+    assert code == 0, rest
+    assert rest[-1] in (
+        "mlxi serve: stopped (SIGTERM) while loading",
+        "mlxi serve: stopped (SIGTERM)",
+    )

@@ -8,7 +8,7 @@ the engine learns which token was sampled from it (:meth:`LogprobRecorder.resolv
 The decode loops run one step ahead of the tokens they hand out, so at most two steps
 wait at a time.
 
-A prompt's own tokens are scored by :func:`score_prompt` (:class:`PromptLogprobs`):
+A prompt's own tokens are scored by :class:`PromptScorer` (:class:`PromptLogprobs`):
 one forward pass over the prompt in pieces, each position's log-softmax read at the
 next token, which is what ``echo`` with ``logprobs`` reports and lm-evaluation-harness's
 loglikelihood tasks sum.
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from mlx_integrations.chat.output_parser import TokenLogprob
-from mlx_integrations.engine.decoding import PrefillStopped
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -98,80 +97,66 @@ class PromptLogprobs:
     logprobs: list[TokenLogprob]
 
 
-def score_tokens(
-    model: Any,
-    tokens: list[int],
-    cache: list[Any],
-    top: int,
-    piece: int,
-    stop: Callable[[], bool],
-) -> list[TokenLogprob]:
-    """The log-probability of each of ``tokens[1:]`` given the tokens before it.
+class PromptScorer:
+    """Scores a prompt piece by piece, each piece one call on the owner thread (a
+    ``BatchedEngine`` decodes a step between two), then keeps or drops its cache there.
 
-    The tokens go through the model in pieces of ``piece`` (``cache`` grows with
-    them, holding the whole prompt at the end); each piece's logits become
-    log-probabilities in float32, of which only the next tokens' and the ``top`` most
-    likely are kept, so memory stays at one piece's logits.
-
-    Raises:
-        PrefillStopped: ``stop()`` said so before a piece.
+    Args:
+        model: The model.
+        tokens: The prompt.
+        top: How many most likely tokens to list at each position.
+        piece: Most tokens a piece (at most :data:`SCORE_PIECE`, whose logits are
+            read whole).
     """
-    import mlx.core as mx
 
-    out: list[TokenLogprob] = []
-    for start in range(0, len(tokens), piece):
-        if stop():
-            raise PrefillStopped
-        ids = tokens[start : start + piece]
-        logits = model(mx.array(ids)[None], cache=cache)[0].astype(mx.float32)
-        targets = tokens[start + 1 : start + len(ids) + 1]
+    def __init__(self, model: Any, tokens: list[int], top: int, piece: int) -> None:
+        self.model, self.tokens, self.top = model, tokens, top
+        self.piece = max(1, min(piece, SCORE_PIECE))
+        self.starts = range(0, len(tokens), self.piece)
+        """Where each piece starts: call :meth:`score` with each, in order."""
+        self.entries: list[TokenLogprob] = []
+        """``tokens[1:]``'s log-probabilities so far, each given the tokens before it."""
+        self._cache: list[Any] = []
+
+    def score(self, start: int) -> None:
+        """Owner thread: feed the piece at ``start`` (the cache grows with it); its
+        logits become log-probabilities in float32, of which the next tokens' and the
+        ``top`` most likely are kept."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if not self._cache:
+            self._cache = make_prompt_cache(self.model)
+        ids = self.tokens[start : start + self.piece]
+        logits = self.model(mx.array(ids)[None], cache=self._cache)[0].astype(mx.float32)
+        targets = self.tokens[start + 1 : start + len(ids) + 1]
+        states = [c.state for c in self._cache]
         if not targets:  # the prompt's last token: nothing after it to score
-            mx.eval([c.state for c in cache])
-            break
+            mx.eval(states)
+            return
         rows = logits[: len(targets)]
         rows = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
         chosen = mx.take_along_axis(rows, mx.array(targets)[:, None], axis=-1)[:, 0]
-        if top:
-            k = min(top, rows.shape[-1])
+        ids_k: list[list[int]] = [[] for _ in targets]
+        values_k: list[list[float]] = [[] for _ in targets]
+        if self.top:
+            k = min(self.top, rows.shape[-1])
             best = mx.argpartition(-rows, k - 1, axis=-1)[:, :k]
             values = mx.take_along_axis(rows, best, axis=-1)
-            mx.eval(chosen, best, values, [c.state for c in cache])
+            mx.eval(chosen, best, values, states)
             ids_k = cast(list[list[int]], best.tolist())
             values_k = cast(list[list[float]], values.tolist())
         else:
-            mx.eval(chosen, [c.state for c in cache])
-            ids_k, values_k = [[] for _ in targets], [[] for _ in targets]
+            mx.eval(chosen, states)
         logprobs = cast(list[float], chosen.tolist())
         for token, logprob, i, v in zip(targets, logprobs, ids_k, values_k, strict=True):
             pairs = sorted(zip(i, v, strict=True), key=lambda p: -p[1])
-            out.append(TokenLogprob(token, logprob, tuple(pairs)))
-    return out
+            self.entries.append(TokenLogprob(token, logprob, tuple(pairs)))
 
-
-def score_prompt(
-    model: Any,
-    tokens: list[int],
-    top: int,
-    piece: int,
-    stop: Callable[[], bool],
-    keep: Callable[[list[int], list[Any]], None] | None = None,
-) -> list[TokenLogprob]:
-    """:func:`score_tokens` on a fresh cache, in pieces of at most ``piece`` (and
-    :data:`SCORE_PIECE`) tokens; ``keep`` then takes the prompt and its cache (a
-    prefix cache's ``put``).
-
-    Raises:
-        asyncio.CancelledError: ``stop()`` said so before a piece.
-    """
-    import asyncio
-
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    try:
-        entries = score_tokens(model, tokens, cache, top, min(piece, SCORE_PIECE), stop)
-    except PrefillStopped:
-        raise asyncio.CancelledError from None
-    if keep is not None:
-        keep(tokens, cache)
-    return entries
+    def finish(self, keep: Callable[[list[int], list[Any]], None] | None) -> None:
+        """Owner thread: hand the cache of the whole prompt to ``keep`` (a prefix
+        cache's ``put``; None, or a prompt not scored whole: dropped), and let go of it
+        here, on the thread whose arrays they are."""
+        cache, self._cache = self._cache, []
+        if keep is not None and cache and len(self.entries) == len(self.tokens) - 1:
+            keep(self.tokens, cache)

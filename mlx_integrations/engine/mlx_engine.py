@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,7 +42,7 @@ from mlx_integrations.engine.decoding import PrefillShapes, warm_shapes
 from mlx_integrations.engine.generation import MLXGenerationOutput, OutputBuilder, last_chunk
 from mlx_integrations.engine.jobs import Admission, Channel, Job, default_prefill_step_size
 from mlx_integrations.engine.lifecycle import ModelLifecycle
-from mlx_integrations.engine.logprobs import PromptLogprobs, score_prompt
+from mlx_integrations.engine.logprobs import PromptLogprobs, PromptScorer
 from mlx_integrations.engine.options import EngineOptions
 from mlx_integrations.engine.params import (
     SamplingParams,
@@ -264,6 +263,7 @@ class MLXEngine(CacheControls, ModelLifecycle, RequestEngine):
         with self._in_use():  # the model stays loaded from here to the last chunk
             await self.start()
             text, tokens = encode_raw_prompt(self._tokenizer, prompt, ids)
+            self._within_window(tokens, "prompt")
             async for out in self._submit(params, text, tokens, final_only=final_only):
                 yield out
 
@@ -272,8 +272,8 @@ class MLXEngine(CacheControls, ModelLifecycle, RequestEngine):
     ) -> PromptLogprobs:
         """Score a prompt (text, encoded as :meth:`generate` encodes it, or token ids):
         each token's log-probability given those before it, with the ``top_logprobs``
-        most likely tokens of its position. It runs on the owner thread (between a
-        batch's decode steps) in pieces that a cancelled caller stops; its cache then
+        most likely tokens of its position. It runs on the owner thread in pieces (a
+        batch decodes a step between two) that a cancelled caller stops; its cache then
         serves the same prompt's next request from the prefix cache.
 
         Raises:
@@ -281,9 +281,8 @@ class MLXEngine(CacheControls, ModelLifecycle, RequestEngine):
                 past the context window, ``top_logprobs`` outside 0 to 20, a vision model.
         """
         top = check_logprobs(True, top_logprobs) or 0
-        if self._vision:
-            raise RequestError(f"{self._name!r} is a vision model: not scored", "prompt")
-        ids = check_raw_prompt(prompt, vocab_size=self._vocab_size, vision=False, name=self._name)
+        vocab, vision, name = self._vocab_size, self._vision, self._name
+        ids = check_raw_prompt(prompt, vocab_size=vocab, vision=vision, name=name, scored=True)
         with self._in_use():
             await self.start()
             _, tokens = encode_raw_prompt(self._tokenizer, prompt, ids)
@@ -292,16 +291,17 @@ class MLXEngine(CacheControls, ModelLifecycle, RequestEngine):
                 executor = self._executor
             if executor is None:
                 raise RuntimeError(f"The engine for {self._name!r} is stopped; call start()")
-            stopped = threading.Event()
+            scorer = PromptScorer(self._model, tokens, top, self._prefill_step_size)
             keep = self._prefix.put if self._options.kv_bits is None else None  # plain KV
-            args = (self._model, tokens, top, self._prefill_step_size, stopped.is_set, keep)
-            future = self._on_owner(executor, partial(score_prompt, *args))
             try:
-                entries = await asyncio.wrap_future(future)
-            except BaseException:
-                stopped.set()  # a caller gone: the owner thread stops after its piece
-                raise
-        return PromptLogprobs(tokens, entries)
+                for start in scorer.starts:  # a batch decodes a step between two pieces
+                    await asyncio.wrap_future(
+                        self._on_owner(executor, partial(scorer.score, start))
+                    )
+            finally:  # kept whole, or let go on the owner thread (a caller gone)
+                finished = self._on_owner(executor, partial(scorer.finish, keep))
+            await asyncio.wrap_future(finished)
+        return PromptLogprobs(tokens, scorer.entries)
 
     def _within_window(self, tokens: list[int], path: str, room: int = 1) -> None:
         """The prompt must leave ``room`` tokens of the context window."""

@@ -162,14 +162,17 @@ _SAMPLING_KEYWORDS = (
 
 
 def check_raw_prompt(
-    prompt: Any, *, vocab_size: int | None, vision: bool, name: str
+    prompt: Any, *, vocab_size: int | None, vision: bool, name: str, scored: bool = False
 ) -> list[int] | None:
     """Check a raw prompt: non-empty text (None is returned), or a non-empty list of ids
-    of the model's vocabulary (returned as a list; a vision model takes text only).
+    of the model's vocabulary (returned as a list; a vision model takes text only, and
+    its prompts are not ``scored``).
 
     Raises:
         RequestError: What is wrong, with the path of the id at fault (``prompt[3]``).
     """
+    if vision and scored:
+        raise RequestError(f"{name!r} is a vision model; its prompts are not scored", "prompt")
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty; pass some text to continue", "prompt")

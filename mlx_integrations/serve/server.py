@@ -103,15 +103,11 @@ def _uvicorn_server(app: Any, config: ServeConfig, log_level: str, **extra: Any)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            # uvicorn raises a caught SIGTERM again once it has stopped, which would
-            # end the process before the models are let go; a graceful stop exits 0.
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    captured = getattr(self, "_captured_signals", None)
-                    if isinstance(captured, list):
-                        captured.clear()
+            # serve() hands SIGTERM and Ctrl-C to handle_exit itself (_Signals), from
+            # before the models load to the end, so none is lost between the two; and
+            # none is raised again once stopped (uvicorn's way), which would end the
+            # process before the models are let go: a graceful stop exits 0.
+            yield
 
     settings = uvicorn.Config(
         app,
@@ -194,56 +190,83 @@ async def serve(
     budget = apply_memory_budget(config)
     state = ServerState(config)
     server = None
+    signals = _Signals()
     try:
-        interrupted = await _preload(state, config, loading)
-        if interrupted is None:
-            if announce is not None:
-                host, port = sock.getsockname()[:2]
-                host = f"[{host}]" if ":" in host else host
-                announce(f"http://{host}:{port}")
-            app = create_app(state=state, preload=False)
-            server = _uvicorn_server(app, config, log_level)
-            await server.serve(sockets=[sock])
+        with signals:  # to the end: the load, then the server's handle_exit
+            names = [m.name for m in config.models if m.preload]
+            if loading is not None and names:
+                loading(names)
+            await signals.run(state.registry.preload())
+            if signals.stopped_by is None:
+                if announce is not None:
+                    host, port = sock.getsockname()[:2]
+                    host = f"[{host}]" if ":" in host else host
+                    announce(f"http://{host}:{port}")
+                app = create_app(state=state, preload=False)
+                server = signals.server = _uvicorn_server(app, config, log_level)
+                await server.serve(sockets=[sock])
     finally:
         sock.close()
         state.registry.close()
         await pool.ashutdown()  # each engine's owner thread ends before the interpreter
         restore_memory_budget(budget)
     if stopped is not None:
-        stopped(server.stop_line() if server else f"stopped ({interrupted}) while loading")
+        stopped(server.stop_line() if server is not None else signals.line())
 
 
-async def _preload(
-    state: ServerState, config: ServeConfig, loading: Callable[[list[str]], None] | None
-) -> str | None:
-    """Load the models to preload, unless SIGTERM or Ctrl-C comes first: then the
-    loading is cancelled (a model on its way in ends its load on its own thread, and
-    the server's shutdown lets it go) and what stopped it is returned."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(state.registry.preload())
-    signals: list[str] = []
+class _Signals:
+    """SIGTERM and Ctrl-C for ``serve``: while it starts (its models load) they cancel
+    the step under way (a model on its way in ends its load on its own thread, and the
+    shutdown lets it go) and are remembered; once the uvicorn ``server`` exists they go
+    to its ``handle_exit``. The process's own handlers are back after."""
 
-    def stop(name: str) -> None:
-        signals.append(name)
-        task.cancel()
+    def __init__(self) -> None:
+        self.stopped_by: str | None = None
+        self.loaded = False
+        self.server: Any = None
+        self._task: asyncio.Future[Any] | None = None
+        self._previous: dict[int, Any] = {}
 
-    handled = []
-    for sig, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop, name)  # the main thread's loop only
-            handled.append(sig)
-    try:
-        names = [m.name for m in config.models if m.preload]
-        if loading is not None and names:
-            loading(names)
-        await task
-    except asyncio.CancelledError:
-        if not signals:
-            raise
-    finally:
-        for sig in handled:
+    def __enter__(self) -> _Signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._stop, sig)  # the main thread's loop
+                self._previous[sig] = previous
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig, previous in self._previous.items():
             loop.remove_signal_handler(sig)
-    return signals[0] if signals else None
+            signal.signal(sig, previous)  # asyncio.run's own Ctrl-C handler, say
+
+    def _stop(self, sig: int) -> None:
+        if self.server is not None:
+            self.server.handle_exit(sig, None)
+            return
+        self.stopped_by = self.stopped_by or ("Ctrl-C" if sig == signal.SIGINT else "SIGTERM")
+        if self._task is not None:
+            self._task.cancel()
+
+    async def run(self, work: Any) -> None:
+        """Await ``work`` unless a signal stops it (then return)."""
+        self._task = asyncio.ensure_future(work)
+        try:
+            await self._task
+            self.loaded = True
+        except asyncio.CancelledError:
+            if self.stopped_by is None:
+                raise
+        finally:
+            self._task = None
+
+    def line(self) -> str:
+        """What stopped the start, and when."""
+        return f"stopped ({self.stopped_by}) " + (
+            "before serving" if self.loaded else "while loading"
+        )
 
 
 class BackgroundServer:

@@ -245,3 +245,44 @@ async def test_a_cancelled_scoring_frees_the_engine(tiny_llama):
     finally:
         await engine.stop()
     assert out.completion_tokens == 3
+
+
+async def test_a_prompt_the_size_of_the_window_is_scored_but_leaves_no_room(tiny_llama):
+    engine = SimpleEngine(tiny_llama)
+    try:
+        ids = [5] * engine.context_length
+        scored = await engine.prompt_logprobs(ids)
+        with pytest.raises(RequestError, match="context window") as caught:
+            await engine.generate(ids, max_tokens=1)
+        too_long = [*ids, 5]
+        with pytest.raises(RequestError, match="context window"):
+            await engine.prompt_logprobs(too_long)
+    finally:
+        await engine.stop()
+    assert len(scored.logprobs) == len(ids) - 1
+    assert caught.value.path == "prompt"
+
+
+async def test_scoring_beside_a_running_batch_changes_neither(tiny_llama):
+    """A BatchedEngine scores a long prompt in pieces between the decode steps of the
+    requests it is running: their replies are those they give alone, and the scores
+    are SimpleEngine's."""
+    ids = None
+    engine = BatchedEngine(tiny_llama, prefill_step_size=64)
+    try:
+        alone = await engine.generate(PROMPT, max_tokens=40, temperature=0.0)
+        ids = engine.tokenizer.encode(" ".join(["word"] * 1200))[:1024]
+        replies = [engine.generate(PROMPT, max_tokens=40, temperature=0.0) for _ in range(2)]
+        *outs, scored = await asyncio.gather(*replies, engine.prompt_logprobs(ids, 2))
+    finally:
+        await engine.stop()
+    simple = SimpleEngine(tiny_llama)
+    try:
+        reference = await simple.prompt_logprobs(ids, 2)
+    finally:
+        await simple.stop()
+    assert [out.tokens for out in outs] == [alone.tokens, alone.tokens]
+    assert [e.token_id for e in scored.logprobs] == [e.token_id for e in reference.logprobs]
+    assert [e.logprob for e in scored.logprobs] == pytest.approx(
+        [e.logprob for e in reference.logprobs], abs=1e-4
+    )

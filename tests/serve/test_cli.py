@@ -413,11 +413,14 @@ def test_a_signal_while_the_models_load_stops_the_server_cleanly(
         said.append(f"loading {', '.join(models)}")
         os.kill(os.getpid(), sig)
 
-    asyncio.run(serve(config, announce=said.append, stopped=said.append, loading=loading))
+    async def main() -> None:
+        before = signal.getsignal(signal.SIGINT)  # asyncio.run's own
+        await serve(config, announce=said.append, stopped=said.append, loading=loading)
+        assert signal.getsignal(signal.SIGINT) == before  # given back
+
+    asyncio.run(main())
     assert said == ["loading tiny", f"stopped ({name}) while loading"]
     assert not pool.shared_engines()
-    # The default handlers are back: the process answers the next Ctrl-C as before.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_sigterm_during_the_load_exits_0(tiny_llama: Path, tmp_path: Path):
@@ -439,5 +442,29 @@ def test_sigterm_during_the_load_exits_0(tiny_llama: Path, tmp_path: Path):
     assert code == 0, rest
     assert rest[-1] in (
         "mlxi serve: stopped (SIGTERM) while loading",
+        "mlxi serve: stopped (SIGTERM)",
+    )
+
+
+def test_sigterm_right_after_the_address_exits_0(tiny_llama: Path, tmp_path: Path):
+    """Once the address is announced and before uvicorn listens for signals, SIGTERM
+    still ends the server with exit 0 and one line."""
+    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_llama), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    for line in process.stderr:
+        if " at http://" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    rest = process.stderr.read().splitlines()
+    assert code == 0, rest
+    assert rest[-1] in (
+        "mlxi serve: stopped (SIGTERM) before serving",
         "mlxi serve: stopped (SIGTERM)",
     )

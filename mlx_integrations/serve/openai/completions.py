@@ -33,6 +33,8 @@ from mlx_integrations.chat.fields import RequestError
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.engine.logprobs import PromptLogprobs
 from mlx_integrations.engine.mlx_engine import MLXEngine
+from mlx_integrations.engine.params import check_raw_prompt
+from mlx_integrations.models.resolve import vocab_size
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.openai.chat import core_response_format, openai_error_frame
 from mlx_integrations.serve.openai.logprobs import TextLogprobs
@@ -117,6 +119,32 @@ async def _call(body: wire.CompletionRequest, served: Served) -> dict[str, Any]:
             processor = await asyncio.to_thread(constraint.make_processor, served.engine.tokenizer)
             call["logits_processors"] = [processor]
     return call
+
+
+def _path_among(body: wire.CompletionRequest, index: int, path: str | None) -> str:
+    """A path within prompt ``index`` (``prompt[3]``), as the request names it: with
+    several prompts, or one in a list, ``prompt[index][3]``."""
+    path = path or "prompt"
+    listed = isinstance(body.prompt, list) and not isinstance(body.prompt[0], int)
+    if listed and path.startswith("prompt"):
+        return f"prompt[{index}]{path[len('prompt') :]}"
+    return path
+
+
+def _check_prompts(body: wire.CompletionRequest, served: Served, scoring: bool) -> None:
+    """Each prompt checked before any work (an empty one, a token id outside the
+    vocabulary), as the engine checks it, its path naming it among the others."""
+    engine = served.engine
+    ours = isinstance(engine, MLXEngine)
+    vocab = vocab_size(engine.config) if ours else None
+    vision = bool(engine.is_mllm) if ours else False
+    for i, prompt in enumerate(body.prompts()):
+        try:
+            check_raw_prompt(
+                prompt, vocab_size=vocab, vision=vision, name=body.model, scored=scoring
+            )
+        except RequestError as exc:
+            raise api_error(RequestError(str(exc), _path_among(body, i, exc.path))) from None
 
 
 async def _count(served: Served, prompt: str | list[int]) -> int:
@@ -243,6 +271,7 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
             "prompts and does not score them: send text, and leave out echo with logprobs",
             param=field,
         )
+    _check_prompts(body, served, scoring)
     call = await _call(body, served)
     n = body.n or 1
     completion_id = new_id("cmpl-")
@@ -258,10 +287,7 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
                     request.receive, served.engine.prompt_logprobs(prompt, body.logprobs)
                 )
             except RequestError as exc:  # its path within this prompt: "prompt[3]"
-                path = exc.path or "prompt"
-                if len(prompts) > 1 and path.startswith("prompt"):
-                    path = f"prompt[{i}]{path[len('prompt') :]}"
-                raise api_error(RequestError(str(exc), path)) from None
+                raise api_error(RequestError(str(exc), _path_among(body, i, exc.path))) from None
             scored[i] = _echo_logprobs(tokenizer, prompt, result)
     choices = [
         _Choice(

@@ -27,6 +27,27 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
 
+def log_softmax_top(
+    logits: mx.array, top: int
+) -> tuple[mx.array, mx.array | None, mx.array | None]:
+    """Log-probabilities over the last axis, and each row's ``top`` most likely ids and
+    their values, in no order (None for ``top`` 0)."""
+    import mlx.core as mx
+
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if not top:
+        return logprobs, None, None
+    k = min(top, logprobs.shape[-1])
+    ids = mx.argpartition(-logprobs, k - 1, axis=-1)[..., :k]
+    return logprobs, ids, mx.take_along_axis(logprobs, ids, axis=-1)
+
+
+def ranked(token: int, logprob: float, ids: list[int], values: list[float]) -> TokenLogprob:
+    """A token's entry, its step's most likely tokens (``ids``, ``values``) first."""
+    pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
+    return TokenLogprob(token, logprob, tuple((int(i), float(v)) for i, v in pairs))
+
+
 class LogprobRecorder:
     """A logits processor that records each step's log-probabilities.
 
@@ -44,16 +65,10 @@ class LogprobRecorder:
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         import mlx.core as mx
 
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        row = logprobs.reshape(-1)
-        if self.top:
-            k = min(self.top, row.size)
-            ids = mx.argpartition(-row, k - 1)[:k]
-            values = row[ids]
+        logprobs, ids, values = log_softmax_top(logits.reshape(-1), self.top)
+        if ids is not None and values is not None:
             mx.async_eval(ids, values)
-            self._steps.append((row, ids, values))
-        else:
-            self._steps.append((row, None, None))
+        self._steps.append((logprobs, ids, values))
         return logits
 
     def resolve(self, token: int) -> TokenLogprob:
@@ -69,10 +84,9 @@ class LogprobRecorder:
         chosen = float(cast(float, row[token].item()))
         if ids is None or values is None:
             return TokenLogprob(token, chosen)
-        top_ids = cast(list[int], ids.tolist())
-        top_values = cast(list[float], values.tolist())
-        pairs = sorted(zip(top_ids, top_values, strict=True), key=lambda p: -p[1])
-        return TokenLogprob(token, chosen, tuple((int(i), float(v)) for i, v in pairs))
+        return ranked(
+            token, chosen, cast(list[int], ids.tolist()), cast(list[float], values.tolist())
+        )
 
 
 SCORE_PIECE = 512
@@ -134,15 +148,11 @@ class PromptScorer:
         if not targets:  # the prompt's last token: nothing after it to score
             mx.eval(states)
             return
-        rows = logits[: len(targets)]
-        rows = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+        rows, best, values = log_softmax_top(logits[: len(targets)], self.top)
         chosen = mx.take_along_axis(rows, mx.array(targets)[:, None], axis=-1)[:, 0]
         ids_k: list[list[int]] = [[] for _ in targets]
         values_k: list[list[float]] = [[] for _ in targets]
-        if self.top:
-            k = min(self.top, rows.shape[-1])
-            best = mx.argpartition(-rows, k - 1, axis=-1)[:, :k]
-            values = mx.take_along_axis(rows, best, axis=-1)
+        if best is not None and values is not None:
             mx.eval(chosen, best, values, states)
             ids_k = cast(list[list[int]], best.tolist())
             values_k = cast(list[list[float]], values.tolist())
@@ -150,8 +160,7 @@ class PromptScorer:
             mx.eval(chosen, states)
         logprobs = cast(list[float], chosen.tolist())
         for token, logprob, i, v in zip(targets, logprobs, ids_k, values_k, strict=True):
-            pairs = sorted(zip(i, v, strict=True), key=lambda p: -p[1])
-            self.entries.append(TokenLogprob(token, logprob, tuple(pairs)))
+            self.entries.append(ranked(token, logprob, i, v))
 
     def finish(self, keep: Callable[[list[int], list[Any]], None] | None) -> None:
         """Owner thread: hand the cache of the whole prompt to ``keep`` (a prefix

@@ -423,48 +423,48 @@ def test_a_signal_while_the_models_load_stops_the_server_cleanly(
     assert not pool.shared_engines()
 
 
-def test_sigterm_during_the_load_exits_0(tiny_llama: Path, tmp_path: Path):
-    """The process: SIGTERM once it says it is loading ends it with exit 0 and one line,
-    whether the load was still running (the usual case) or had just finished."""
+def serve_tiny(model: Path, tmp_path: Path) -> subprocess.Popen:
+    """``mlxi serve MODEL --port 0`` as a process, its stderr read as text."""
     env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_llama), "--port", "0"],
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlx_integrations.cli", "serve", str(model), "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+
+
+def last_line_after_sigterm(process: subprocess.Popen) -> str:
+    """SIGTERM, then the exit status must be 0: the last line the process said."""
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    rest = process.stderr.read().splitlines() if process.stderr else []
+    assert code == 0, rest
+    return rest[-1]
+
+
+def test_sigterm_during_the_load_exits_0(tiny_llama: Path, tmp_path: Path):
+    """The process: SIGTERM once it says it is loading ends it with exit 0 and one line,
+    whether the load was still running (the usual case) or had just finished."""
+    process = serve_tiny(tiny_llama, tmp_path)
     assert process.stderr is not None
     first = process.stderr.readline()
     assert first.startswith(f"mlxi serve: loading {tiny_llama}"), first
-    process.send_signal(signal.SIGTERM)
-    code = process.wait(timeout=120)
-    rest = process.stderr.read().splitlines()
-    assert code == 0, rest
-    assert rest[-1] in (
+    assert last_line_after_sigterm(process) in (
         "mlxi serve: stopped (SIGTERM) while loading",
         "mlxi serve: stopped (SIGTERM)",
     )
 
 
 def test_sigterm_right_after_the_address_exits_0(tiny_llama: Path, tmp_path: Path):
-    """Once the address is announced and before uvicorn listens for signals, SIGTERM
-    still ends the server with exit 0 and one line."""
-    env = {**os.environ, "MLXI_HOME": str(tmp_path / "home")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlx_integrations.cli", "serve", str(tiny_llama), "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    """Once the address is announced, before the server takes requests, SIGTERM still
+    ends it with exit 0 and one line."""
+    process = serve_tiny(tiny_llama, tmp_path)
     assert process.stderr is not None
     for line in process.stderr:
         if " at http://" in line:
             break
-    process.send_signal(signal.SIGTERM)
-    code = process.wait(timeout=120)
-    rest = process.stderr.read().splitlines()
-    assert code == 0, rest
-    assert rest[-1] in (
+    assert last_line_after_sigterm(process) in (
         "mlxi serve: stopped (SIGTERM) before serving",
         "mlxi serve: stopped (SIGTERM)",
     )

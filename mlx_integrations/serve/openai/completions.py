@@ -33,7 +33,7 @@ from mlx_integrations.chat.fields import RequestError
 from mlx_integrations.engine.base import GenerationOutput
 from mlx_integrations.engine.logprobs import PromptLogprobs
 from mlx_integrations.engine.mlx_engine import MLXEngine
-from mlx_integrations.engine.params import check_raw_prompt
+from mlx_integrations.engine.params import check_raw_prompt, encode_raw_prompt
 from mlx_integrations.models.resolve import vocab_size
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.openai.chat import core_response_format, openai_error_frame
@@ -70,14 +70,15 @@ def _usage(outs: list[GenerationOutput], n: int) -> wire.Usage:
     )
 
 
+async def _echo_alone(prompt_tokens: int) -> AsyncIterator[GenerationOutput]:
+    """What ``max_tokens=0`` (with ``echo``) generates: nothing, the prompt counted."""
+    yield GenerationOutput(text="", prompt_tokens=prompt_tokens, finish_reason="length")
+
+
 async def _generate(
     state: ServerState, served: Served, prompt: str | list[int], call: dict[str, Any]
 ) -> AsyncIterator[GenerationOutput]:
     """The engine's stream for a raw prompt, its figures counted at the end."""
-    if call["max_tokens"] == 0:  # echo alone: the prompt's count, and nothing generated
-        count = await _count(served, prompt)
-        yield GenerationOutput(text="", prompt_tokens=count, finish_reason="length")
-        return
     started = time.perf_counter()
     first: float | None = None
     stream = cast(AsyncIterator[GenerationOutput], served.engine.stream_generate(prompt, **call))
@@ -121,41 +122,32 @@ async def _call(body: wire.CompletionRequest, served: Served) -> dict[str, Any]:
     return call
 
 
-def _path_among(body: wire.CompletionRequest, index: int, path: str | None) -> str:
-    """A path within prompt ``index`` (``prompt[3]``), as the request names it: with
-    several prompts, or one in a list, ``prompt[index][3]``."""
-    path = path or "prompt"
+def _prompt_error(body: wire.CompletionRequest, index: int, exc: RequestError) -> APIError:
+    """The 400 for prompt ``index``'s error, its path (``prompt[3]`` within the prompt)
+    named as the request names it: with several prompts, or one in a list,
+    ``prompt[index][3]``."""
+    path = exc.path or "prompt"
     listed = isinstance(body.prompt, list) and not isinstance(body.prompt[0], int)
     if listed and path.startswith("prompt"):
-        return f"prompt[{index}]{path[len('prompt') :]}"
-    return path
+        path = f"prompt[{index}]{path[len('prompt') :]}"
+    return api_error(RequestError(str(exc), path))
 
 
-def _check_prompts(body: wire.CompletionRequest, served: Served, scoring: bool) -> None:
+def _check_prompts(
+    body: wire.CompletionRequest, prompts: list[str | list[int]], engine: Any, scoring: bool
+) -> None:
     """Each prompt checked before any work (an empty one, a token id outside the
     vocabulary), as the engine checks it, its path naming it among the others."""
-    engine = served.engine
     ours = isinstance(engine, MLXEngine)
     vocab = vocab_size(engine.config) if ours else None
     vision = bool(engine.is_mllm) if ours else False
-    for i, prompt in enumerate(body.prompts()):
+    for i, prompt in enumerate(prompts):
         try:
             check_raw_prompt(
                 prompt, vocab_size=vocab, vision=vision, name=body.model, scored=scoring
             )
         except RequestError as exc:
-            raise api_error(RequestError(str(exc), _path_among(body, i, exc.path))) from None
-
-
-async def _count(served: Served, prompt: str | list[int]) -> int:
-    """How many tokens the engine reads for a prompt."""
-    if isinstance(prompt, list):
-        return len(prompt)
-    tokenizer = await asyncio.to_thread(lambda: served.engine.tokenizer)
-    bos = getattr(tokenizer, "bos_token", None)
-    return len(
-        tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-    )
+            raise _prompt_error(body, i, exc) from None
 
 
 def _echo_logprobs(
@@ -271,7 +263,7 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
             "prompts and does not score them: send text, and leave out echo with logprobs",
             param=field,
         )
-    _check_prompts(body, served, scoring)
+    _check_prompts(body, prompts, served.engine, scoring)
     call = await _call(body, served)
     n = body.n or 1
     completion_id = new_id("cmpl-")
@@ -287,7 +279,7 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
                     request.receive, served.engine.prompt_logprobs(prompt, body.logprobs)
                 )
             except RequestError as exc:  # its path within this prompt: "prompt[3]"
-                raise api_error(RequestError(str(exc), _path_among(body, i, exc.path))) from None
+                raise _prompt_error(body, i, exc) from None
             scored[i] = _echo_logprobs(tokenizer, prompt, result)
     choices = [
         _Choice(
@@ -299,9 +291,17 @@ async def completions(body: wire.CompletionRequest, request: Request) -> Respons
         )
         for i in range(len(prompts) * n)
     ]
-    streams = [
-        _generate(state, served, prompts[i // n], _with_seed(call, i)) for i in range(len(choices))
-    ]
+    if body.max_tokens == 0:  # echo alone: each prompt counted as the engine reads it
+        counts = [
+            len(encode_raw_prompt(tokenizer, p, p if isinstance(p, list) else None)[1])
+            for p in prompts
+        ]
+        streams = [_echo_alone(counts[i // n]) for i in range(len(choices))]
+    else:
+        streams = [
+            _generate(state, served, prompts[i // n], _with_seed(call, i))
+            for i in range(len(choices))
+        ]
     if not body.stream:
 
         async def whole(index: int, outs: AsyncIterator[GenerationOutput]) -> GenerationOutput:

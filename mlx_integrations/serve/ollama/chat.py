@@ -32,6 +32,7 @@ from mlx_integrations.chat.completion import (
 )
 from mlx_integrations.chat.output_parser import Event
 from mlx_integrations.engine.base import GenerationOutput
+from mlx_integrations.engine.params import encode_raw_prompt
 from mlx_integrations.serve.errors import APIError, api_error
 from mlx_integrations.serve.ollama import protocol as wire
 from mlx_integrations.serve.ollama.names import served_name, unknown_tag
@@ -140,8 +141,9 @@ async def _prepare(
         if raw_prompt is None:
             prompt = await state.prompt_tokens(served, chat, parts.paths)
         else:
-            tokenizer = served.engine.tokenizer
-            prompt = len(await asyncio.to_thread(tokenizer.encode, raw_prompt))
+            tokenizer = served.engine.tokenizer  # counted as the engine encodes it
+            encoded = await asyncio.to_thread(encode_raw_prompt, tokenizer, raw_prompt, None)
+            prompt = len(encoded[1])
         if prompt >= limit:
             raise APIError(
                 400,

@@ -435,9 +435,15 @@ def serve_tiny(model: Path, tmp_path: Path) -> subprocess.Popen:
 
 
 def last_line_after_sigterm(process: subprocess.Popen) -> str:
-    """SIGTERM, then the exit status must be 0: the last line the process said."""
+    """SIGTERM, then the exit status must be 0: the last line the process said (a
+    process that outlives the wait is killed, not left behind)."""
     process.send_signal(signal.SIGTERM)
-    code = process.wait(timeout=120)
+    try:
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     rest = process.stderr.read().splitlines() if process.stderr else []
     assert code == 0, rest
     return rest[-1]
